@@ -1,0 +1,52 @@
+# Makefile: the one entry point for building, running, testing and
+# benchmarking the system. `make help` lists the targets.
+
+SHELL := /usr/bin/env bash
+GO ?= go
+# Go modules of the workspace, in dependency order.
+MODULES := pkg services/scheduler services/infra services/deployer
+SERVICES := scheduler infra deployer
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build the service binaries into bin/
+	@mkdir -p bin
+	@for s in $(SERVICES); do \
+		echo "==> go build bin/$$s"; \
+		(cd services/$$s && $(GO) build -trimpath -o ../../bin/$$s .) || exit 1; \
+	done
+
+.PHONY: run
+run: build ## run the whole system locally (installs and starts what it needs under run/)
+	@scripts/run.sh
+
+.PHONY: test
+test: ## run every test against real services (starts them when REDIS_URL/DATABASE_URL are unset)
+	@scripts/test.sh
+
+.PHONY: bench
+bench: ## run the benchmarks and print comparable figures
+	@scripts/bench.sh
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck over every module
+	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@for m in $(MODULES); do echo "==> vet $$m"; (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
+
+.PHONY: generate
+generate: ## regenerate checked-in generated files (JSON Schemas)
+	@cd pkg && $(GO) generate ./...
+
+.PHONY: stop
+stop: ## stop the local Redis and Postgres of `make run` and `make test`
+	@scripts/services.sh stop dev; scripts/services.sh stop test
+
+.PHONY: clean
+clean: stop ## stop local services and remove bin/ and run/
+	rm -rf bin run

@@ -1,0 +1,335 @@
+package messages
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits and defaults of the request keys.
+const (
+	// DefaultBranch is the branch deployed when branch is absent.
+	DefaultBranch = "main"
+	// MaxBranchLen is the longest branch name, in bytes.
+	MaxBranchLen = 255
+	// MaxModules is the most entries modules may have.
+	MaxModules = 64
+	// MaxModuleLen is the longest module name, in bytes.
+	MaxModuleLen = 64
+	// MaxSecretRefLen is the longest secret reference, in bytes.
+	MaxSecretRefLen = 512
+)
+
+// ServerHandlePattern is the shape of a server handle, the same as the
+// check on servers.handle in pkg/store/migrations.
+const ServerHandlePattern = `^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$`
+
+var (
+	serverHandleRE = regexp.MustCompile(ServerHandlePattern)
+	uuidRE         = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	ownerRE        = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,38}$`)
+	repoRE         = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
+	moduleRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
+	secretRefRE    = regexp.MustCompile(`^(vault|env|file):[!-~]+$`)
+)
+
+// Validation messages of the request keys.
+const (
+	msgServerHandle = "must match " + ServerHandlePattern
+	msgExclusive    = "cannot be combined with force_reinstall"
+	msgUUID         = "must be a UUID in canonical form (8-4-4-4-12 hex digits)"
+	msgRepo         = "must be owner/repo: owner of 1-39 letters, digits or '-' not starting with '-', " +
+		"repo of 1-100 letters, digits, '.', '_' or '-' other than '.' and '..'"
+	msgIP        = "must be an IPv4 or IPv6 address literal without a zone"
+	msgPort      = "must be between 1 and 65535"
+	msgModule    = "must match ^[a-z0-9][a-z0-9_-]*$ and be at most 64 bytes"
+	msgSecretRef = "must be a secret reference (vault:..., env:... or file:..., printable ASCII " +
+		"without spaces), never a secret value"
+)
+
+// RequestMeta holds the keys every request may carry.
+type RequestMeta struct {
+	// Version of the message format; absent or 0 means 1. A version newer
+	// than the reader supports is rejected.
+	SchemaVersion int `msgpack:"schema_version,omitempty"`
+	// Producer-assigned job id, the key of deduplication: requests with the
+	// same job_id are one job, run at most once, and their result is
+	// published again. When absent, the stream entry id is the job id.
+	JobID string `msgpack:"job_id,omitempty"`
+	// Opaque id chosen by the producer, echoed in the result.
+	CorrelationID string `msgpack:"correlation_id,omitempty"`
+	// When the producer created the request: RFC 3339 in UTC.
+	CreatedAt string `msgpack:"created_at,omitempty"`
+}
+
+// JobIDOr returns the job id of the request: job_id when the producer set
+// it, else entryID, the id of the stream entry that carried the request.
+func (m RequestMeta) JobIDOr(entryID string) string {
+	if m.JobID != "" {
+		return m.JobID
+	}
+	return entryID
+}
+
+// CreatedTime returns created_at as a time, and false when it is absent or
+// not a valid wire time.
+func (m RequestMeta) CreatedTime() (time.Time, bool) {
+	if m.CreatedAt == "" {
+		return time.Time{}, false
+	}
+	t, err := ParseTime(m.CreatedAt)
+	return t, err == nil
+}
+
+func (m *RequestMeta) validate(c *checker) {
+	c.version(m.SchemaVersion)
+	c.id("job_id", m.JobID, false)
+	c.id("correlation_id", m.CorrelationID, false)
+	c.time("created_at", m.CreatedAt, false)
+}
+
+func (m *RequestMeta) normalize() {
+	if m.SchemaVersion == 0 {
+		m.SchemaVersion = SchemaVersion
+	}
+}
+
+// ProvisionerMessage asks the infra service to provision (install or
+// recover) a registered server. It is read from StreamProvisionerQueue.
+type ProvisionerMessage struct {
+	RequestMeta
+	// Handle of the registered server to provision.
+	ServerHandle string `msgpack:"server_handle"`
+	// Reinstall the operating system even when the server is provisioned.
+	ForceReinstall bool `msgpack:"force_reinstall,omitempty"`
+	// Recover a server that failed or became unreachable, without a
+	// reinstall. Cannot be combined with force_reinstall.
+	IsRecovery bool `msgpack:"is_recovery,omitempty"`
+}
+
+// Validate checks m against the contract and returns a *ValidationError
+// listing every problem, or nil. Zero values stand for absent keys and their
+// defaults.
+func (m *ProvisionerMessage) Validate() error {
+	var c checker
+	m.RequestMeta.validate(&c)
+	switch {
+	case m.ServerHandle == "":
+		c.add("server_handle", msgRequired)
+	case !serverHandleRE.MatchString(m.ServerHandle):
+		c.add("server_handle", msgServerHandle)
+	}
+	if m.ForceReinstall && m.IsRecovery {
+		c.add("is_recovery", msgExclusive)
+	}
+	return c.err()
+}
+
+func (m *ProvisionerMessage) normalize() { m.RequestMeta.normalize() }
+
+// DecodeProvisionerMessage decodes, completes with defaults and validates a
+// ProvisionerMessage. Every error it returns is IsInvalid. On a
+// *ValidationError, and on a *DecodeError that lists only fields of the
+// wrong type, it also returns what it read, so that the rejection can echo
+// job_id and correlation_id; on other errors the message is nil.
+func DecodeProvisionerMessage(data []byte) (*ProvisionerMessage, error) {
+	return decodeMessage[ProvisionerMessage](data)
+}
+
+// AnsibleDeployMessage asks the infra service to deploy a project to a
+// server with Ansible. It is read from StreamAnsibleDeployQueue.
+type AnsibleDeployMessage struct {
+	RequestMeta
+	// Project to deploy: a UUID in canonical 8-4-4-4-12 form (read case
+	// insensitively, written in lower case).
+	ProjectID string `msgpack:"project_id"`
+	// GitHub repository of the project, "owner/repo".
+	RepoFullName string `msgpack:"repo_full_name"`
+	// Git branch to deploy; "main" when absent.
+	Branch string `msgpack:"branch,omitempty"`
+	// Address of the target server: an IPv4 or IPv6 literal (read in any
+	// valid form, written in canonical form).
+	ServerIP string `msgpack:"server_ip"`
+	// SSH port of the target server.
+	Port int `msgpack:"port"`
+	// Modules (roles) to apply, by name; absent means the playbook's
+	// default set.
+	Modules []string `msgpack:"modules,omitempty"`
+	// Reference to the GitHub token used to clone the repository
+	// (vault:..., env:... or file:...), never the token itself.
+	GitHubTokenRef string `msgpack:"github_token_ref,omitempty"`
+	// Reference to the project's deploy secrets (vault:..., env:... or
+	// file:...), never the secrets themselves.
+	SecretsRef string `msgpack:"secrets_ref,omitempty"`
+}
+
+// Validate checks m against the contract and returns a *ValidationError
+// listing every problem, or nil. Zero values stand for absent keys and their
+// defaults.
+func (m *AnsibleDeployMessage) Validate() error {
+	var c checker
+	m.RequestMeta.validate(&c)
+	switch {
+	case m.ProjectID == "":
+		c.add("project_id", msgRequired)
+	case !uuidRE.MatchString(m.ProjectID):
+		c.add("project_id", msgUUID)
+	}
+	switch {
+	case m.RepoFullName == "":
+		c.add("repo_full_name", msgRequired)
+	case !validRepoFullName(m.RepoFullName):
+		c.add("repo_full_name", msgRepo)
+	}
+	if m.Branch != "" {
+		if problem := branchProblem(m.Branch); problem != "" {
+			c.add("branch", problem)
+		}
+	}
+	switch {
+	case m.ServerIP == "":
+		c.add("server_ip", msgRequired)
+	default:
+		if addr, err := netip.ParseAddr(m.ServerIP); err != nil || addr.Zone() != "" {
+			c.add("server_ip", msgIP)
+		}
+	}
+	switch {
+	case m.Port == 0:
+		c.add("port", msgRequired)
+	case m.Port < 1 || m.Port > 65535:
+		c.add("port", msgPort)
+	}
+	if len(m.Modules) > MaxModules {
+		c.add("modules", fmt.Sprintf("must have at most %d entries", MaxModules))
+	} else {
+		first := make(map[string]int, len(m.Modules))
+		for i, name := range m.Modules {
+			field := fmt.Sprintf("modules[%d]", i)
+			if len(name) > MaxModuleLen || !moduleRE.MatchString(name) {
+				c.add(field, msgModule)
+				continue
+			}
+			if j, dup := first[name]; dup {
+				c.add(field, fmt.Sprintf("duplicate of modules[%d]", j))
+				continue
+			}
+			first[name] = i
+		}
+	}
+	secretRef(&c, "github_token_ref", m.GitHubTokenRef)
+	secretRef(&c, "secrets_ref", m.SecretsRef)
+	return c.err()
+}
+
+// normalize fills the defaults and writes valid identifiers in their
+// canonical form (lower-case UUID, RFC 5952 address), so that equal
+// requests compare equal.
+func (m *AnsibleDeployMessage) normalize() {
+	m.RequestMeta.normalize()
+	if m.Branch == "" {
+		m.Branch = DefaultBranch
+	}
+	if uuidRE.MatchString(m.ProjectID) {
+		m.ProjectID = strings.ToLower(m.ProjectID)
+	}
+	if addr, err := netip.ParseAddr(m.ServerIP); err == nil && addr.Zone() == "" {
+		m.ServerIP = addr.String()
+	}
+}
+
+// DecodeAnsibleDeployMessage decodes, completes with defaults, normalizes
+// and validates an AnsibleDeployMessage. Errors are as for
+// DecodeProvisionerMessage.
+func DecodeAnsibleDeployMessage(data []byte) (*AnsibleDeployMessage, error) {
+	return decodeMessage[AnsibleDeployMessage](data)
+}
+
+func validRepoFullName(s string) bool {
+	owner, repo, ok := strings.Cut(s, "/")
+	return ok && ownerRE.MatchString(owner) && repoRE.MatchString(repo) && repo != "." && repo != ".."
+}
+
+// branchProblem returns what makes b unsafe as a git branch name (the rules
+// of git check-ref-format, plus a length limit), or "".
+func branchProblem(b string) string {
+	if len(b) > MaxBranchLen {
+		return fmt.Sprintf("must be at most %d bytes", MaxBranchLen)
+	}
+	if !utf8.ValidString(b) {
+		return "must be valid UTF-8"
+	}
+	if strings.ContainsFunc(b, func(r rune) bool {
+		return r <= ' ' || r == 0x7f || strings.ContainsRune(`~^:?*[\`, r)
+	}) {
+		return `must not contain spaces, control characters or any of ~^:?*[\`
+	}
+	switch {
+	case b == "@":
+		return `must not be "@"`
+	case strings.HasPrefix(b, "-"):
+		return "must not start with '-'"
+	case strings.HasPrefix(b, "/"):
+		return "must not start with '/'"
+	case strings.HasSuffix(b, "/"):
+		return "must not end with '/'"
+	case strings.HasSuffix(b, "."):
+		return "must not end with '.'"
+	case strings.Contains(b, ".."):
+		return `must not contain ".."`
+	case strings.Contains(b, "//"):
+		return `must not contain "//"`
+	case strings.Contains(b, "@{"):
+		return `must not contain "@{"`
+	}
+	for part := range strings.SplitSeq(b, "/") {
+		if strings.HasPrefix(part, ".") {
+			return "no part between slashes may start with '.'"
+		}
+		if strings.HasSuffix(part, ".lock") {
+			return `no part between slashes may end with ".lock"`
+		}
+	}
+	return ""
+}
+
+// secretRef checks an optional secret reference. The message never repeats
+// the value: a value that is not a reference may be a secret itself.
+func secretRef(c *checker, field, v string) {
+	switch {
+	case v == "":
+	case len(v) > MaxSecretRefLen:
+		c.add(field, fmt.Sprintf("must be at most %d bytes", MaxSecretRefLen))
+	case !secretRefRE.MatchString(v):
+		c.add(field, msgSecretRef)
+	}
+}
+
+// wireMessage is what decodeMessage needs of a message type.
+type wireMessage[T any] interface {
+	*T
+	Validate() error
+	normalize()
+}
+
+// decodeMessage decodes data into a new T, normalizes and validates it.
+func decodeMessage[T any, P wireMessage[T]](data []byte) (*T, error) {
+	m := P(new(T))
+	if err := decode(data, m); err != nil {
+		var de *DecodeError
+		if errors.As(err, &de) && de.Reason == "" && len(de.Fields) > 0 {
+			m.normalize()
+			return m, err
+		}
+		return nil, err
+	}
+	m.normalize()
+	if err := m.Validate(); err != nil {
+		return m, err
+	}
+	return m, nil
+}

@@ -1,0 +1,413 @@
+package messages
+
+import (
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Status is the outcome of a job, as published in its result.
+//
+// Every valid status is terminal: a result is published once per job, when
+// the job is over, and no later result of the same job changes it (a
+// redelivered request gets the same result again). Progress while a job runs
+// is published as ProgressEvents, never as a result. Trying again after
+// failed, unreachable or cancelled means sending a new request with a new
+// job_id; rejected input fails the same way every time.
+type Status string
+
+// The statuses of a result.
+const (
+	// StatusSucceeded: the job did everything it was asked; error is absent.
+	StatusSucceeded Status = "succeeded"
+	// StatusFailed: the job ran and failed (a task failed, a secret or the
+	// provider was unavailable, a timeout); see error.kind.
+	StatusFailed Status = "failed"
+	// StatusUnreachable: the target could not be reached over SSH, or every
+	// host was unreachable.
+	StatusUnreachable Status = "unreachable"
+	// StatusRejected: the request was invalid (or named an unknown server)
+	// and nothing was run; error.fields lists the problems.
+	StatusRejected Status = "rejected"
+	// StatusCancelled: the job was cancelled before it finished.
+	StatusCancelled Status = "cancelled"
+)
+
+// Statuses returns every valid status.
+func Statuses() []Status {
+	return []Status{StatusSucceeded, StatusFailed, StatusUnreachable, StatusRejected, StatusCancelled}
+}
+
+// Valid reports whether s is one of the statuses of the contract.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusSucceeded, StatusFailed, StatusUnreachable, StatusRejected, StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// Terminal reports whether s ends its job, which every valid status does
+// (see Status): a consumer that sees a result with a valid status can stop
+// following the job.
+func (s Status) Terminal() bool { return s.Valid() }
+
+// ErrorKind is the machine-readable class of a job's error. Consumers branch
+// on it; the message is for humans. New kinds may be added without a new
+// schema_version: a consumer treats a kind it does not know like
+// KindInternal.
+type ErrorKind string
+
+// The error kinds, with the status they usually come with.
+const (
+	// KindInvalidMessage: the request could not be decoded or broke a rule
+	// of the contract; error.fields says which keys. Status rejected.
+	KindInvalidMessage ErrorKind = "invalid_message"
+	// KindServerNotFound: server_handle names no registered server. Status
+	// rejected.
+	KindServerNotFound ErrorKind = "server_not_found"
+	// KindSSHUnreachable: no SSH session could be opened to the target
+	// (connection refused or timed out, no SSH banner). Status unreachable.
+	KindSSHUnreachable ErrorKind = "ssh_unreachable"
+	// KindSSHAuthFailed: the target answered SSH but refused our key; nothing
+	// was run. Retrying does not help until the key is fixed. Status failed.
+	KindSSHAuthFailed ErrorKind = "ssh_auth_failed"
+	// KindHostKeyMismatch: the target presented an SSH host key other than
+	// the one pinned for it; nothing was run. Status failed.
+	KindHostKeyMismatch ErrorKind = "host_key_mismatch"
+	// KindSecretUnavailable: a referenced secret could not be resolved (no
+	// such secret, backend down, access denied). Status failed.
+	KindSecretUnavailable ErrorKind = "secret_unavailable"
+	// KindProviderError: the hosting provider's API (Time4VPS) failed or
+	// refused the operation. Status failed.
+	KindProviderError ErrorKind = "provider_error"
+	// KindPlaybookFailed: a task of the playbook failed; failed_task says
+	// which. Status failed.
+	KindPlaybookFailed ErrorKind = "playbook_failed"
+	// KindHostsUnreachable: Ansible reached no host (or lost them during the
+	// run); hosts has the per-host recap. Status unreachable.
+	KindHostsUnreachable ErrorKind = "hosts_unreachable"
+	// KindTimeout: the job ran longer than its time limit and was stopped.
+	// Status failed.
+	KindTimeout ErrorKind = "timeout"
+	// KindIdleTimeout: the run printed nothing for longer than the idle limit
+	// and was stopped as stuck. Status failed.
+	KindIdleTimeout ErrorKind = "idle_timeout"
+	// KindCancelled: the job was cancelled (by an operator or at shutdown)
+	// before it finished. Status cancelled.
+	KindCancelled ErrorKind = "cancelled"
+	// KindInternal: a fault of the service itself; the message has details.
+	// Status failed.
+	KindInternal ErrorKind = "internal"
+)
+
+// ErrorKinds returns the error kinds this version of the contract defines.
+func ErrorKinds() []ErrorKind {
+	return []ErrorKind{
+		KindInvalidMessage, KindServerNotFound, KindSSHUnreachable, KindSSHAuthFailed, KindHostKeyMismatch,
+		KindSecretUnavailable, KindProviderError, KindPlaybookFailed, KindHostsUnreachable,
+		KindTimeout, KindIdleTimeout, KindCancelled, KindInternal,
+	}
+}
+
+// Known reports whether k is one of the kinds of this version of the
+// contract.
+func (k ErrorKind) Known() bool {
+	for _, known := range ErrorKinds() {
+		if k == known {
+			return true
+		}
+	}
+	return false
+}
+
+// errorKindRE is the shape of every error kind, known or added later.
+var errorKindRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+
+// ErrorInfo is the error of a job that did not succeed.
+type ErrorInfo struct {
+	// Machine-readable class of the error (see the error kinds).
+	Kind ErrorKind `msgpack:"kind"`
+	// What went wrong, for humans (redacted).
+	Message string `msgpack:"message,omitempty"`
+	// For rejected input: each key that was wrong and why.
+	Fields []FieldError `msgpack:"fields,omitempty"`
+}
+
+// HostRecap counts the task results of one host, as in Ansible's play recap.
+type HostRecap struct {
+	// Tasks that succeeded without changes.
+	Ok int `msgpack:"ok,omitempty"`
+	// Tasks that succeeded and changed something.
+	Changed int `msgpack:"changed,omitempty"`
+	// Tasks that failed.
+	Failed int `msgpack:"failed,omitempty"`
+	// Tasks for which the host could not be reached.
+	Unreachable int `msgpack:"unreachable,omitempty"`
+	// Tasks skipped on the host.
+	Skipped int `msgpack:"skipped,omitempty"`
+	// Failed tasks recovered by a rescue block.
+	Rescued int `msgpack:"rescued,omitempty"`
+	// Failed tasks whose failure was ignored.
+	Ignored int `msgpack:"ignored,omitempty"`
+}
+
+// FailedTask describes the task that failed a run.
+type FailedTask struct {
+	// Name of the task.
+	Name string `msgpack:"name,omitempty"`
+	// Host the task failed on.
+	Host string `msgpack:"host,omitempty"`
+	// Name of the play the task belongs to.
+	Play string `msgpack:"play,omitempty"`
+	// The task's error message (redacted).
+	Message string `msgpack:"message,omitempty"`
+}
+
+// MaxOutputTail is the most bytes SetOutputTail keeps of a run's output.
+const MaxOutputTail = 32 << 10
+
+// Outcome holds the keys every result carries.
+type Outcome struct {
+	// Version of the message format; absent or 0 means 1.
+	SchemaVersion int `msgpack:"schema_version,omitempty"`
+	// Job id of the request: its job_id, or its stream entry id when it had
+	// none.
+	JobID string `msgpack:"job_id"`
+	// Stream entry id of the request.
+	RequestID string `msgpack:"request_id"`
+	// correlation_id of the request, echoed.
+	CorrelationID string `msgpack:"correlation_id,omitempty"`
+	// Outcome of the job; every status is final.
+	Status Status `msgpack:"status"`
+	// Why the job did not succeed; absent on success, present otherwise.
+	Error *ErrorInfo `msgpack:"error,omitempty"`
+	// Play recap per host.
+	Hosts map[string]HostRecap `msgpack:"hosts,omitempty"`
+	// The task that failed the run, when one did.
+	FailedTask *FailedTask `msgpack:"failed_task,omitempty"`
+	// Name of the playbook run; empty when none ran.
+	Playbook string `msgpack:"playbook,omitempty"`
+	// When the job started: RFC 3339 in UTC with milliseconds.
+	StartedAt string `msgpack:"started_at,omitempty"`
+	// When the job finished: RFC 3339 in UTC with milliseconds.
+	FinishedAt string `msgpack:"finished_at,omitempty"`
+	// finished_at minus started_at, in milliseconds.
+	DurationMS int64 `msgpack:"duration_ms,omitempty"`
+	// The last lines of the run's output, with secrets redacted.
+	OutputTail string `msgpack:"output_tail,omitempty"`
+	// Which attempt at the job this was, from 1.
+	Attempt int `msgpack:"attempt,omitempty"`
+}
+
+// SetTimes sets started_at and finished_at (RFC 3339, UTC, milliseconds)
+// and duration_ms.
+func (o *Outcome) SetTimes(started, finished time.Time) {
+	o.StartedAt = FormatTime(started)
+	o.FinishedAt = FormatTime(finished)
+	o.DurationMS = max(0, finished.Sub(started).Milliseconds())
+}
+
+// Succeed sets status succeeded and clears the error.
+func (o *Outcome) Succeed() {
+	o.Status = StatusSucceeded
+	o.Error = nil
+}
+
+// Fail sets the status (any but succeeded) and the error.
+func (o *Outcome) Fail(status Status, kind ErrorKind, message string) {
+	o.Status = status
+	o.Error = &ErrorInfo{Kind: kind, Message: message}
+}
+
+// Reject marks the result of a request that could not be decoded or was
+// invalid: status rejected, kind invalid_message, the error's text as
+// message and its field errors (from a *DecodeError or *ValidationError) as
+// fields.
+func (o *Outcome) Reject(err error) {
+	o.Status = StatusRejected
+	o.Error = &ErrorInfo{Kind: KindInvalidMessage, Message: err.Error(), Fields: fieldErrors(err)}
+}
+
+// SetOutputTail stores the end of the (already redacted) output s: its last
+// MaxOutputTail bytes, cut at a line start when one is near, else at a
+// UTF-8 character boundary. Bytes that are not UTF-8 become U+FFFD.
+func (o *Outcome) SetOutputTail(s string) {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) > MaxOutputTail {
+		s = s[len(s)-MaxOutputTail:]
+		if i := strings.IndexByte(s, '\n'); i >= 0 && i < 1024 {
+			s = s[i+1:]
+		}
+		for len(s) > 0 && !utf8.RuneStart(s[0]) {
+			s = s[1:]
+		}
+	}
+	o.OutputTail = s
+}
+
+func (o *Outcome) validate(c *checker) {
+	c.version(o.SchemaVersion)
+	c.id("job_id", o.JobID, true)
+	switch {
+	case o.RequestID == "":
+		c.add("request_id", msgRequired)
+	case !entryIDRE.MatchString(o.RequestID):
+		c.add("request_id", "must be a stream entry id like 1700000000000-0")
+	}
+	c.id("correlation_id", o.CorrelationID, false)
+	switch {
+	case o.Status == "":
+		c.add("status", msgRequired)
+	case !o.Status.Valid():
+		c.add("status", "must be one of succeeded, failed, unreachable, rejected, cancelled")
+	}
+	switch {
+	case o.Status == StatusSucceeded && o.Error != nil:
+		c.add("error", "must be absent when status is succeeded")
+	case o.Status != StatusSucceeded && o.Status.Valid() && o.Error == nil:
+		c.add("error", "required when status is "+string(o.Status))
+	case o.Error != nil:
+		switch {
+		case o.Error.Kind == "":
+			c.add("error.kind", msgRequired)
+		case !errorKindRE.MatchString(string(o.Error.Kind)):
+			c.add("error.kind", "must match ^[a-z][a-z0-9_]{0,63}$")
+		}
+		for i, f := range o.Error.Fields {
+			if f.Field == "" {
+				c.add("error.fields["+strconv.Itoa(i)+"].field", msgRequired)
+			}
+		}
+	}
+	for _, host := range slices.Sorted(maps.Keys(o.Hosts)) {
+		r := o.Hosts[host]
+		if host == "" {
+			c.add("hosts", "host names must not be empty")
+		}
+		p := "hosts[" + host + "]."
+		c.nonNegative(p+"ok", int64(r.Ok))
+		c.nonNegative(p+"changed", int64(r.Changed))
+		c.nonNegative(p+"failed", int64(r.Failed))
+		c.nonNegative(p+"unreachable", int64(r.Unreachable))
+		c.nonNegative(p+"skipped", int64(r.Skipped))
+		c.nonNegative(p+"rescued", int64(r.Rescued))
+		c.nonNegative(p+"ignored", int64(r.Ignored))
+	}
+	c.time("started_at", o.StartedAt, false)
+	c.time("finished_at", o.FinishedAt, false)
+	c.nonNegative("duration_ms", o.DurationMS)
+	c.nonNegative("attempt", int64(o.Attempt))
+}
+
+func (o *Outcome) normalize() {
+	if o.SchemaVersion == 0 {
+		o.SchemaVersion = SchemaVersion
+	}
+}
+
+// entryIDRE is the shape of a Redis stream entry id.
+var entryIDRE = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+
+// ProvisionerResult is the result of a ProvisionerMessage, published on
+// StreamProvisionerResults.
+type ProvisionerResult struct {
+	Outcome
+	// server_handle of the request, echoed (as received, even when invalid).
+	ServerHandle string `msgpack:"server_handle,omitempty"`
+}
+
+// NewProvisionerResult starts the result of msg, read from the stream entry
+// requestID: job id, request id, correlation id and server handle are
+// copied, schema_version and attempt (1) set. msg may be nil when the
+// request could not be decoded at all; the job id is then requestID.
+func NewProvisionerResult(msg *ProvisionerMessage, requestID string) *ProvisionerResult {
+	if msg == nil {
+		return &ProvisionerResult{Outcome: newOutcome(nil, requestID)}
+	}
+	return &ProvisionerResult{Outcome: newOutcome(&msg.RequestMeta, requestID), ServerHandle: msg.ServerHandle}
+}
+
+// Validate checks r against the contract and returns a *ValidationError
+// listing every problem, or nil.
+func (r *ProvisionerResult) Validate() error {
+	var c checker
+	r.Outcome.validate(&c)
+	return c.err()
+}
+
+func (r *ProvisionerResult) normalize() { r.Outcome.normalize() }
+
+// DecodeProvisionerResult decodes and validates a ProvisionerResult. Errors
+// are as for DecodeProvisionerMessage.
+func DecodeProvisionerResult(data []byte) (*ProvisionerResult, error) {
+	return decodeMessage[ProvisionerResult](data)
+}
+
+// AnsibleDeployResult is the result of an AnsibleDeployMessage, published
+// on StreamDeployResults.
+type AnsibleDeployResult struct {
+	Outcome
+	// project_id of the request, echoed.
+	ProjectID string `msgpack:"project_id,omitempty"`
+	// server_ip of the request, echoed.
+	ServerIP string `msgpack:"server_ip,omitempty"`
+	// port of the request, echoed.
+	Port int `msgpack:"port,omitempty"`
+}
+
+// NewAnsibleDeployResult starts the result of msg, read from the stream
+// entry requestID, like NewProvisionerResult; it copies project id, server
+// address and port.
+func NewAnsibleDeployResult(msg *AnsibleDeployMessage, requestID string) *AnsibleDeployResult {
+	if msg == nil {
+		return &AnsibleDeployResult{Outcome: newOutcome(nil, requestID)}
+	}
+	return &AnsibleDeployResult{
+		Outcome:   newOutcome(&msg.RequestMeta, requestID),
+		ProjectID: msg.ProjectID,
+		ServerIP:  msg.ServerIP,
+		Port:      msg.Port,
+	}
+}
+
+// Validate checks r against the contract and returns a *ValidationError
+// listing every problem, or nil.
+func (r *AnsibleDeployResult) Validate() error {
+	var c checker
+	r.Outcome.validate(&c)
+	if r.Port < 0 || r.Port > 65535 {
+		c.add("port", "must be between 0 and 65535")
+	}
+	return c.err()
+}
+
+func (r *AnsibleDeployResult) normalize() { r.Outcome.normalize() }
+
+// DecodeAnsibleDeployResult decodes and validates an AnsibleDeployResult.
+// Errors are as for DecodeProvisionerMessage.
+func DecodeAnsibleDeployResult(data []byte) (*AnsibleDeployResult, error) {
+	return decodeMessage[AnsibleDeployResult](data)
+}
+
+// newOutcome starts the outcome of the request meta (nil when the request
+// was undecodable) read from entry requestID. An invalid job_id or
+// correlation_id of a rejected request is not echoed, so that the result
+// stays valid: the job id is then the entry id.
+func newOutcome(meta *RequestMeta, requestID string) Outcome {
+	o := Outcome{SchemaVersion: SchemaVersion, JobID: requestID, RequestID: requestID, Attempt: 1}
+	if meta == nil {
+		return o
+	}
+	if idRE.MatchString(meta.JobID) {
+		o.JobID = meta.JobID
+	}
+	if idRE.MatchString(meta.CorrelationID) {
+		o.CorrelationID = meta.CorrelationID
+	}
+	return o
+}

@@ -1,0 +1,541 @@
+package messages_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+)
+
+// validationCase is a message value and the exact field errors Validate
+// must report for it (none: the value is valid).
+type validationCase struct {
+	name string
+	msg  validatable
+	want []messages.FieldError
+	// schemaDiffers says why the JSON Schema cannot give the same verdict
+	// (empty: it must).
+	schemaDiffers string
+}
+
+type validatable interface{ Validate() error }
+
+func fe(field, message string) messages.FieldError {
+	return messages.FieldError{Field: field, Message: message}
+}
+
+const (
+	msgRequired     = "required"
+	msgID           = "must be 1 to 255 printable ASCII characters without spaces"
+	msgTime         = "must be an RFC 3339 time in UTC, like 2024-05-01T12:00:00Z"
+	msgServerHandle = "must match ^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+	msgUUID         = "must be a UUID in canonical form (8-4-4-4-12 hex digits)"
+	msgRepo         = "must be owner/repo: owner of 1-39 letters, digits or '-' not starting with '-', " +
+		"repo of 1-100 letters, digits, '.', '_' or '-' other than '.' and '..'"
+	msgIP        = "must be an IPv4 or IPv6 address literal without a zone"
+	msgModule    = "must match ^[a-z0-9][a-z0-9_-]*$ and be at most 64 bytes"
+	msgSecretRef = "must be a secret reference (vault:..., env:... or file:..., printable ASCII " +
+		"without spaces), never a secret value"
+	msgBranchChars = `must not contain spaces, control characters or any of ~^:?*[\`
+	msgStatus      = "must be one of succeeded, failed, unreachable, rejected, cancelled"
+)
+
+func provisionerCases() []validationCase {
+	p := func(edit func(m *messages.ProvisionerMessage)) *messages.ProvisionerMessage {
+		m := &messages.ProvisionerMessage{ServerHandle: "web-1"}
+		edit(m)
+		return m
+	}
+	same := func(*messages.ProvisionerMessage) {}
+	return []validationCase{
+		{name: "minimal", msg: p(same)},
+		{name: "all keys", msg: p(func(m *messages.ProvisionerMessage) {
+			m.SchemaVersion = 1
+			m.JobID = "0b8f7c1e-6a4e-4c1b-9d7a-2f1e5c3b9a10"
+			m.CorrelationID = "agent-7/run-42"
+			m.CreatedAt = "2024-05-01T12:00:00.123Z"
+			m.ForceReinstall = true
+		})},
+		{name: "handle of every allowed character", msg: p(func(m *messages.ProvisionerMessage) {
+			m.ServerHandle = "Az09._:@-x"
+		})},
+		{name: "handle of 128 characters", msg: p(func(m *messages.ProvisionerMessage) {
+			m.ServerHandle = strings.Repeat("h", 128)
+		})},
+		{name: "recovery", msg: p(func(m *messages.ProvisionerMessage) { m.IsRecovery = true })},
+		{name: "created_at with +00:00 and microseconds", msg: p(func(m *messages.ProvisionerMessage) {
+			m.CreatedAt = "2024-05-01T12:00:00.123456+00:00"
+		})},
+		{name: "created_at without fraction", msg: p(func(m *messages.ProvisionerMessage) {
+			m.CreatedAt = "2024-05-01T12:00:00Z"
+		})},
+		{name: "job_id of 255 characters", msg: p(func(m *messages.ProvisionerMessage) {
+			m.JobID = strings.Repeat("j", 255)
+		})},
+
+		{name: "handle missing", msg: p(func(m *messages.ProvisionerMessage) { m.ServerHandle = "" }),
+			want: []messages.FieldError{fe("server_handle", msgRequired)}},
+		{name: "handle of 129 characters", msg: p(func(m *messages.ProvisionerMessage) {
+			m.ServerHandle = strings.Repeat("h", 129)
+		}), want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
+		{name: "handle starting with a dash", msg: p(func(m *messages.ProvisionerMessage) { m.ServerHandle = "-web" }),
+			want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
+		{name: "handle starting with a dot", msg: p(func(m *messages.ProvisionerMessage) { m.ServerHandle = ".web" }),
+			want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
+		{name: "handle with a space", msg: p(func(m *messages.ProvisionerMessage) { m.ServerHandle = "web 1" }),
+			want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
+		{name: "handle with a slash", msg: p(func(m *messages.ProvisionerMessage) { m.ServerHandle = "web/1" }),
+			want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
+		{name: "handle not ASCII", msg: p(func(m *messages.ProvisionerMessage) { m.ServerHandle = "wéb" }),
+			want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
+		{name: "reinstall and recovery", msg: p(func(m *messages.ProvisionerMessage) {
+			m.ForceReinstall, m.IsRecovery = true, true
+		}), want: []messages.FieldError{fe("is_recovery", "cannot be combined with force_reinstall")}},
+		{name: "schema_version too new", msg: p(func(m *messages.ProvisionerMessage) { m.SchemaVersion = 2 }),
+			want: []messages.FieldError{fe("schema_version", "unsupported version 2; the newest supported is 1")}},
+		{name: "schema_version negative", msg: p(func(m *messages.ProvisionerMessage) { m.SchemaVersion = -1 }),
+			want: []messages.FieldError{fe("schema_version", "must be a positive integer")}},
+		{name: "job_id with a space", msg: p(func(m *messages.ProvisionerMessage) { m.JobID = "job 1" }),
+			want: []messages.FieldError{fe("job_id", msgID)}},
+		{name: "job_id of 256 characters", msg: p(func(m *messages.ProvisionerMessage) { m.JobID = strings.Repeat("j", 256) }),
+			want: []messages.FieldError{fe("job_id", msgID)}},
+		{name: "job_id with a control character", msg: p(func(m *messages.ProvisionerMessage) { m.JobID = "job\n1" }),
+			want: []messages.FieldError{fe("job_id", msgID)}},
+		{name: "correlation_id not ASCII", msg: p(func(m *messages.ProvisionerMessage) { m.CorrelationID = "ünï" }),
+			want: []messages.FieldError{fe("correlation_id", msgID)}},
+		{name: "created_at with a space", msg: p(func(m *messages.ProvisionerMessage) { m.CreatedAt = "2024-05-01 12:00:00Z" }),
+			want: []messages.FieldError{fe("created_at", msgTime)}},
+		{name: "created_at not UTC", msg: p(func(m *messages.ProvisionerMessage) { m.CreatedAt = "2024-05-01T12:00:00+02:00" }),
+			want: []messages.FieldError{fe("created_at", msgTime)}},
+		{name: "created_at without offset", msg: p(func(m *messages.ProvisionerMessage) { m.CreatedAt = "2024-05-01T12:00:00" }),
+			want: []messages.FieldError{fe("created_at", msgTime)}},
+		{name: "created_at month 13", msg: p(func(m *messages.ProvisionerMessage) { m.CreatedAt = "2024-13-01T12:00:00Z" }),
+			want: []messages.FieldError{fe("created_at", msgTime)}},
+		{name: "created_at not a time", msg: p(func(m *messages.ProvisionerMessage) { m.CreatedAt = "yesterday" }),
+			want: []messages.FieldError{fe("created_at", msgTime)}},
+		{name: "every error at once, in key order", msg: &messages.ProvisionerMessage{
+			RequestMeta:    messages.RequestMeta{SchemaVersion: 3, JobID: " ", CorrelationID: " ", CreatedAt: "now"},
+			ForceReinstall: true, IsRecovery: true,
+		}, want: []messages.FieldError{
+			fe("schema_version", "unsupported version 3; the newest supported is 1"),
+			fe("job_id", msgID),
+			fe("correlation_id", msgID),
+			fe("created_at", msgTime),
+			fe("server_handle", msgRequired),
+			fe("is_recovery", "cannot be combined with force_reinstall"),
+		}},
+	}
+}
+
+func deployCases() []validationCase {
+	d := func(edit func(m *messages.AnsibleDeployMessage)) *messages.AnsibleDeployMessage {
+		m := &messages.AnsibleDeployMessage{
+			ProjectID:    "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
+			RepoFullName: "acme/shop",
+			ServerIP:     "198.51.100.7",
+			Port:         22,
+		}
+		edit(m)
+		return m
+	}
+	valid := func(name string, edit func(m *messages.AnsibleDeployMessage)) validationCase {
+		return validationCase{name: name, msg: d(edit)}
+	}
+	invalid := func(name string, edit func(m *messages.AnsibleDeployMessage), field, message string) validationCase {
+		return validationCase{name: name, msg: d(edit), want: []messages.FieldError{fe(field, message)}}
+	}
+	branch := func(b string) func(m *messages.AnsibleDeployMessage) {
+		return func(m *messages.AnsibleDeployMessage) { m.Branch = b }
+	}
+	modules := func(names ...string) func(m *messages.AnsibleDeployMessage) {
+		return func(m *messages.AnsibleDeployMessage) { m.Modules = names }
+	}
+	many := func(n int) []string {
+		names := make([]string, n)
+		for i := range names {
+			names[i] = fmt.Sprintf("mod-%d", i)
+		}
+		return names
+	}
+	cases := []validationCase{
+		valid("minimal", func(*messages.AnsibleDeployMessage) {}),
+		valid("all keys", func(m *messages.AnsibleDeployMessage) {
+			m.JobID = "deploy-1"
+			m.CorrelationID = "c-1"
+			m.CreatedAt = "2024-05-01T12:00:00.000Z"
+			m.Branch = "feature/new-checkout"
+			m.Modules = []string{"nginx", "php-fpm", "app_1", "9lives"}
+			m.GitHubTokenRef = "vault:secret/data/ci#github_token"
+			m.SecretsRef = "env:SHOP_SECRETS"
+		}),
+		valid("upper-case UUID", func(m *messages.AnsibleDeployMessage) { m.ProjectID = "9B2F4C6E-1D3A-4E5B-8C7D-0A1B2C3D4E5F" }),
+		valid("repo with dots", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "octo-org/hello.world" }),
+		valid("repo named ...", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "acme/..." }),
+		valid("repo named .github", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "acme/.github" }),
+		valid("owner of 39 characters", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = strings.Repeat("o", 39) + "/r" }),
+		valid("repo of 100 characters", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "o/" + strings.Repeat("r", 100) }),
+		valid("IPv6", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "2001:db8::1" }),
+		valid("IPv6 not canonical", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "2001:DB8:0:0:0:0:0:1" }),
+		valid("IPv4-mapped IPv6", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "::ffff:198.51.100.7" }),
+		valid("port 1", func(m *messages.AnsibleDeployMessage) { m.Port = 1 }),
+		valid("port 65535", func(m *messages.AnsibleDeployMessage) { m.Port = 65535 }),
+		valid("branch with a slash and dots", branch("release/2024.05")),
+		valid("branch with @", branch("user@host")),
+		valid("branch not ASCII", branch("fonctionnalité")),
+		valid("branch of 255 bytes", branch(strings.Repeat("b", 255))),
+		valid("branch with .lock inside", branch("a.locked")),
+		valid("module of 64 characters", modules(strings.Repeat("m", 64))),
+		valid("64 modules", modules(many(64)...)),
+		valid("file reference", func(m *messages.AnsibleDeployMessage) { m.SecretsRef = "file:/run/secrets/app.env" }),
+		valid("reference of 512 bytes", func(m *messages.AnsibleDeployMessage) {
+			m.GitHubTokenRef = "env:" + strings.Repeat("T", 508)
+		}),
+
+		invalid("project_id missing", func(m *messages.AnsibleDeployMessage) { m.ProjectID = "" }, "project_id", msgRequired),
+		invalid("project_id not a UUID", func(m *messages.AnsibleDeployMessage) { m.ProjectID = "shop" }, "project_id", msgUUID),
+		invalid("project_id without hyphens", func(m *messages.AnsibleDeployMessage) {
+			m.ProjectID = "9b2f4c6e1d3a4e5b8c7d0a1b2c3d4e5f"
+		}, "project_id", msgUUID),
+		invalid("project_id in braces", func(m *messages.AnsibleDeployMessage) {
+			m.ProjectID = "{9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f}"
+		}, "project_id", msgUUID),
+		invalid("project_id as URN", func(m *messages.AnsibleDeployMessage) {
+			m.ProjectID = "urn:uuid:9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"
+		}, "project_id", msgUUID),
+		invalid("repo missing", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "" }, "repo_full_name", msgRequired),
+		invalid("repo without owner", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "shop" }, "repo_full_name", msgRepo),
+		invalid("repo with two slashes", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "acme/shop/x" }, "repo_full_name", msgRepo),
+		invalid("owner starting with a dash", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "-acme/shop" }, "repo_full_name", msgRepo),
+		invalid("owner with an underscore", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "ac_me/shop" }, "repo_full_name", msgRepo),
+		invalid("owner of 40 characters", func(m *messages.AnsibleDeployMessage) {
+			m.RepoFullName = strings.Repeat("o", 40) + "/r"
+		}, "repo_full_name", msgRepo),
+		invalid("repo of 101 characters", func(m *messages.AnsibleDeployMessage) {
+			m.RepoFullName = "o/" + strings.Repeat("r", 101)
+		}, "repo_full_name", msgRepo),
+		invalid("repo named .", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "acme/." }, "repo_full_name", msgRepo),
+		invalid("repo named ..", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "acme/.." }, "repo_full_name", msgRepo),
+		invalid("repo empty", func(m *messages.AnsibleDeployMessage) { m.RepoFullName = "acme/" }, "repo_full_name", msgRepo),
+		invalid("branch with ..", branch("a..b"), "branch", `must not contain ".."`),
+		invalid("branch starting with -", branch("-b"), "branch", "must not start with '-'"),
+		invalid("branch starting with /", branch("/b"), "branch", "must not start with '/'"),
+		invalid("branch ending with /", branch("b/"), "branch", "must not end with '/'"),
+		invalid("branch ending with .", branch("b."), "branch", "must not end with '.'"),
+		invalid("branch ending with .lock", branch("b.lock"), "branch", `no part between slashes may end with ".lock"`),
+		invalid("branch part ending with .lock", branch("a.lock/b"), "branch", `no part between slashes may end with ".lock"`),
+		invalid("branch starting with .", branch(".b"), "branch", "no part between slashes may start with '.'"),
+		invalid("branch part starting with .", branch("a/.b"), "branch", "no part between slashes may start with '.'"),
+		invalid("branch with //", branch("a//b"), "branch", `must not contain "//"`),
+		invalid("branch with @{", branch("a@{1}"), "branch", `must not contain "@{"`),
+		invalid("branch @", branch("@"), "branch", `must not be "@"`),
+		invalid("branch with a space", branch("a b"), "branch", msgBranchChars),
+		invalid("branch with a tab", branch("a\tb"), "branch", msgBranchChars),
+		invalid("branch with DEL", branch("a\x7fb"), "branch", msgBranchChars),
+		invalid("branch of 256 bytes", branch(strings.Repeat("b", 256)), "branch", "must be at most 255 bytes"),
+		{name: "branch of 128 two-byte characters (256 bytes)", msg: d(branch(strings.Repeat("é", 128))),
+			want:          []messages.FieldError{fe("branch", "must be at most 255 bytes")},
+			schemaDiffers: "maxLength counts characters, the Go check bytes"},
+		invalid("server_ip missing", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "" }, "server_ip", msgRequired),
+		invalid("server_ip a host name", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "example.com" }, "server_ip", msgIP),
+		invalid("server_ip out of range", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "192.0.2.256" }, "server_ip", msgIP),
+		invalid("server_ip with leading zeros", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "192.0.2.01" }, "server_ip", msgIP),
+		invalid("server_ip with a zone", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "fe80::1%eth0" }, "server_ip", msgIP),
+		invalid("server_ip with a space", func(m *messages.AnsibleDeployMessage) { m.ServerIP = " 192.0.2.1" }, "server_ip", msgIP),
+		invalid("server_ip with a port", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "192.0.2.1:22" }, "server_ip", msgIP),
+		invalid("server_ip a CIDR", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "192.0.2.0/24" }, "server_ip", msgIP),
+		invalid("port missing", func(m *messages.AnsibleDeployMessage) { m.Port = 0 }, "port", msgRequired),
+		invalid("port negative", func(m *messages.AnsibleDeployMessage) { m.Port = -22 }, "port", "must be between 1 and 65535"),
+		invalid("port 65536", func(m *messages.AnsibleDeployMessage) { m.Port = 65536 }, "port", "must be between 1 and 65535"),
+		invalid("module upper case", modules("nginx", "PHP"), "modules[1]", msgModule),
+		invalid("module starting with -", modules("-x"), "modules[0]", msgModule),
+		invalid("module starting with _", modules("_x"), "modules[0]", msgModule),
+		invalid("module with a space", modules("a b"), "modules[0]", msgModule),
+		invalid("module empty", modules(""), "modules[0]", msgModule),
+		invalid("module of 65 characters", modules(strings.Repeat("m", 65)), "modules[0]", msgModule),
+		invalid("65 modules", modules(many(65)...), "modules", "must have at most 64 entries"),
+		invalid("duplicate module", modules("a", "b", "a"), "modules[2]", "duplicate of modules[0]"),
+		invalid("token value instead of a reference", func(m *messages.AnsibleDeployMessage) {
+			m.GitHubTokenRef = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
+		}, "github_token_ref", msgSecretRef),
+		invalid("reference without a name", func(m *messages.AnsibleDeployMessage) { m.SecretsRef = "vault:" }, "secrets_ref", msgSecretRef),
+		invalid("reference of an unknown scheme", func(m *messages.AnsibleDeployMessage) { m.SecretsRef = "s3:bucket/key" }, "secrets_ref", msgSecretRef),
+		invalid("reference scheme in upper case", func(m *messages.AnsibleDeployMessage) { m.SecretsRef = "VAULT:x" }, "secrets_ref", msgSecretRef),
+		invalid("reference with a space", func(m *messages.AnsibleDeployMessage) { m.SecretsRef = "file:/a b" }, "secrets_ref", msgSecretRef),
+		invalid("reference of 513 bytes", func(m *messages.AnsibleDeployMessage) {
+			m.SecretsRef = "env:" + strings.Repeat("T", 509)
+		}, "secrets_ref", "must be at most 512 bytes"),
+		{name: "every error at once, in key order", msg: &messages.AnsibleDeployMessage{
+			RequestMeta:    messages.RequestMeta{SchemaVersion: 2},
+			Branch:         "a..b",
+			Port:           70000,
+			Modules:        []string{"A", "b", "b"},
+			GitHubTokenRef: "secret",
+			SecretsRef:     "also-secret",
+		}, want: []messages.FieldError{
+			fe("schema_version", "unsupported version 2; the newest supported is 1"),
+			fe("project_id", msgRequired),
+			fe("repo_full_name", msgRequired),
+			fe("branch", `must not contain ".."`),
+			fe("server_ip", msgRequired),
+			fe("port", "must be between 1 and 65535"),
+			fe("modules[0]", msgModule),
+			fe("modules[2]", "duplicate of modules[1]"),
+			fe("github_token_ref", msgSecretRef),
+			fe("secrets_ref", msgSecretRef),
+		}},
+	}
+	for _, bad := range []string{"a~b", "a^b", "a:b", "a?b", "a*b", "a[b", `a\b`, "a\x00b"} {
+		cases = append(cases, invalid("branch "+strings.ReplaceAll(bad, "\x00", `\x00`), branch(bad), "branch", msgBranchChars))
+	}
+	return cases
+}
+
+func provisionerResultCases() []validationCase {
+	r := func(edit func(r *messages.ProvisionerResult)) *messages.ProvisionerResult {
+		res := &messages.ProvisionerResult{Outcome: messages.Outcome{
+			JobID: "job-1", RequestID: "1714564800000-0", Status: messages.StatusSucceeded,
+		}}
+		edit(res)
+		return res
+	}
+	valid := func(name string, edit func(r *messages.ProvisionerResult)) validationCase {
+		return validationCase{name: name, msg: r(edit)}
+	}
+	invalid := func(name string, edit func(r *messages.ProvisionerResult), want ...messages.FieldError) validationCase {
+		return validationCase{name: name, msg: r(edit), want: want}
+	}
+	failed := func(r *messages.ProvisionerResult) {
+		r.Status = messages.StatusFailed
+		r.Error = &messages.ErrorInfo{Kind: messages.KindPlaybookFailed, Message: "a task failed"}
+	}
+	return []validationCase{
+		valid("minimal success", func(*messages.ProvisionerResult) {}),
+		valid("failure with every key", func(r *messages.ProvisionerResult) {
+			failed(r)
+			r.SchemaVersion = 1
+			r.CorrelationID = "c-1"
+			r.ServerHandle = "web-1"
+			r.Hosts = map[string]messages.HostRecap{"web-1": {Ok: 3, Failed: 1}}
+			r.FailedTask = &messages.FailedTask{Name: "t", Host: "web-1", Play: "p", Message: "m"}
+			r.Playbook = "provision.yml"
+			r.StartedAt = "2024-05-01T12:00:00.000Z"
+			r.FinishedAt = "2024-05-01T12:00:01.000Z"
+			r.DurationMS = 1000
+			r.OutputTail = "fatal"
+			r.Attempt = 2
+		}),
+		valid("rejected with fields", func(r *messages.ProvisionerResult) {
+			r.Status = messages.StatusRejected
+			r.Error = &messages.ErrorInfo{Kind: messages.KindInvalidMessage, Fields: []messages.FieldError{fe("server_handle", msgRequired)}}
+			r.ServerHandle = "not a handle" // echoed as received
+		}),
+		valid("unknown but well-formed error kind", func(r *messages.ProvisionerResult) {
+			r.Status = messages.StatusFailed
+			r.Error = &messages.ErrorInfo{Kind: "quota_exceeded"}
+		}),
+
+		invalid("job_id missing", func(r *messages.ProvisionerResult) { r.JobID = "" }, fe("job_id", msgRequired)),
+		invalid("request_id missing", func(r *messages.ProvisionerResult) { r.RequestID = "" }, fe("request_id", msgRequired)),
+		invalid("request_id not an entry id", func(r *messages.ProvisionerResult) { r.RequestID = "job-1" },
+			fe("request_id", "must be a stream entry id like 1700000000000-0")),
+		invalid("status missing", func(r *messages.ProvisionerResult) { r.Status = "" }, fe("status", msgRequired)),
+		invalid("status unknown", func(r *messages.ProvisionerResult) { r.Status = "done" }, fe("status", msgStatus)),
+		invalid("error on success", func(r *messages.ProvisionerResult) { r.Error = &messages.ErrorInfo{Kind: messages.KindInternal} },
+			fe("error", "must be absent when status is succeeded")),
+		invalid("failure without error", func(r *messages.ProvisionerResult) { r.Status = messages.StatusUnreachable },
+			fe("error", "required when status is unreachable")),
+		invalid("error without kind", func(r *messages.ProvisionerResult) {
+			failed(r)
+			r.Error.Kind = ""
+		}, fe("error.kind", msgRequired)),
+		invalid("error kind malformed", func(r *messages.ProvisionerResult) {
+			failed(r)
+			r.Error.Kind = "Playbook-Failed"
+		}, fe("error.kind", "must match ^[a-z][a-z0-9_]{0,63}$")),
+		invalid("field error without field", func(r *messages.ProvisionerResult) {
+			r.Status = messages.StatusRejected
+			r.Error = &messages.ErrorInfo{Kind: messages.KindInvalidMessage, Fields: []messages.FieldError{fe("port", "x"), fe("", "y")}}
+		}, fe("error.fields[1].field", msgRequired)),
+		invalid("negative host counts", func(r *messages.ProvisionerResult) {
+			r.Hosts = map[string]messages.HostRecap{"b": {Skipped: -1}, "a": {Ok: -1, Ignored: -2}}
+		}, fe("hosts[a].ok", "must not be negative"), fe("hosts[a].ignored", "must not be negative"),
+			fe("hosts[b].skipped", "must not be negative")),
+		invalid("empty host name", func(r *messages.ProvisionerResult) {
+			r.Hosts = map[string]messages.HostRecap{"": {Ok: 1}}
+		}, fe("hosts", "host names must not be empty")),
+		invalid("started_at malformed", func(r *messages.ProvisionerResult) { r.StartedAt = "12:00" }, fe("started_at", msgTime)),
+		invalid("finished_at not UTC", func(r *messages.ProvisionerResult) { r.FinishedAt = "2024-05-01T12:00:00-01:00" },
+			fe("finished_at", msgTime)),
+		invalid("duration negative", func(r *messages.ProvisionerResult) { r.DurationMS = -1 }, fe("duration_ms", "must not be negative")),
+		invalid("attempt negative", func(r *messages.ProvisionerResult) { r.Attempt = -1 }, fe("attempt", "must not be negative")),
+		invalid("schema_version too new", func(r *messages.ProvisionerResult) { r.SchemaVersion = 9 },
+			fe("schema_version", "unsupported version 9; the newest supported is 1")),
+	}
+}
+
+func deployResultCases() []validationCase {
+	r := func(port int) *messages.AnsibleDeployResult {
+		return &messages.AnsibleDeployResult{
+			Outcome: messages.Outcome{JobID: "job-1", RequestID: "1-0", Status: messages.StatusCancelled,
+				Error: &messages.ErrorInfo{Kind: messages.KindCancelled}},
+			ProjectID: "not-validated", ServerIP: "not-validated", Port: port,
+		}
+	}
+	return []validationCase{
+		{name: "echoed identifiers are not validated", msg: r(22)},
+		{name: "port 0 (the request had none)", msg: r(0)},
+		{name: "port out of range", msg: r(65536), want: []messages.FieldError{fe("port", "must be between 0 and 65535")}},
+		{name: "port negative", msg: r(-1), want: []messages.FieldError{fe("port", "must be between 0 and 65535")}},
+	}
+}
+
+func progressCases() []validationCase {
+	e := func(edit func(e *messages.ProgressEvent)) *messages.ProgressEvent {
+		ev := &messages.ProgressEvent{JobID: "job-1", Seq: 1, Time: "2024-05-01T12:00:00.000Z", Type: messages.EventRunStarted}
+		edit(ev)
+		return ev
+	}
+	valid := func(name string, edit func(e *messages.ProgressEvent)) validationCase {
+		return validationCase{name: name, msg: e(edit)}
+	}
+	invalid := func(name string, edit func(e *messages.ProgressEvent), want ...messages.FieldError) validationCase {
+		return validationCase{name: name, msg: e(edit), want: want}
+	}
+	return []validationCase{
+		valid("run_started", func(*messages.ProgressEvent) {}),
+		valid("task_started", func(e *messages.ProgressEvent) {
+			e.Seq, e.Type, e.Play, e.Task = 3, messages.EventTaskStarted, "Deploy", "Install packages"
+		}),
+		valid("host_changed", func(e *messages.ProgressEvent) {
+			e.Seq, e.Type, e.Host, e.Task = 4, messages.EventHostChanged, "web-1", "Install packages"
+		}),
+		valid("run_finished", func(e *messages.ProgressEvent) {
+			e.Seq, e.Type, e.Status, e.Message = 9, messages.EventRunFinished, messages.StatusFailed, "1 host failed"
+		}),
+
+		invalid("job_id missing", func(e *messages.ProgressEvent) { e.JobID = "" }, fe("job_id", msgRequired)),
+		invalid("seq 0", func(e *messages.ProgressEvent) { e.Seq = 0 }, fe("seq", "must be at least 1")),
+		invalid("time missing", func(e *messages.ProgressEvent) { e.Time = "" }, fe("time", msgRequired)),
+		invalid("time malformed", func(e *messages.ProgressEvent) { e.Time = "2024-05-01" }, fe("time", msgTime)),
+		invalid("type missing", func(e *messages.ProgressEvent) { e.Type = "" }, fe("type", msgRequired)),
+		invalid("type unknown", func(e *messages.ProgressEvent) { e.Type = "host_rescued" }, fe("type",
+			"must be one of run_started, play_started, task_started, host_ok, host_changed, host_failed, "+
+				"host_unreachable, host_skipped, run_finished")),
+		invalid("host event without host", func(e *messages.ProgressEvent) { e.Type = messages.EventHostFailed },
+			fe("host", "required for host_failed events")),
+		invalid("run_finished without status", func(e *messages.ProgressEvent) { e.Type = messages.EventRunFinished },
+			fe("status", "required for run_finished events")),
+		invalid("run_finished with an unknown status", func(e *messages.ProgressEvent) {
+			e.Type, e.Status = messages.EventRunFinished, "ok"
+		}, fe("status", msgStatus)),
+		invalid("status on another event", func(e *messages.ProgressEvent) { e.Status = messages.StatusSucceeded },
+			fe("status", "only allowed on run_finished events")),
+	}
+}
+
+// allValidationCases groups the cases by the decoder of their type.
+func allValidationCases() map[string][]validationCase {
+	return map[string][]validationCase{
+		"ProvisionerMessage":   provisionerCases(),
+		"AnsibleDeployMessage": deployCases(),
+		"ProvisionerResult":    provisionerResultCases(),
+		"AnsibleDeployResult":  deployResultCases(),
+		"ProgressEvent":        progressCases(),
+	}
+}
+
+// decodeAny decodes data with the decoder of the message type named typ.
+func decodeAny(typ string, data []byte) (any, error) {
+	switch typ {
+	case "ProvisionerMessage":
+		return asAny(messages.DecodeProvisionerMessage(data))
+	case "AnsibleDeployMessage":
+		return asAny(messages.DecodeAnsibleDeployMessage(data))
+	case "ProvisionerResult":
+		return asAny(messages.DecodeProvisionerResult(data))
+	case "AnsibleDeployResult":
+		return asAny(messages.DecodeAnsibleDeployResult(data))
+	case "ProgressEvent":
+		return asAny(messages.DecodeProgressEvent(data))
+	}
+	panic("unknown message type " + typ)
+}
+
+// asAny returns m as an interface that is nil when m is.
+func asAny[T any](m *T, err error) (any, error) {
+	if m == nil {
+		return nil, err
+	}
+	return m, err
+}
+
+// TestValidate checks every rule, valid and invalid, with the exact field
+// errors; then that the same value sent over the wire (Encode, Decode)
+// gives the same verdict.
+func TestValidate(t *testing.T) {
+	for typ, cases := range allValidationCases() {
+		for _, tc := range cases {
+			t.Run(typ+"/"+tc.name, func(t *testing.T) {
+				err := tc.msg.Validate()
+				if diff := cmp.Diff(tc.want, fieldsOf(t, err), cmpopts.EquateEmpty()); diff != "" {
+					t.Errorf("Validate field errors (-want +got):\n%s", diff)
+				}
+				data, err := messages.Encode(tc.msg)
+				if err != nil {
+					t.Fatalf("Encode: %v", err)
+				}
+				decoded, err := decodeAny(typ, data)
+				if diff := cmp.Diff(tc.want, fieldsOf(t, err), cmpopts.EquateEmpty()); diff != "" {
+					t.Errorf("Decode field errors (-want +got):\n%s", diff)
+				}
+				if decoded == nil {
+					t.Errorf("Decode returned no message (error %v)", err)
+				}
+			})
+		}
+	}
+}
+
+// fieldsOf returns the field errors of a *ValidationError, failing the test
+// on any other error.
+func fieldsOf(t *testing.T, err error) []messages.FieldError {
+	t.Helper()
+	if err == nil {
+		return nil
+	}
+	ve, ok := err.(*messages.ValidationError)
+	if !ok {
+		t.Fatalf("error %T %v, want *ValidationError", err, err)
+	}
+	if !messages.IsInvalid(err) {
+		t.Errorf("IsInvalid(%v) = false", err)
+	}
+	return ve.Fields
+}
+
+// TestValidationNeverEchoesValues checks that a secret put where a
+// reference belongs does not leak into the error.
+func TestValidationNeverEchoesValues(t *testing.T) {
+	const token = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
+	m := &messages.AnsibleDeployMessage{
+		ProjectID: token, RepoFullName: token, Branch: token + "..", ServerIP: token, Port: 22,
+		Modules: []string{token}, GitHubTokenRef: token, SecretsRef: "vault:" + token + " x",
+		RequestMeta: messages.RequestMeta{JobID: token + " ", CorrelationID: token + " ", CreatedAt: token},
+	}
+	err := m.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted the message")
+	}
+	if strings.Contains(err.Error(), token) {
+		t.Errorf("error repeats the value: %v", err)
+	}
+	for _, f := range err.(*messages.ValidationError).Fields {
+		if strings.Contains(f.Message, token) {
+			t.Errorf("field error %s repeats the value", f.Field)
+		}
+	}
+}

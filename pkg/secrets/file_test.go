@@ -1,0 +1,131 @@
+package secrets
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+type fileFixture struct {
+	root    string
+	outside string
+	backend *FileBackend
+}
+
+func setupFiles(t *testing.T) fileFixture {
+	t.Helper()
+	root, outside := t.TempDir(), t.TempDir()
+	write := func(dir, name, content string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(root, "plain.txt", canary+"\n")
+	write(root, "projects/a/creds.json", `{"api_key": `+mustJSON(canary)+`, "port": 5432, "tls": true, "nested": {"x": 1}}`)
+	write(root, "projects/a/app.env", "# comment\nDB_PASSWORD='p@ss word'\nexport API_TOKEN=tok-123456\nURL=\"https://h/$DB_PASSWORD\"\n")
+	write(root, "notes.md", "just some text\nwithout fields\n")
+	write(root, "big.bin", strings.Repeat("x", MaxFileSize+1))
+	write(outside, "secret.txt", "OUTSIDE-SECRET-VALUE")
+	if err := os.Symlink(filepath.Join(outside, "secret.txt"), filepath.Join(root, "escape-link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "escape-dir")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../..", filepath.Join(root, "projects/a/up")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("plain.txt", filepath.Join(root, "inside-link")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewFileBackend(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return fileFixture{root: root, outside: outside, backend: b}
+}
+
+func TestFileBackend(t *testing.T) {
+	f := setupFiles(t)
+	cases := []struct {
+		ref  string
+		want string
+		kind error
+	}{
+		{ref: "file:plain.txt", want: canary + "\n"},
+		{ref: "file:projects/a/creds.json#api_key", want: canary},
+		{ref: "file:projects/a/creds.json#port", want: "5432"},
+		{ref: "file:projects/a/creds.json#tls", want: "true"},
+		{ref: "file:projects/a/creds.json#nested", want: `{"x":1}`},
+		{ref: "file:projects/a/app.env#DB_PASSWORD", want: "p@ss word"},
+		{ref: "file:projects/a/app.env#API_TOKEN", want: "tok-123456"},
+		{ref: "file:projects/a/app.env#URL", want: "https://h/p@ss word"},
+		{ref: "file:inside-link", want: canary + "\n"},
+		{ref: "file:projects/a/creds.json#missing", kind: ErrNotFound},
+		{ref: "file:missing.txt", kind: ErrNotFound},
+		{ref: "file:notes.md#x", kind: ErrBadRef},
+		{ref: "file:projects", kind: ErrBadRef},
+		{ref: "file:big.bin", kind: ErrBadRef},
+		{ref: "file:escape-link", kind: ErrBadRef},
+		{ref: "file:escape-dir/secret.txt", kind: ErrBadRef},
+		{ref: "file:projects/a/up/escape-dir/secret.txt", kind: ErrBadRef},
+	}
+	for _, tc := range cases {
+		t.Run(tc.ref, func(t *testing.T) {
+			ref, err := ParseRef(tc.ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := f.backend.Resolve(context.Background(), ref)
+			if tc.kind != nil {
+				if !errors.Is(err, tc.kind) {
+					t.Fatalf("error %v, want kind %v", err, tc.kind)
+				}
+				if strings.Contains(err.Error(), "OUTSIDE-SECRET") || strings.Contains(err.Error(), "Kanar1e") {
+					t.Errorf("error holds a value: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Reveal() != tc.want {
+				t.Errorf("got %q, want %q", v.Reveal(), tc.want)
+			}
+		})
+	}
+}
+
+// Paths that ParseRef refuses must be refused by the backend as well, in
+// case a Ref is built by hand.
+func TestFileBackendRefusesDotDotEvenWithoutParseRef(t *testing.T) {
+	f := setupFiles(t)
+	rel, err := filepath.Rel(f.root, filepath.Join(f.outside, "secret.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{rel, "projects/../../" + filepath.Base(f.outside) + "/secret.txt", f.outside + "/secret.txt"} {
+		v, err := f.backend.Resolve(context.Background(), Ref{Scheme: SchemeFile, Path: p})
+		if err == nil || !v.IsZero() {
+			t.Errorf("%q: read outside the root", p)
+		}
+	}
+}
+
+func TestFileBackendNeedsAbsoluteRoot(t *testing.T) {
+	if _, err := NewFileBackend("relative/dir"); err == nil {
+		t.Error("relative root accepted")
+	}
+	if _, err := NewFileBackend(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("missing root accepted")
+	}
+}

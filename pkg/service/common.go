@@ -1,0 +1,70 @@
+package service
+
+import (
+	"errors"
+	"net"
+	"net/url"
+	"time"
+)
+
+// Defaults of the Common settings: the dev profile of scripts/services.sh.
+const (
+	DefaultRedisURL    = "redis://127.0.0.1:16379/0"
+	DefaultDatabaseURL = "postgres://autoprov:autoprov@127.0.0.1:15432/autoprov?sslmode=disable"
+)
+
+// Common holds the settings every service has. A service embeds it in its
+// own config struct and sets AdminAddr to its own default before Load:
+//
+//	cfg := &Config{Common: service.Common{AdminAddr: "127.0.0.1:9102"}}
+type Common struct {
+	Redis RedisConfig `envPrefix:"REDIS_"`
+
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://autoprov:autoprov@127.0.0.1:15432/autoprov?sslmode=disable" desc:"Postgres URL (postgres://user:password@host:port/db?sslmode=...)"`
+
+	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" desc:"log level: debug, info, warn or error"`
+	LogFormat string `env:"LOG_FORMAT" envDefault:"auto" desc:"log format: json, console, or auto (console when stderr is a terminal, else json)"`
+
+	AdminAddr string `env:"ADMIN_ADDR" desc:"host:port of the admin HTTP server (/healthz, /readyz, /metrics)"`
+
+	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"30s" desc:"how long a graceful shutdown may take after SIGINT/SIGTERM"`
+}
+
+// Validate checks the common settings; Load calls it.
+func (c *Common) Validate() error {
+	var errs []error
+	errs = append(errs, c.Redis.Validate())
+	if err := validateDatabaseURL(c.DatabaseURL); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := ParseLevel(c.LogLevel); err != nil {
+		errs = append(errs, &FieldError{Var: "LOG_LEVEL", Err: err})
+	}
+	if err := checkFormat(c.LogFormat); err != nil {
+		errs = append(errs, &FieldError{Var: "LOG_FORMAT", Err: err})
+	}
+	if c.AdminAddr == "" {
+		errs = append(errs, Invalid("ADMIN_ADDR", "required but not set"))
+	} else if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+		errs = append(errs, Invalid("ADMIN_ADDR", "%q is not host:port", c.AdminAddr))
+	}
+	if c.ShutdownGrace <= 0 {
+		errs = append(errs, Invalid("SHUTDOWN_GRACE", "must be positive, got %s", c.ShutdownGrace))
+	}
+	return errors.Join(errs...)
+}
+
+// validateDatabaseURL checks the URL without echoing it (it holds a password).
+func validateDatabaseURL(s string) error {
+	if s == "" {
+		return Invalid("DATABASE_URL", "required but not set")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return Invalid("DATABASE_URL", "not a valid URL")
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return Invalid("DATABASE_URL", "scheme must be postgres:// or postgresql://, got %q", u.Scheme)
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+package stream
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Config configures a Consumer. Zero values take the documented defaults.
+type Config struct {
+	// Group is the consumer group (required). It is created on each stream
+	// when missing.
+	Group string
+	// Streams are the streams to read (at least one). Each has its own
+	// reader, so they may live in different Redis Cluster slots.
+	Streams []string
+	// Consumer is this consumer's name in the group. Default: host, pid and
+	// a random suffix, unique per process. A stable name (for example a pod
+	// name) makes the consumer re-read its own pending entries at start.
+	Consumer string
+	// Concurrency bounds the handlers running at once; reads never ask for
+	// more entries than there are free slots. Default 16.
+	Concurrency int
+	// Block is how long one read waits for new entries; it bounds how long
+	// shutdown waits for readers. Default 1s.
+	Block time.Duration
+	// Lease is how long an entry may go without a heartbeat before another
+	// consumer may claim it. Heartbeats run every Lease/4. Default 30s.
+	Lease time.Duration
+	// ClaimInterval is how often idle entries of other consumers are looked
+	// for. Default min(Lease/4, 2s).
+	ClaimInterval time.Duration
+	// MaxDeliveries is the delivery limit: an entry that failed (or whose
+	// consumer died) this many times is dead-lettered. Default 5.
+	MaxDeliveries int64
+	// RetryBackoff is the delay before a failed entry is redelivered; it
+	// doubles with each delivery, up to Lease. Default 1s.
+	RetryBackoff time.Duration
+	// ShutdownGrace is how long in-flight handlers may run after the context
+	// of Run is cancelled before they are cancelled. Default 30s.
+	ShutdownGrace time.Duration
+	// CancelGrace is how long cancelled handlers have to return before the
+	// consumer gives up on them. Default 15s.
+	CancelGrace time.Duration
+	// StartID is where a newly created group starts reading: "0" (default,
+	// everything still in the stream) or "$" (only new entries).
+	StartID string
+	// DeadLetterMaxLen is the approximate length kept of dead-letter
+	// streams. Default 100,000.
+	DeadLetterMaxLen int64
+	// TrimInterval is how often the streams are trimmed to what their groups
+	// still need (see TrimToGroups). Default 1m; negative disables.
+	TrimInterval time.Duration
+	// ConsumerIdleDelete removes other consumers of the group that have had
+	// no pending entries and no activity for this long. Default 24h; negative
+	// disables.
+	ConsumerIdleDelete time.Duration
+	// StatsInterval is how often group lag and pending are sampled into
+	// Metrics. Default 10s.
+	StatsInterval time.Duration
+	// Logger receives the consumer's logs. The zero value logs nothing.
+	Logger zerolog.Logger
+	// Metrics records the consumer's metrics; nil records nothing.
+	Metrics *Metrics
+}
+
+func (c *Config) setDefaults() {
+	if c.Consumer == "" {
+		c.Consumer = DefaultConsumerName()
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 16
+	}
+	if c.Block == 0 {
+		c.Block = time.Second
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.ClaimInterval == 0 {
+		c.ClaimInterval = min(c.Lease/4, 2*time.Second)
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = 5
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 30 * time.Second
+	}
+	if c.CancelGrace == 0 {
+		c.CancelGrace = 15 * time.Second
+	}
+	if c.StartID == "" {
+		c.StartID = "0"
+	}
+	if c.DeadLetterMaxLen == 0 {
+		c.DeadLetterMaxLen = 100_000
+	}
+	if c.TrimInterval == 0 {
+		c.TrimInterval = time.Minute
+	}
+	if c.ConsumerIdleDelete == 0 {
+		c.ConsumerIdleDelete = 24 * time.Hour
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = 10 * time.Second
+	}
+}
+
+// Validate reports every problem of a defaulted Config.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Group == "" {
+		errs = append(errs, errors.New("group is required"))
+	}
+	if len(c.Streams) == 0 {
+		errs = append(errs, errors.New("at least one stream is required"))
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Streams {
+		if s == "" {
+			errs = append(errs, errors.New("empty stream name"))
+		}
+		if seen[s] {
+			errs = append(errs, fmt.Errorf("stream %q listed twice", s))
+		}
+		if strings.HasSuffix(s, DeadLetterSuffix) {
+			errs = append(errs, fmt.Errorf("stream %q is a dead-letter stream", s))
+		}
+		seen[s] = true
+	}
+	if c.Concurrency < 1 {
+		errs = append(errs, fmt.Errorf("concurrency %d < 1", c.Concurrency))
+	}
+	if c.Block < time.Millisecond {
+		errs = append(errs, fmt.Errorf("block %v < 1ms", c.Block))
+	}
+	if c.Lease < 40*time.Millisecond {
+		errs = append(errs, fmt.Errorf("lease %v < 40ms", c.Lease))
+	}
+	if c.ClaimInterval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("claim interval %v < 1ms", c.ClaimInterval))
+	}
+	if c.MaxDeliveries < 1 {
+		errs = append(errs, fmt.Errorf("max deliveries %d < 1", c.MaxDeliveries))
+	}
+	if c.RetryBackoff < 0 || c.ShutdownGrace < 0 || c.CancelGrace < 0 {
+		errs = append(errs, errors.New("negative durations are not allowed for retry backoff and graces"))
+	}
+	if c.StartID != "0" && c.StartID != "$" {
+		if _, err := parseID(c.StartID); err != nil {
+			errs = append(errs, fmt.Errorf("start id: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DefaultConsumerName returns host-pid-random, unique per process.
+func DefaultConsumerName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

@@ -1,0 +1,305 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+)
+
+// readLoop serves one stream while ctx lives: it re-runs this consumer's
+// own pending entries at start, then, with the slots it holds, claims idle
+// entries every ClaimInterval and reads new ones. Claiming and reading share
+// the loop so that neither can starve the other of slots.
+func (c *Consumer) readLoop(ctx context.Context, st *streamState) {
+	c.recoverOwn(ctx, st)
+	bo := newBackoff()
+	// The read itself must not be abandoned half-way at shutdown: entries in
+	// its reply are already ours.
+	rctx := context.WithoutCancel(ctx)
+	nextClaim := time.Now()
+	for ctx.Err() == nil {
+		n := c.slots.acquire(ctx, c.share())
+		if n == 0 {
+			return
+		}
+		if !time.Now().Before(nextClaim) {
+			used, more := c.claim(ctx, st, n)
+			n -= used
+			nextClaim = time.Now().Add(c.cfg.ClaimInterval)
+			if more {
+				nextClaim = time.Now() // more idle entries may be waiting
+			}
+			if n == 0 {
+				continue
+			}
+		}
+		// Block no longer than the next claim round is due.
+		block := max(min(c.cfg.Block, time.Until(nextClaim)), time.Millisecond)
+		sent := time.Now()
+		res, err := c.rdb.XReadGroup(rctx, &redis.XReadGroupArgs{
+			Group:    c.cfg.Group,
+			Consumer: c.cfg.Consumer,
+			Streams:  []string{st.name, ">"},
+			Count:    int64(n),
+			Block:    block,
+		}).Result()
+		if err != nil {
+			c.slots.release(n)
+			if isNil(err) {
+				continue
+			}
+			c.readError(ctx, st, "xreadgroup", err, bo)
+			continue
+		}
+		bo.Reset()
+		got := 0
+		for _, s := range res {
+			got += len(s.Messages)
+			c.dispatch(st, s.Messages, nil, sent, 0)
+		}
+		c.slots.release(n - got)
+	}
+}
+
+// readError handles a failed read: a missing group is created again (Redis
+// restarted without persistence, or the stream was deleted); anything else
+// backs off.
+func (c *Consumer) readError(ctx context.Context, st *streamState, op string, err error, bo *backoff.ExponentialBackOff) {
+	if isNoGroup(err) {
+		c.log.Warn().Str("stream", st.name).Msg("consumer group missing (Redis lost its data?): creating it again")
+		if gerr := c.ensureGroup(ctx, st); gerr == nil {
+			return
+		}
+	}
+	d := bo.NextBackOff()
+	c.log.Warn().Err(err).Str("stream", st.name).Dur("retry_in", d).Msg(op + " failed")
+	sleepCtx(ctx, d)
+}
+
+// dispatch registers entries as in flight and hands them to the workers.
+// The caller holds one slot per entry, which the worker releases. counts
+// gives the entries' delivery counts (nil: first delivery); entries whose
+// count exceeds limit (when limit > 0) are dead-lettered without running.
+func (c *Consumer) dispatch(st *streamState, msgs []redis.XMessage, counts []int64, renewSent time.Time, limit int64) {
+	if len(msgs) == 0 {
+		return
+	}
+	ds := make([]delivery, len(msgs))
+	ms := make([]Message, len(msgs))
+	run := 0
+	c.mu.Lock()
+	for i, xm := range msgs {
+		n := int64(1)
+		if counts != nil {
+			n = counts[i]
+		}
+		ms[i] = Message{Stream: st.name, ID: xm.ID, Values: xm.Values, Deliveries: n}
+		d := &ds[i]
+		d.msg, d.st, d.renewSent = &ms[i], st, renewSent
+		d.overLimit = limit > 0 && n > limit
+		d.ctx, d.cancel = context.WithCancelCause(c.hctx)
+		c.inflight[deliveryKey{st.name, xm.ID}] = d
+		if !d.overLimit {
+			run++
+		}
+	}
+	c.mu.Unlock()
+	st.m.inFlightAdd(len(msgs))
+	st.m.add(cConsumed, run)
+	c.handlers.Add(len(msgs))
+	for i := range ds {
+		c.work <- &ds[i]
+	}
+}
+
+// process runs the handler for one delivery and settles the entry.
+func (c *Consumer) process(d *delivery) {
+	defer c.handlers.Done()
+	defer c.slots.release(1)
+	defer d.cancel(nil)
+	if d.overLimit {
+		c.deadLetter(d, "max_deliveries",
+			fmt.Errorf("delivered %d times without success (handlers failed or their consumers died)", d.msg.Deliveries))
+		return
+	}
+	start := time.Now()
+	err := c.call(d)
+	d.st.m.observe(time.Since(start).Seconds())
+	c.settle(d, err)
+}
+
+// call runs the handler, turning a panic into an error.
+func (c *Consumer) call(d *delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panic: %v", r)
+			c.log.Error().Str("stream", d.st.name).Str("msg_id", d.msg.ID).Str("panic", fmt.Sprint(r)).
+				Bytes("stack", debug.Stack()).Msg("handler panicked")
+		}
+	}()
+	return c.handler.Handle(d.ctx, d.msg)
+}
+
+// settle decides the fate of an entry once its handler returned.
+func (c *Consumer) settle(d *delivery, err error) {
+	if c.isLost(d) {
+		log := c.entryLog(d)
+		log.Warn().AnErr("handler_error", err).Msg("lease lost: entry left to its new owner")
+		c.forget(d)
+		return
+	}
+	if err == nil {
+		c.enqueueAck(d)
+		return
+	}
+	d.st.m.add(cFailed, 1)
+	log := c.entryLog(d)
+	var perm *PermanentError
+	switch {
+	case errors.As(err, &perm):
+		log.Warn().Err(err).Msg("permanent failure: dead-lettering")
+		c.deadLetter(d, perm.Reason, err)
+	case errors.Is(context.Cause(d.ctx), ErrShutdown):
+		log.Info().Err(err).Msg("interrupted by shutdown: releasing entry to other consumers")
+		c.release(d, releaseIdle, d.msg.Deliveries-1)
+		d.st.m.add(cReleased, 1)
+	case d.msg.Deliveries >= c.cfg.MaxDeliveries:
+		log.Warn().Err(err).Msg("delivery limit reached: dead-lettering")
+		c.deadLetter(d, "max_deliveries", fmt.Errorf("failed on delivery %d of %d: %w", d.msg.Deliveries, c.cfg.MaxDeliveries, err))
+	default:
+		delay := c.retryDelay(d.msg.Deliveries)
+		log.Warn().Err(err).Dur("retry_in", delay).Msg("handler failed: entry will be redelivered")
+		c.release(d, c.cfg.Lease-delay, -1)
+	}
+}
+
+// entryLog returns a logger carrying the entry's identifiers.
+func (c *Consumer) entryLog(d *delivery) zerolog.Logger {
+	return c.log.With().Str("stream", d.st.name).Str("msg_id", d.msg.ID).Int64("deliveries", d.msg.Deliveries).Logger()
+}
+
+// retryDelay is the backoff before delivery n+1 after delivery n failed.
+func (c *Consumer) retryDelay(n int64) time.Duration {
+	d := c.cfg.RetryBackoff
+	for i := int64(1); i < n && d < c.cfg.Lease; i++ {
+		d *= 2
+	}
+	return min(d, c.cfg.Lease)
+}
+
+func (c *Consumer) isLost(d *delivery) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return d.lost
+}
+
+// forget drops entries from the in-flight set.
+func (c *Consumer) forget(ds ...*delivery) {
+	if len(ds) == 0 {
+		return
+	}
+	removed := map[*streamState]int{}
+	c.mu.Lock()
+	for _, d := range ds {
+		k := deliveryKey{d.st.name, d.msg.ID}
+		if cur, ok := c.inflight[k]; ok && cur == d {
+			delete(c.inflight, k)
+			removed[d.st]++
+		}
+	}
+	c.mu.Unlock()
+	for st, n := range removed {
+		st.m.inFlightAdd(-n)
+	}
+}
+
+// release makes an owned entry claimable after Lease - idle (retryCount -1
+// keeps its delivery count) and forgets it. When Redis cannot be reached the
+// entry becomes claimable when its lease runs out anyway.
+func (c *Consumer) release(d *delivery, idle time.Duration, retryCount int64) {
+	defer c.forget(d)
+	ctx, cancel := context.WithTimeout(c.bgCtx, 5*time.Second)
+	defer cancel()
+	lost, err := runFenced(ctx, c.rdb, releaseScript, d.st.name,
+		[]any{c.cfg.Group, c.cfg.Consumer, idle.Milliseconds(), d.msg.ID, retryCount})
+	if err != nil {
+		c.log.Warn().Err(err).Str("stream", d.st.name).Str("msg_id", d.msg.ID).
+			Msg("release failed: entry becomes claimable when its lease runs out")
+		return
+	}
+	if len(lost) > 0 {
+		d.st.m.add(cLeaseLost, 1)
+	}
+}
+
+// deadLetter copies the entry with the reason to the dead-letter stream, then
+// acknowledges it. When the copy fails the entry stays pending: it is claimed
+// again after its lease and dead-lettered then.
+func (c *Consumer) deadLetter(d *delivery, reason string, cause error) {
+	values := make(map[string]any, len(d.msg.Values)+8)
+	for k, v := range d.msg.Values {
+		values[k] = v
+	}
+	values[DeadFieldReason] = reason
+	values[DeadFieldError] = cause.Error()
+	values[DeadFieldStream] = d.st.name
+	values[DeadFieldID] = d.msg.ID
+	values[DeadFieldGroup] = c.cfg.Group
+	values[DeadFieldConsumer] = c.cfg.Consumer
+	values[DeadFieldDeliveries] = d.msg.Deliveries
+	values[DeadFieldAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	ctx, cancel := context.WithTimeout(c.bgCtx, 5*time.Second)
+	defer cancel()
+	err := c.rdb.XAdd(ctx, &redis.XAddArgs{
+		Stream: d.st.dead, MaxLen: c.cfg.DeadLetterMaxLen, Approx: true, Values: values,
+	}).Err()
+	if err != nil {
+		c.log.Error().Err(err).Str("stream", d.st.name).Str("msg_id", d.msg.ID).
+			Msg("dead-letter write failed: entry stays pending and will be retried")
+		c.forget(d)
+		return
+	}
+	d.st.m.deadLetter(reason)
+	c.log.Warn().Str("stream", d.st.name).Str("msg_id", d.msg.ID).Str("reason", reason).
+		Str("dead_stream", d.st.dead).Msg("entry dead-lettered")
+	c.enqueueAck(d)
+}
+
+// maxQueuedAcks bounds the ack queue per handler slot; past it, settling
+// handlers wait (backpressure while Redis does not take acks).
+const maxQueuedAcks = 64
+
+// enqueueAck hands the entry to the ack loop.
+func (c *Consumer) enqueueAck(d *delivery) {
+	for c.acks.len() > maxQueuedAcks*c.cfg.Concurrency {
+		if c.bgCtx.Err() != nil {
+			c.forget(d) // stays pending; redelivered after its lease
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.acks.push(d)
+}
+
+// runFenced runs a fenced script on one stream and returns the ids this
+// consumer no longer owns.
+func runFenced(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, stream string, args []any) ([]string, error) {
+	res, err := s.Run(ctx, rdb, []string{stream}, args...).Result()
+	if err != nil {
+		return nil, err
+	}
+	items, _ := res.([]any)
+	lost := make([]string, 0, len(items))
+	for _, it := range items {
+		if s, ok := it.(string); ok {
+			lost = append(lost, s)
+		}
+	}
+	return lost, nil
+}

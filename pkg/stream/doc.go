@@ -1,0 +1,48 @@
+// Package stream is the Redis Streams runtime every service uses: a
+// Producer that appends entries without ever trimming what a consumer group
+// has not read, and a Consumer that runs a Handler for each entry of one or
+// more streams as a member of a consumer group.
+//
+// # Delivery model
+//
+// Entries are delivered at least once. A Consumer acknowledges an entry only
+// after its Handler returned nil, that is after the handler made its outcome
+// durable (result published, state committed); handlers therefore deduplicate
+// by a job id. While a handler runs, the entry is leased: a heartbeat resets
+// the entry's idle time every Lease/4, fenced by a check that the entry is
+// still owned by this consumer. Other consumers only claim entries idle for at
+// least Lease, so a long job is never taken from a live owner, and the entries
+// of a dead consumer are taken over after about Lease.
+//
+// A handler whose lease is lost (another consumer claimed the entry, for
+// example after Redis was unreachable for longer than Lease) has its context
+// cancelled with ErrLeaseLost as the cause; it must publish nothing, and the
+// runtime acknowledges nothing for it.
+//
+// # Failures
+//
+// A handler error makes the entry eligible for redelivery after a backoff that
+// doubles with each delivery. When an entry reaches Config.MaxDeliveries (or a
+// consumer holding it died that often), it is copied to the dead-letter stream
+// "<stream>:dead" with the reason and its original fields, then acknowledged.
+// A handler signals "do not retry" (bad input) by returning an error wrapped
+// with Permanent: the entry is dead-lettered at once. A panicking handler is
+// recovered and counts as a failed delivery.
+//
+// # Shutdown
+//
+// When the context given to Consumer.Run is cancelled, the consumer stops
+// reading and claiming, lets in-flight handlers finish within
+// Config.ShutdownGrace, then cancels them (cause ErrShutdown) and releases
+// their entries so that another consumer takes them at once, without counting
+// the interrupted delivery.
+//
+// # Redis deployments
+//
+// The runtime takes a redis.UniversalClient, so a single node, Sentinel and
+// Cluster all work. It never uses MULTI or scripts across keys: every script
+// touches one stream, and each stream has its own reader, so streams may live
+// in different Cluster slots. It survives a Redis restart underneath it: reads
+// back off and retry, and a consumer group that disappeared (a restart without
+// persistence) is created again.
+package stream

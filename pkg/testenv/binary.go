@@ -1,0 +1,178 @@
+package testenv
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BuildBinary builds the main package in dir (e.g. "." for the module a
+// test runs in) with `go build` into t.TempDir() and returns the binary's path.
+func BuildBinary(t testing.TB, dir string) string {
+	t.Helper()
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), filepath.Base(abs))
+	cmd := exec.Command("go", "build", "-o", out, ".")
+	cmd.Dir = abs
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", dir, err, b)
+	}
+	return out
+}
+
+// BinaryEnv returns an environment for a binary under test: PATH, HOME and
+// TMPDIR from the test process (nothing else leaks in, REDIS_URL and
+// DATABASE_URL included), followed by kv ("NAME=value").
+func BinaryEnv(kv ...string) []string {
+	var env []string
+	for _, name := range []string{"PATH", "HOME", "TMPDIR"} {
+		if v, ok := os.LookupEnv(name); ok {
+			env = append(env, name+"="+v)
+		}
+	}
+	return append(env, kv...)
+}
+
+// Process is a binary started by StartBinary. It is killed when the test
+// ends if it still runs; its output is kept and shown on failures.
+type Process struct {
+	t      testing.TB
+	cmd    *exec.Cmd
+	stdout syncBuffer
+	stderr syncBuffer
+	exited chan struct{}
+	err    error // from Wait, once exited is closed
+}
+
+// StartBinary starts path with env and args.
+func StartBinary(t testing.TB, path string, env []string, args ...string) *Process {
+	t.Helper()
+	p := &Process{t: t, exited: make(chan struct{})}
+	p.cmd = exec.Command(path, args...)
+	p.cmd.Env = env
+	p.cmd.Stdout = &p.stdout
+	p.cmd.Stderr = &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", path, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("%s stderr:\n%s", filepath.Base(path), p.Stderr())
+		}
+	})
+	return p
+}
+
+// Stdout returns what the process wrote to stdout so far.
+func (p *Process) Stdout() string { return p.stdout.String() }
+
+// Stderr returns what the process wrote to stderr so far.
+func (p *Process) Stderr() string { return p.stderr.String() }
+
+// Exited is closed when the process has exited.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig os.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+// Wait waits up to timeout for the process to exit and returns its exit
+// status (-1 when a signal killed it). It fails the test on timeout.
+func (p *Process) Wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(timeout):
+		p.t.Fatalf("process still running after %s", timeout)
+	}
+	var exitErr *exec.ExitError
+	if p.err != nil && !errors.As(p.err, &exitErr) {
+		p.t.Fatalf("wait: %v", p.err)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// RunBinary runs path with env and args to completion (at most a minute)
+// and returns its stdout, stderr and exit status.
+func RunBinary(t testing.TB, path string, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	p := StartBinary(t, path, env, args...)
+	code = p.Wait(time.Minute)
+	return p.Stdout(), p.Stderr(), code
+}
+
+// WaitHTTP polls url until it answers with status want, and returns the
+// body. It fails the test when the process exits first or after timeout
+// (the process's stderr is logged when a test fails).
+func (p *Process) WaitHTTP(url string, want int, timeout time.Duration) string {
+	p.t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.After(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	last := "no answer"
+	for {
+		resp, err := client.Get(url)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode == want {
+				return string(body)
+			}
+			last = resp.Status + ": " + strings.TrimSpace(string(body))
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-p.exited:
+			p.t.Fatalf("process exited (%v) while waiting for %s to answer %d", p.err, url, want)
+		case <-deadline:
+			p.t.Fatalf("%s did not answer %d within %s (last: %s)", url, want, timeout, last)
+		case <-tick.C:
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the writer goroutine of exec and
+// readers in the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
