@@ -84,7 +84,7 @@ start_redis() {
 	fi
 	step "starting redis on 127.0.0.1:$REDIS_PORT (data in ${dir#"$ROOT"/})"
 	redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$dir" \
-		--appendonly yes --appendfsync everysec --save "" \
+		--appendonly yes --appendfsync everysec --save "" --databases 256 \
 		--daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
 	wait_for "redis" 50 redis-cli -p "$REDIS_PORT" ping
 }

@@ -367,12 +367,17 @@ func NewAnsibleDeployResult(msg *AnsibleDeployMessage, requestID string) *Ansibl
 	if msg == nil {
 		return &AnsibleDeployResult{Outcome: newOutcome(nil, requestID)}
 	}
-	return &AnsibleDeployResult{
+	r := &AnsibleDeployResult{
 		Outcome:   newOutcome(&msg.RequestMeta, requestID),
 		ProjectID: msg.ProjectID,
 		ServerIP:  msg.ServerIP,
-		Port:      msg.Port,
 	}
+	// An out-of-range port (a rejected request) is not echoed: the result
+	// must stay valid.
+	if msg.Port >= 0 && msg.Port <= 65535 {
+		r.Port = msg.Port
+	}
+	return r
 }
 
 // Validate checks r against the contract and returns a *ValidationError

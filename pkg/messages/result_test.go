@@ -33,12 +33,12 @@ func TestNewResults(t *testing.T) {
 			}},
 		{"provisioner, undecodable request", messages.NewProvisionerResult(nil, entry),
 			&messages.ProvisionerResult{Outcome: messages.Outcome{SchemaVersion: 1, JobID: entry, RequestID: entry, Attempt: 1}}},
-		{"deploy, invalid ids are not echoed", messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{
+		{"deploy, invalid ids and an out-of-range port are not echoed", messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{
 			RequestMeta: messages.RequestMeta{JobID: "job 1", CorrelationID: strings.Repeat("c", 300)},
 			ProjectID:   "p", ServerIP: "not an ip", Port: 70000,
 		}, entry), &messages.AnsibleDeployResult{
 			Outcome:   messages.Outcome{SchemaVersion: 1, JobID: entry, RequestID: entry, Attempt: 1},
-			ProjectID: "p", ServerIP: "not an ip", Port: 70000,
+			ProjectID: "p", ServerIP: "not an ip",
 		}},
 		{"deploy, undecodable request", messages.NewAnsibleDeployResult(nil, entry),
 			&messages.AnsibleDeployResult{Outcome: messages.Outcome{SchemaVersion: 1, JobID: entry, RequestID: entry, Attempt: 1}}},
@@ -47,6 +47,15 @@ func TestNewResults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if diff := cmp.Diff(tc.want, tc.got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
+			}
+			// A rejection built from any request must itself be valid.
+			r := tc.got.(interface {
+				Reject(error)
+				Validate() error
+			})
+			r.Reject(errors.New("bad request"))
+			if err := r.Validate(); err != nil {
+				t.Errorf("rejected result is invalid: %v", err)
 			}
 		})
 	}

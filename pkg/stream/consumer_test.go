@@ -570,3 +570,23 @@ func TestConfigValidation(t *testing.T) {
 		})
 	}
 }
+
+// With fewer slots than streams, the readers take turns: a reader blocked
+// on a quiet stream must not keep the only slot from the reader of a busy
+// one.
+func TestOneSlotServesEveryStream(t *testing.T) {
+	rdb := testenv.Redis(t)
+	quiet, _ := names()
+	busy, g := names()
+	rec := newRecorder(3)
+	running(t, newConsumer(t, rdb, stream.Config{
+		Group: g, Streams: []string{quiet, busy}, Concurrency: 1, Block: 300 * time.Millisecond,
+	}, rec))
+	publish(t, rdb, busy, 3)
+	select {
+	case <-rec.done:
+	case <-time.After(15 * time.Second):
+		_, n := rec.snapshot()
+		t.Fatalf("%d of 3 entries of the busy stream handled: its reader starved", n)
+	}
+}

@@ -90,6 +90,9 @@ func (p *Process) Stdout() string { return p.stdout.String() }
 // Stderr returns what the process wrote to stderr so far.
 func (p *Process) Stderr() string { return p.stderr.String() }
 
+// Pid returns the process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Exited is closed when the process has exited.
 func (p *Process) Exited() <-chan struct{} { return p.exited }
 

@@ -1,0 +1,424 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+// The test binary doubles as a lock-holding child process (see
+// TestRunLocksDieWithTheirProcess).
+const (
+	childDSNEnv    = "STORE_LOCK_CHILD_DSN"
+	childJobEnv    = "STORE_LOCK_CHILD_JOB"
+	childTargetEnv = "STORE_LOCK_CHILD_TARGET"
+)
+
+func TestMain(m *testing.M) {
+	if dsn := os.Getenv(childDSNEnv); dsn != "" {
+		os.Exit(lockChild(dsn, os.Getenv(childJobEnv), os.Getenv(childTargetEnv)))
+	}
+	os.Exit(m.Run())
+}
+
+// lockChild takes the run locks, says so on stdout and holds them until it
+// is killed.
+func lockChild(dsn, job, target string) int {
+	ctx := context.Background()
+	pool, err := store.Open(ctx, dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	l, err := store.AcquireRunLocks(ctx, pool, job, target, store.LockOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	fmt.Printf("locked %d\n", l.BackendPID())
+	select {}
+}
+
+// advisoryLock is a row of pg_locks for an advisory lock.
+type advisoryLock struct {
+	PID     uint32
+	Granted bool
+}
+
+// advisoryLocks lists the sessions holding or waiting for the advisory lock
+// key in the pool's database.
+func advisoryLocks(t *testing.T, pool *pgxpool.Pool, key int64) []advisoryLock {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT pid, granted FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND classid = $1 AND objid = $2
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY granted DESC, pid`, uint32(uint64(key)>>32), uint32(uint64(key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []advisoryLock
+	for rows.Next() {
+		var l advisoryLock
+		var pid int32
+		if err := rows.Scan(&pid, &l.Granted); err != nil {
+			t.Fatal(err)
+		}
+		l.PID = uint32(pid)
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// eventually polls cond every 20ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func acquire(t *testing.T, pool *pgxpool.Pool, job, target string, opts store.LockOptions) *store.RunLocks {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := store.AcquireRunLocks(ctx, pool, job, target, opts)
+	if err != nil {
+		t.Fatalf("acquire locks of %s on %s: %v", job, target, err)
+	}
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	return l
+}
+
+func TestLockKeys(t *testing.T) {
+	// Stable, prefixed, 64 bits: a job and a target of the same name differ.
+	if store.JobLockKey("x") == store.TargetLockKey("x") || store.JobLockKey("a") == store.JobLockKey("b") {
+		t.Fatal("lock keys collide")
+	}
+	if store.JobLockKey("job-1") != store.JobLockKey("job-1") {
+		t.Fatal("lock key not stable")
+	}
+	if k := store.JobLockKey("job-1"); k>>32 == 0 {
+		t.Fatalf("key %x uses only 32 bits", k)
+	}
+}
+
+func TestJobLockRunningElsewhere(t *testing.T) {
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	a := acquire(t, pool, "job-1", "web-1", store.LockOptions{})
+	if a.Waited() != 0 {
+		t.Fatalf("free locks waited %s", a.Waited())
+	}
+	held := advisoryLocks(t, pool, store.JobLockKey("job-1"))
+	if len(held) != 1 || !held[0].Granted || held[0].PID != a.BackendPID() {
+		t.Fatalf("job lock rows = %+v, want granted to pid %d", held, a.BackendPID())
+	}
+
+	// Another session (another instance) asking for the same job is told at
+	// once, even for another target, and holds nothing afterwards.
+	waitCalled := false
+	_, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-2", store.LockOptions{OnWait: func() { waitCalled = true }})
+	if !errors.Is(err, store.ErrJobRunningElsewhere) || waitCalled {
+		t.Fatalf("second session: err = %v (waited %v), want ErrJobRunningElsewhere at once", err, waitCalled)
+	}
+	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-2")); len(rows) != 0 {
+		t.Fatalf("refused session left target locks: %+v", rows)
+	}
+
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	// Release is synchronous: the locks are free when it returns.
+	if rows := advisoryLocks(t, pool, store.JobLockKey("job-1")); len(rows) != 0 {
+		t.Fatalf("job lock after release: %+v", rows)
+	}
+	b := acquire(t, pool, "job-1", "web-2", store.LockOptions{})
+	select {
+	case <-b.Lost():
+		t.Fatal("fresh locks lost")
+	default:
+	}
+	if b.Err() != nil {
+		t.Fatal(b.Err())
+	}
+}
+
+func TestTargetLockSerialisesRuns(t *testing.T) {
+	pool := testenv.Pool(t)
+	first := acquire(t, pool, "job-1", "web-1", store.LockOptions{})
+
+	waiting := make(chan struct{})
+	type acquired struct {
+		l   *store.RunLocks
+		at  time.Time
+		err error
+	}
+	second := make(chan acquired, 1)
+	go func() {
+		l, err := store.AcquireRunLocks(context.Background(), pool, "job-2", "web-1",
+			store.LockOptions{OnWait: func() { close(waiting) }})
+		second <- acquired{l, time.Now(), err}
+	}()
+	<-waiting
+	// The second run is queued behind the first in Postgres.
+	target := store.TargetLockKey("web-1")
+	eventually(t, 10*time.Second, "second run queued for the target lock", func() bool {
+		rows := advisoryLocks(t, pool, target)
+		return len(rows) == 2 && rows[0].Granted && rows[0].PID == first.BackendPID() && !rows[1].Granted
+	})
+	select {
+	case r := <-second:
+		t.Fatalf("second run got the target while the first holds it (err %v)", r.err)
+	default:
+	}
+
+	releasedAt := time.Now()
+	if err := first.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var r acquired
+	select {
+	case r = <-second:
+	case <-time.After(30 * time.Second):
+		t.Fatal("second run still waiting after the first released")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.l.Release(context.Background())
+	if r.at.Before(releasedAt) {
+		t.Fatalf("second run acquired at %v, before the first released at %v", r.at, releasedAt)
+	}
+	if r.l.Waited() <= 0 {
+		t.Fatalf("second run's Waited = %s", r.l.Waited())
+	}
+	rows := advisoryLocks(t, pool, target)
+	if len(rows) != 1 || !rows[0].Granted || rows[0].PID != r.l.BackendPID() {
+		t.Fatalf("target lock rows = %+v, want granted to the second run (pid %d)", rows, r.l.BackendPID())
+	}
+}
+
+func TestCancelledWaitLeavesNoLock(t *testing.T) {
+	pool := testenv.Pool(t)
+	holder := acquire(t, pool, "job-1", "web-1", store.LockOptions{})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waiting := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		l, err := store.AcquireRunLocks(ctx, pool, "job-2", "web-1", store.LockOptions{OnWait: func() { close(waiting) }})
+		if err == nil {
+			_ = l.Release(context.Background())
+		}
+		done <- err
+	}()
+	<-waiting
+	target := store.TargetLockKey("web-1")
+	eventually(t, 10*time.Second, "waiter queued", func() bool { return len(advisoryLocks(t, pool, target)) == 2 })
+	cancel()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled wait did not return")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled wait: err = %v, want context.Canceled", err)
+	}
+	// Nothing of the waiter is left: not its job lock, not a queued request.
+	if rows := advisoryLocks(t, pool, store.JobLockKey("job-2")); len(rows) != 0 {
+		t.Fatalf("job lock of the cancelled waiter: %+v", rows)
+	}
+	if rows := advisoryLocks(t, pool, target); len(rows) != 1 || rows[0].PID != holder.BackendPID() {
+		t.Fatalf("target lock rows after cancel = %+v, want only the holder (pid %d)", rows, holder.BackendPID())
+	}
+	// And once the holder is done, the target is immediately free for others.
+	if err := holder.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	tryCtx, tryCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer tryCancel()
+	third, err := store.AcquireRunLocks(tryCtx, pool, "job-2", "web-1", store.LockOptions{
+		OnWait: func() { t.Error("target still locked after the holder released and the waiter was cancelled") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = third.Release(context.Background())
+}
+
+func TestTerminatedSessionLosesLocks(t *testing.T) {
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	a := acquire(t, pool, "job-1", "web-1", store.LockOptions{PingInterval: 100 * time.Millisecond})
+
+	var killed bool
+	if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, int32(a.BackendPID())).Scan(&killed); err != nil || !killed {
+		t.Fatalf("terminate lock session: %v %v", killed, err)
+	}
+	select {
+	case <-a.Lost():
+	case <-time.After(15 * time.Second):
+		t.Fatal("Lost did not fire after the lock session was terminated")
+	}
+	if a.Err() == nil {
+		t.Fatal("lost locks without a reason")
+	}
+	// Another instance gets both locks.
+	var b *store.RunLocks
+	eventually(t, 10*time.Second, "locks free after the session ended", func() bool {
+		l, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-1", store.LockOptions{
+			OnWait: func() { t.Error("target lock still held by the terminated session") },
+		})
+		if errors.Is(err, store.ErrJobRunningElsewhere) {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = l
+		return true
+	})
+	defer b.Release(ctx)
+	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-1")); len(rows) != 1 || rows[0].PID != b.BackendPID() {
+		t.Fatalf("target lock rows = %+v, want the new holder %d", rows, b.BackendPID())
+	}
+	if err := a.Release(ctx); err != nil { // cleaning up after a loss is fine
+		t.Fatal(err)
+	}
+}
+
+func TestRunLocksDieWithTheirProcess(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	ctx := context.Background()
+	pool, err := store.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := testenv.StartBinary(t, exe, testenv.BinaryEnv(
+		childDSNEnv+"="+dsn, childJobEnv+"=job-1", childTargetEnv+"=web-1"))
+	var pid uint32
+	eventually(t, 30*time.Second, "child holds the locks", func() bool {
+		select {
+		case <-child.Exited():
+			t.Fatalf("child exited: %s", child.Stderr())
+		default:
+		}
+		_, err := fmt.Sscanf(strings.TrimSpace(child.Stdout()), "locked %d", &pid)
+		return err == nil
+	})
+	for _, key := range []int64{store.JobLockKey("job-1"), store.TargetLockKey("web-1")} {
+		if rows := advisoryLocks(t, pool, key); len(rows) != 1 || rows[0].PID != pid || !rows[0].Granted {
+			t.Fatalf("lock %x rows = %+v, want granted to the child's session %d", key, rows, pid)
+		}
+	}
+	if _, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-1", store.LockOptions{}); !errors.Is(err, store.ErrJobRunningElsewhere) {
+		t.Fatalf("while the child holds the job: err = %v, want ErrJobRunningElsewhere", err)
+	}
+
+	child.Signal(syscall.SIGKILL)
+	child.Wait(10 * time.Second)
+	eventually(t, 15*time.Second, "locks released after the holder was killed", func() bool {
+		l, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-1", store.LockOptions{
+			OnWait: func() { t.Error("target lock outlived its killed holder") },
+		})
+		if errors.Is(err, store.ErrJobRunningElsewhere) {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Release(ctx)
+		return true
+	})
+}
+
+// A Locker keeps released lock sessions for the next run, and replaces one
+// that died while idle.
+func TestLockerReusesSessions(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	lk := store.NewLocker(pool, 2)
+	defer lk.Close()
+
+	first, err := lk.Acquire(ctx, "job-1", "server:web-1", store.LockOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := first.BackendPID()
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := lk.Acquire(ctx, "job-2", "server:web-1", store.LockOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.BackendPID() != pid {
+		t.Errorf("second run got backend %d, want the reused %d", second.BackendPID(), pid)
+	}
+	// The reused session holds the new locks and nothing of the old ones.
+	var held []int64
+	rows, err := pool.Query(ctx, `SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 AND granted`, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k int64
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, k)
+	}
+	rows.Close()
+	if len(held) != 2 {
+		t.Errorf("reused session holds %d advisory locks, want 2 (job-2 and its target)", len(held))
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The idle session dies (Postgres restart, idle timeout): the next
+	// Acquire notices and opens a new one.
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	third, err := lk.Acquire(ctx, "job-3", "server:web-1", store.LockOptions{})
+	if err != nil {
+		t.Fatalf("acquire after the idle session died: %v", err)
+	}
+	if third.BackendPID() == pid {
+		t.Error("a dead session was used again")
+	}
+	if err := third.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,44 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Querier runs queries. *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx
+// satisfy it, so every query function works on a pool or inside a
+// transaction the caller controls.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	_ Querier = (*pgxpool.Pool)(nil)
+	_ Querier = (*pgxpool.Conn)(nil)
+	_ Querier = (*pgx.Conn)(nil)
+	_ Querier = pgx.Tx(nil)
+)
+
+// Errors the query functions return (wrapped with context); test for them
+// with errors.Is.
+var (
+	// ErrServerNotFound: no server has the handle (or address) asked for.
+	ErrServerNotFound = errors.New("server not found")
+	// ErrVersionConflict: a compare-and-set update found the row changed by
+	// someone else since it was read; re-read and decide again.
+	ErrVersionConflict = errors.New("server changed concurrently (version conflict)")
+	// ErrRunNotFound: no run has the job id asked for.
+	ErrRunNotFound = errors.New("run not found")
+	// ErrStaleAttempt: the run was taken over by a newer attempt (another
+	// owner); the caller's attempt must stop writing to it.
+	ErrStaleAttempt = errors.New("run taken over by a newer attempt")
+	// ErrRunDone: the run is already finished; it cannot be finished again
+	// or given a checkpoint.
+	ErrRunDone = errors.New("run already finished")
+)
