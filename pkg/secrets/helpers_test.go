@@ -1,7 +1,6 @@
 package secrets
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"sync"
@@ -10,34 +9,18 @@ import (
 
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers (zerolog).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // leakGuard collects every log line and error of a test and, when the test
 // ends, fails it if any of them holds a value that must never appear there.
 type leakGuard struct {
-	logs   *syncBuffer
+	logs   *testenv.SafeBuffer
 	log    zerolog.Logger
 	mu     sync.Mutex
 	errs   []string
@@ -45,7 +28,7 @@ type leakGuard struct {
 }
 
 func newLeakGuard(t *testing.T) *leakGuard {
-	g := &leakGuard{logs: &syncBuffer{}}
+	g := &leakGuard{logs: &testenv.SafeBuffer{}}
 	g.log = zerolog.New(g.logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
 	g.forbid(func() []string { return []string{canary, "Kanar1e"} })
 	t.Cleanup(func() {

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -49,8 +50,8 @@ func BinaryEnv(kv ...string) []string {
 type Process struct {
 	t      testing.TB
 	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
+	stdout SafeBuffer
+	stderr SafeBuffer
 	exited chan struct{}
 	err    error // from Wait, once exited is closed
 }
@@ -161,21 +162,42 @@ func (p *Process) WaitHTTP(url string, want int, timeout time.Duration) string {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the writer goroutine of exec and
-// readers in the test.
-type syncBuffer struct {
+// SafeBuffer is a bytes.Buffer that goroutines may write while a test
+// reads it: a log sink, or the output of a process.
+type SafeBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+// Write appends p.
+func (b *SafeBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+// String returns what was written so far.
+func (b *SafeBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// GoBuild builds the main package pkg (relative to the current directory)
+// into out; static builds it as a small static binary (CGO_ENABLED=0,
+// stripped), as `make build` builds runguard. For TestMain functions, which
+// have no testing.TB.
+func GoBuild(out, pkg string, static bool) error {
+	args := []string{"build", "-trimpath", "-o", out}
+	env := os.Environ()
+	if static {
+		args = append(args, "-ldflags=-s -w")
+		env = append(env, "CGO_ENABLED=0")
+	}
+	cmd := exec.Command("go", append(args, pkg)...)
+	cmd.Env = env
+	if outp, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, outp)
+	}
+	return nil
 }

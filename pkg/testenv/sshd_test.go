@@ -116,10 +116,16 @@ func TestSSHDStopKillsSessions(t *testing.T) {
 	if _, err := sshRun(t, s, s.HostKey, "nohup sleep 300 >/dev/null 2>&1 & echo started"); err != nil {
 		t.Fatalf("ssh: %v", err)
 	}
+	// The backgrounded shell may not have exec'd sleep yet when ssh returns.
 	var left []int
-	for _, p := range sshdOffspring(0, s.Port) {
-		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline"); strings.HasPrefix(string(cmd), "sleep\x00300") {
-			left = append(left, p)
+	for deadline := time.Now().Add(5 * time.Second); len(left) == 0 && time.Now().Before(deadline); {
+		for _, p := range sshdOffspring(0, s.Port) {
+			if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline"); strings.HasPrefix(string(cmd), "sleep\x00300") {
+				left = append(left, p)
+			}
+		}
+		if len(left) == 0 {
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	if len(left) != 1 {

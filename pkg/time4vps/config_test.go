@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps/time4vpstest"
 )
@@ -122,7 +123,7 @@ func TestConfigInvalid(t *testing.T) {
 func TestSecretNeverPrinted(t *testing.T) {
 	const pw = "Printed-Passw0rd-77"
 	cfg := time4vps.Config{Username: "u@example.com", Password: pw}
-	var logs syncBuffer
+	var logs testenv.SafeBuffer
 	logger := zerolog.New(&logs)
 	logger.Info().Interface("cfg", cfg).Msg("config")
 	j, err := json.Marshal(cfg)

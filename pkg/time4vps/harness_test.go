@@ -1,43 +1,24 @@
 package time4vps_test
 
 import (
-	"bytes"
 	"encoding/base64"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps/time4vpstest"
 )
-
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type harness struct {
 	api    *time4vpstest.Server
 	client *time4vps.Client
 	cfg    time4vps.Config
-	logs   *syncBuffer
+	logs   *testenv.SafeBuffer
 	// secrets must never appear in logs or errors: the password(s) in use,
 	// their basic auth tokens, and every root password a task reported.
 	secrets []string
@@ -55,7 +36,7 @@ func setup(t *testing.T, scfg time4vpstest.Config, mutate func(*time4vps.Config)
 		ID: testServerID, Domain: "web1.example.net", IP: "203.0.113.10",
 		AdditionalIPs: []string{"203.0.113.11"}, Label: "web", OS: "kvm-debian-12-x86_64", PackageID: 11,
 	})
-	h := &harness{api: api, logs: &syncBuffer{}}
+	h := &harness{api: api, logs: &testenv.SafeBuffer{}}
 	h.cfg = time4vps.Config{
 		URL:              api.URL(),
 		Username:         api.Username(),
