@@ -4,7 +4,7 @@
 SHELL := /usr/bin/env bash
 GO ?= go
 # Go modules of the workspace, in dependency order.
-MODULES := pkg services/scheduler services/infra services/deployer
+MODULES := pkg services/scheduler services/infra services/deployer ansible/tests
 SERVICES := scheduler infra deployer
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
@@ -21,6 +21,10 @@ build: ## build the service binaries into bin/
 		echo "==> go build bin/$$s"; \
 		(cd services/$$s && $(GO) build -trimpath -o ../../bin/$$s .) || exit 1; \
 	done
+	@echo "==> go build bin/runguard (infra's play guard, found next to bin/infra)"
+	@cd services/infra && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o ../../bin/runguard ./cmd/runguard
+	@echo "==> go build bin/testtarget (local Debian test target for make run)"
+	@cd ansible/tests && $(GO) build -trimpath -o ../../bin/testtarget ./cmd/testtarget
 
 .PHONY: run
 run: build ## run the whole system locally (installs and starts what it needs under run/)

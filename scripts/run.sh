@@ -2,11 +2,20 @@
 # run.sh: run the whole system locally (what `make run` does).
 #
 # Installs what is missing from Debian's packages (as root), starts Redis and
-# Postgres under run/dev/, starts every service binary from bin/ with its log
-# in run/dev/logs/, waits until each is ready, and keeps them running until
-# Ctrl-C. Nothing outside run/ is changed except installing packages.
+# Postgres under run/dev/, starts a local Debian test target (a debootstrap
+# root in its own network namespace, with sshd) under run/dev/target,
+# registers it as server "local-target", starts every service from bin/ with
+# its log in run/dev/logs/, and runs the main job for real: a
+# ProvisionerMessage is published, infra runs ansible/playbooks/
+# setup_server.yml against the target, and the progress and result are shown.
+# The services keep running until Ctrl-C.
 #
-#   RUN_ONCE=1 scripts/run.sh   start everything, check readiness, stop (CI)
+# Nothing outside run/ is changed besides installing packages, the package
+# and image cache in .cache/, and the target's network namespace (removed on
+# exit). The target needs root (namespaces, chroot); without it the services
+# run without the demo job.
+#
+#   RUN_ONCE=1 scripts/run.sh   run the main job once and exit with its status (CI)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
@@ -15,13 +24,15 @@ cd "$ROOT"
 scripts/services.sh start dev
 eval "$(scripts/services.sh env dev)"
 export REDIS_URL DATABASE_URL
-LOGS="$ROOT/run/dev/logs"
+RUN="$ROOT/run/dev"
+LOGS="$RUN/logs"
 mkdir -p "$LOGS"
 
 declare -A ADMIN=([scheduler]=127.0.0.1:9101 [infra]=127.0.0.1:9102 [deployer]=127.0.0.1:9103)
 PIDS=()
+TARGET=""
 
-stop_services() {
+cleanup() {
 	local pid
 	for pid in "${PIDS[@]}"; do
 		kill -TERM "$pid" 2>/dev/null || true
@@ -29,32 +40,100 @@ stop_services() {
 	for pid in "${PIDS[@]}"; do
 		wait "$pid" 2>/dev/null || true
 	done
-	step "services stopped (Redis and Postgres keep running; \`make stop\` stops them)"
+	[ ${#PIDS[@]} -eq 0 ] || step "services stopped (Redis and Postgres keep running; \`make stop\` stops them)"
+	if [ -n "$TARGET" ]; then
+		bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
+		step "local target stopped"
+	fi
 }
-trap stop_services EXIT
+trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# Run directories must be short: they hold unix sockets (108 bytes at most).
+RUN_ROOT="$RUN/r"
+if [ ${#RUN_ROOT} -gt 32 ]; then
+	RUN_ROOT="/tmp/autoprov-runs-$(id -u)"
+	step "repository path is long: playbook run directories go to $RUN_ROOT"
+fi
+
+INFRA_ENV=(
+	"PLAYBOOK_DIR=$ROOT/ansible"
+	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
+	"PLAYBOOK_FACT_CACHE=$RUN/facts"
+)
+
+demo=""
+if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; then
+	TARGET="$RUN/target"
+	bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
+	step "starting the local Debian target (the first time builds and caches its image: about a minute)"
+	info=$(bin/testtarget up --detach --dir "$TARGET" 2>"$LOGS/target.log") ||
+		{ cat "$LOGS/target.log" >&2; die "the local target did not start (see run/dev/logs/target.log)"; }
+	addr=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["addr"])' <<<"$info")
+	port=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["port"])' <<<"$info")
+	keyfile=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["private_key_file"])' <<<"$info")
+	step "target up at $addr:$port (its files live in run/dev/target)"
+	# The target shares this machine's kernel: the roles leave kernel
+	# settings and swap alone (and check their configuration files), and
+	# Docker comes from Debian's mirror, the one the target can reach.
+	cat >"$RUN/site-vars.json" <<JSON
+{"autoprov_manage_kernel": false, "docker_install_source": "debian",
+ "system_tuning_swap_size_mb": 64, "system_tuning_swap_min_free_mb": 256}
+JSON
+	INFRA_ENV+=(
+		"PLAYBOOK_VARS_FILE=$RUN/site-vars.json"
+		"SECRETS_FILE_ROOT=$(dirname "$keyfile")"
+		"SSH_KEY_REF=file:$(basename "$keyfile")"
+	)
+	demo=1
+else
+	step "not root (or no iproute2): no local target, so no demo job; the services run alone"
+fi
 
 for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
-	ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+	if [ "$svc" = infra ]; then
+		env "${INFRA_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+	else
+		ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+	fi
 	PIDS+=($!)
 done
 
 for svc in scheduler infra deployer; do
-	for i in $(seq 1 100); do
+	for i in $(seq 1 300); do
 		if curl -fsS "http://${ADMIN[$svc]}/readyz" >/dev/null 2>&1; then
 			step "$svc ready"
 			break
 		fi
-		[ "$i" -lt 100 ] || die "$svc did not become ready; see run/dev/logs/$svc.log"
+		[ "$i" -lt 300 ] || die "$svc did not become ready; see run/dev/logs/$svc.log"
 		sleep 0.1
 	done
 done
 
+status=0
+if [ -n "$demo" ]; then
+	# A fresh target each time (the services have migrated the schema by
+	# now): register it anew, with no pinned host key and root login.
+	psql -q "$DATABASE_URL" -v ON_ERROR_STOP=1 <<SQL
+DELETE FROM servers WHERE handle = 'local-target';
+INSERT INTO servers (handle, address, ssh_port, labels) VALUES ('local-target', '$addr', $port, '{"env":"local"}');
+SQL
+	step "registered server local-target ($addr:$port)"
+	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
+	/usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
+	if [ "$status" -eq 0 ]; then
+		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
+			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"
+	else
+		printf '\033[1;31merror:\033[0m the main job did not succeed (exit %s); see run/dev/logs/infra.log\n' "$status" >&2
+	fi
+fi
+
 if [ -n "${RUN_ONCE:-}" ]; then
-	step "RUN_ONCE set: all services ready, stopping"
-	exit 0
+	step "RUN_ONCE set: stopping"
+	exit "$status"
 fi
 step "system running; Ctrl-C stops the services"
 wait

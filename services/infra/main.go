@@ -40,5 +40,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	logger = logger.With().Str("service", app.Name).Logger()
-	return app.Run(ctx, logger, cfg)
+	return app.Run(ctx, logger, cfg, getenv)
 }

@@ -61,10 +61,12 @@ func TestBinary(t *testing.T) {
 		dsn := emptyDatabase(t)
 		admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 		p := testenv.StartBinary(t, bin, testenv.BinaryEnv(
-			"REDIS_URL="+testenv.RedisURL(t),
+			"REDIS_URL="+testenv.RedisDB(t),
 			"DATABASE_URL="+dsn,
 			"ADMIN_ADDR="+admin,
 			"LOG_FORMAT=json",
+			"PLAYBOOK_DIR="+repoPath(t, "ansible"),
+			"PLAYBOOK_RUN_ROOT="+shortRunRoot(t),
 		))
 
 		body := p.WaitHTTP("http://"+admin+"/readyz", 200, time.Minute)

@@ -12,8 +12,15 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
 // Deps are the resources Run opens and hands to the service's components.
@@ -26,14 +33,144 @@ type Deps struct {
 	Redis   redis.UniversalClient
 	Metrics *prometheus.Registry
 	Admin   *service.Admin // for extra readiness checks and endpoints
+	// LookupEnv reads the process environment, for env: secret references.
+	LookupEnv func(string) (string, bool)
 }
 
 // Components returns the service's long-running parts, in the order
 // service.RunComponents documents: they are stopped in reverse order, so
-// list what feeds work in (stream consumers) last. Features of the service
-// add their components here.
-func Components(_ context.Context, _ Deps) ([]service.Component, error) {
-	return nil, nil
+// the stream consumer, which feeds the handlers, comes last and stops first.
+func Components(ctx context.Context, d Deps) ([]service.Component, error) {
+	cfg := d.Config
+	log := d.Logger
+
+	redactor := secrets.NewRedactor()
+	resolver, err := secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: d.LookupEnv})
+	if err != nil {
+		return nil, err
+	}
+
+	runner, err := ansible.New(ansible.Config{
+		AnsibleDir:   cfg.Playbook.Dir,
+		PlaybookBin:  cfg.Playbook.Bin,
+		RunRoot:      cfg.Playbook.RunRoot,
+		GuardPath:    cfg.Playbook.Guard,
+		KillGrace:    cfg.Playbook.KillGrace,
+		Timeout:      cfg.Playbook.Timeout,
+		IdleTimeout:  cfg.Playbook.IdleTimeout,
+		FactCacheDir: cfg.Playbook.FactCache,
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	if n, err := runner.SweepLeftovers(); err != nil {
+		log.Warn().Err(err).Msg("sweeping leftover run directories failed")
+	} else if n > 0 {
+		log.Warn().Int("removed", n).Msg("removed run directories left by a crashed run")
+	}
+
+	sshMetrics, err := sshcheck.NewPrometheusMetrics(d.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	checker, err := sshcheck.New(sshcheck.Config{
+		Attempts:       cfg.SSH.Attempts,
+		BaseDelay:      cfg.SSH.BaseDelay,
+		MaxDelay:       cfg.SSH.MaxDelay,
+		AttemptTimeout: cfg.SSH.AttemptTimeout,
+		Policy:         cfg.SSH.HostKeyPolicy,
+	}, log, sshcheck.WithMetrics(sshMetrics))
+	if err != nil {
+		return nil, err
+	}
+
+	var provider jobs.Provider
+	if cfg.Time4VPS.Username != "" {
+		client, err := time4vps.New(cfg.Time4VPS, log)
+		if err != nil {
+			return nil, err
+		}
+		provider = client
+	}
+
+	limits, err := cfg.Playbook.Limits()
+	if err != nil {
+		return nil, err
+	}
+	siteVars, err := cfg.Playbook.SiteVars()
+	if err != nil {
+		return nil, err
+	}
+	// One lock session per concurrent run, kept between runs.
+	locker := store.NewLocker(d.DB, cfg.Stream.Concurrency)
+	consumerName := cfg.Stream.ConsumerName
+	if consumerName == "" {
+		consumerName = stream.DefaultConsumerName()
+	}
+	streamMetrics := stream.NewMetrics(d.Metrics)
+	handler, err := jobs.New(jobs.Config{
+		Owner:            consumerName,
+		DefaultSSHKeyRef: cfg.SSH.KeyRef,
+		DeploySSHUser:    cfg.SSH.DeployUser,
+		MaxDeliveries:    cfg.Stream.MaxDeliveries,
+		CancelPoll:       cfg.Jobs.CancelPoll,
+		ProgressTTL:      cfg.Jobs.ProgressTTL,
+		ReinstallOS:      cfg.Jobs.ReinstallOS,
+		ReinstallSSHWait: cfg.Jobs.ReinstallSSHWait,
+		Limits:           limits,
+		SiteVars:         siteVars,
+	}, jobs.Deps{
+		DB:       d.DB,
+		Locker:   locker,
+		Redis:    d.Redis,
+		Producer: stream.NewProducer(d.Redis, stream.ProducerOptions{Metrics: streamMetrics}),
+		Secrets:  resolver,
+		Redactor: redactor,
+		SSH:      checker,
+		Runner:   runner,
+		Provider: provider,
+		Log:      log,
+		Metrics:  jobs.NewMetrics(d.Metrics),
+	})
+	if err != nil {
+		return nil, err
+	}
+	consumer, err := stream.NewConsumer(d.Redis, stream.Config{
+		Group:         cfg.Stream.Group,
+		Streams:       []string{messages.StreamProvisionerQueue, messages.StreamAnsibleDeployQueue},
+		Consumer:      consumerName,
+		Concurrency:   cfg.Stream.Concurrency,
+		Lease:         cfg.Stream.Lease,
+		MaxDeliveries: cfg.Stream.MaxDeliveries,
+		RetryBackoff:  cfg.Stream.RetryBackoff,
+		ShutdownGrace: cfg.ShutdownGrace,
+		// Cancelled plays get SIGTERM, then SIGKILL after the kill grace.
+		CancelGrace: cfg.Playbook.KillGrace + 5*time.Second,
+		Logger:      log,
+		Metrics:     streamMetrics,
+	}, handler)
+	if err != nil {
+		return nil, err
+	}
+	log.Info().Str("consumer", consumerName).Bool("runguard", runner.Guarded()).
+		Bool("time4vps", provider != nil).Msg("infra components ready")
+
+	return []service.Component{
+		{Name: "secrets", Run: func(ctx context.Context) error {
+			if err := resolver.Start(ctx); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			resolver.Stop()
+			return resolver.Close()
+		}},
+		{Name: "locks", Run: func(ctx context.Context) error {
+			<-ctx.Done() // stops after the consumer: no run holds a session then
+			locker.Close()
+			return nil
+		}},
+		{Name: "consumer", Run: consumer.Run},
+	}, nil
 }
 
 // Run runs the service until ctx is done, then shuts it down within
@@ -48,7 +185,9 @@ func Components(_ context.Context, _ Deps) ([]service.Component, error) {
 // components stop in reverse order (readers before what they feed); the
 // admin server stops last, so /healthz and /metrics answer until the end;
 // then Redis and Postgres are closed (deferred), once nothing uses them.
-func Run(ctx context.Context, logger zerolog.Logger, cfg *Config) (err error) {
+//
+// getenv reads the process environment for env: secret references.
+func Run(ctx context.Context, logger zerolog.Logger, cfg *Config, getenv func(string) string) (err error) {
 	starting := true
 	defer func() {
 		if starting && err != nil && ctx.Err() != nil {
@@ -101,7 +240,11 @@ func Run(ctx context.Context, logger zerolog.Logger, cfg *Config) (err error) {
 	admin.AddCheck("postgres", db.Ping)
 	admin.AddCheck("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 
-	parts, err := Components(ctx, Deps{Config: cfg, Logger: logger, DB: db, Redis: rdb, Metrics: admin.Registry(), Admin: admin})
+	lookupEnv := func(name string) (string, bool) {
+		v := getenv(name)
+		return v, v != ""
+	}
+	parts, err := Components(ctx, Deps{Config: cfg, Logger: logger, DB: db, Redis: rdb, Metrics: admin.Registry(), Admin: admin, LookupEnv: lookupEnv})
 	if err != nil {
 		return fmt.Errorf("set up components: %w", err)
 	}

@@ -1,6 +1,20 @@
 package app
 
-import "github.com/autoprovisioner/autoprovisioner/pkg/service"
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
+)
 
 // Name is the service's name in logs, metrics and --help.
 const Name = "infra"
@@ -12,15 +26,142 @@ const Summary = "runs Ansible for provisioning and deploy requests from Redis St
 const DefaultAdminAddr = "127.0.0.1:9102"
 
 // Config is the configuration of the service, read from the environment by
-// service.Load. Settings of the service's own features go next to Common,
-// with `env`, `envDefault` and `desc` tags; a Validate method on Config
-// checks them (Load validates Common by itself).
+// service.Load.
 type Config struct {
 	service.Common
+	Stream   StreamConfig   `envPrefix:"STREAM_"`
+	Playbook PlaybookConfig `envPrefix:"PLAYBOOK_"`
+	SSH      SSHConfig      `envPrefix:"SSH_"`
+	Jobs     JobsConfig
+	Secrets  secrets.Config
+	Time4VPS time4vps.Config
+}
+
+// StreamConfig configures the consumer of the request streams.
+type StreamConfig struct {
+	Group         string        `env:"GROUP" envDefault:"infra" desc:"consumer group on provisioner:queue and ansible:deploy:queue"`
+	ConsumerName  string        `env:"CONSUMER_NAME" desc:"this instance's name in the group (default: host-pid-random; a stable name re-runs its own pending entries at start)"`
+	Concurrency   int           `env:"CONCURRENCY" envDefault:"4" desc:"requests handled at once by this instance"`
+	Lease         time.Duration `env:"LEASE" envDefault:"30s" desc:"how long a request may go without a heartbeat before another instance takes it over"`
+	MaxDeliveries int64         `env:"MAX_DELIVERIES" envDefault:"5" desc:"deliveries of a request before it fails (infrastructure errors) or is dead-lettered"`
+	RetryBackoff  time.Duration `env:"RETRY_BACKOFF" envDefault:"5s" desc:"delay before a request that hit an infrastructure error is retried (doubles each time)"`
+}
+
+// PlaybookConfig configures the playbook runs.
+type PlaybookConfig struct {
+	Dir         string            `env:"DIR" envDefault:"ansible" desc:"the ansible directory (ansible.cfg, playbooks/, roles/, plugins/); relative to the working directory"`
+	Bin         string            `env:"BIN" envDefault:"/usr/bin/ansible-playbook" desc:"the ansible-playbook command"`
+	RunRoot     string            `env:"RUN_ROOT" envDefault:"/tmp/autoprov-runs" desc:"parent of the private per-run directories (keep it short: it holds unix sockets)"`
+	FactCache   string            `env:"FACT_CACHE" desc:"directory of Ansible's fact cache (default: next to PLAYBOOK_RUN_ROOT)"`
+	Guard       string            `env:"GUARD" desc:"the runguard binary, which kills a play whose infra process died (default: runguard next to this binary)"`
+	Timeout     time.Duration     `env:"TIMEOUT" envDefault:"1h" desc:"wall-clock limit of a playbook run"`
+	IdleTimeout time.Duration     `env:"IDLE_TIMEOUT" envDefault:"10m" desc:"limit of a run printing nothing (stuck)"`
+	KillGrace   time.Duration     `env:"KILL_GRACE" envDefault:"10s" desc:"time between SIGTERM and SIGKILL when a run is stopped"`
+	Timeouts    map[string]string `env:"TIMEOUTS" desc:"per-playbook limits, e.g. deploy_project.yml:20m/5m,recovery.yml:15m/3m (wall/idle)"`
+	VarsFile    string            `env:"VARS_FILE" desc:"JSON object of site-wide extra vars for every run (role defaults, e.g. docker_install_source); never secrets; a run's own vars win"`
+}
+
+// SSHConfig configures the SSH check before every run.
+type SSHConfig struct {
+	KeyRef         string          `env:"KEY_REF" desc:"secret reference of the SSH private key for servers without ssh_key_ref (e.g. vault:secret/infra/ssh#private_key)"`
+	Attempts       int             `env:"ATTEMPTS" envDefault:"3" desc:"connection attempts before a server counts as unreachable"`
+	BaseDelay      time.Duration   `env:"BASE_DELAY" envDefault:"2s" desc:"delay before the second attempt; it doubles, with jitter"`
+	MaxDelay       time.Duration   `env:"MAX_DELAY" envDefault:"30s" desc:"longest delay between attempts"`
+	AttemptTimeout time.Duration   `env:"ATTEMPT_TIMEOUT" envDefault:"15s" desc:"timeout of one attempt (TCP connect and SSH handshake)"`
+	HostKeyPolicy  sshcheck.Policy `env:"HOST_KEY_POLICY" envDefault:"tofu" desc:"tofu (pin the first host key, enforce it after), strict (require a pinned key) or off (insecure)"`
+	DeployUser     string          `env:"DEPLOY_USER" envDefault:"deploy" desc:"user setup_server.yml creates and later runs log in as; deploys to unregistered servers use it too"`
+}
+
+// JobsConfig configures the handling of requests.
+type JobsConfig struct {
+	ReinstallOS      string        `env:"REINSTALL_OS" envDefault:"kvm-debian-12-x86_64" desc:"Time4VPS OS template for reinstalls of servers without an os label"`
+	ReinstallSSHWait time.Duration `env:"REINSTALL_SSH_WAIT" envDefault:"15m" desc:"how long to wait for SSH after a provider reinstall"`
+	ProgressTTL      time.Duration `env:"PROGRESS_TTL" envDefault:"24h" desc:"how long a job's progress stream is kept after the job"`
+	CancelPoll       time.Duration `env:"CANCEL_POLL" envDefault:"1s" desc:"how often a running job checks its cancel key"`
 }
 
 // NewConfig returns a Config holding the service's own defaults, ready for
 // service.Load and service.Usage.
 func NewConfig() *Config {
 	return &Config{Common: service.Common{AdminAddr: DefaultAdminAddr}}
+}
+
+// Validate checks the infra settings (Load checks Common itself).
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Stream.Group == "" {
+		errs = append(errs, service.Invalid("STREAM_GROUP", "required"))
+	}
+	if c.Stream.Concurrency < 1 {
+		errs = append(errs, service.Invalid("STREAM_CONCURRENCY", "must be at least 1, got %d", c.Stream.Concurrency))
+	}
+	if c.Stream.Lease < time.Second {
+		errs = append(errs, service.Invalid("STREAM_LEASE", "must be at least 1s, got %s", c.Stream.Lease))
+	}
+	if c.Stream.MaxDeliveries < 1 {
+		errs = append(errs, service.Invalid("STREAM_MAX_DELIVERIES", "must be at least 1"))
+	}
+	if c.Playbook.Timeout <= 0 || c.Playbook.IdleTimeout <= 0 || c.Playbook.KillGrace <= 0 {
+		errs = append(errs, service.Invalid("PLAYBOOK_TIMEOUT", "PLAYBOOK_TIMEOUT, PLAYBOOK_IDLE_TIMEOUT and PLAYBOOK_KILL_GRACE must be positive"))
+	}
+	if !filepath.IsAbs(c.Playbook.RunRoot) {
+		errs = append(errs, service.Invalid("PLAYBOOK_RUN_ROOT", "must be an absolute path"))
+	}
+	if _, err := c.Playbook.SiteVars(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.Playbook.Limits(); err != nil {
+		errs = append(errs, &service.FieldError{Var: "PLAYBOOK_TIMEOUTS", Err: err})
+	}
+	if c.SSH.Attempts < 1 {
+		errs = append(errs, service.Invalid("SSH_ATTEMPTS", "must be at least 1"))
+	}
+	switch c.SSH.HostKeyPolicy {
+	case sshcheck.PolicyTOFU, sshcheck.PolicyStrict, sshcheck.PolicyOff:
+	default:
+		errs = append(errs, service.Invalid("SSH_HOST_KEY_POLICY", "must be tofu, strict or off"))
+	}
+	if err := c.Secrets.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// SiteVars reads PLAYBOOK_VARS_FILE (nil when unset).
+func (p PlaybookConfig) SiteVars() (map[string]any, error) {
+	if p.VarsFile == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(p.VarsFile)
+	if err != nil {
+		return nil, &service.FieldError{Var: "PLAYBOOK_VARS_FILE", Err: err}
+	}
+	var vars map[string]any
+	if err := json.Unmarshal(data, &vars); err != nil {
+		return nil, &service.FieldError{Var: "PLAYBOOK_VARS_FILE", Err: fmt.Errorf("not a JSON object: %w", err)}
+	}
+	return vars, nil
+}
+
+// Limits parses PLAYBOOK_TIMEOUTS: playbook name to "wall/idle" (either may
+// be empty for the default).
+func (p PlaybookConfig) Limits() (map[string]jobs.Limits, error) {
+	out := make(map[string]jobs.Limits, len(p.Timeouts))
+	for name, v := range p.Timeouts {
+		wall, idle, _ := strings.Cut(v, "/")
+		var l jobs.Limits
+		var err error
+		if wall != "" {
+			if l.Timeout, err = time.ParseDuration(wall); err != nil || l.Timeout <= 0 {
+				return nil, fmt.Errorf("%s: wall-clock limit %q is not a positive duration", name, wall)
+			}
+		}
+		if idle != "" {
+			if l.Idle, err = time.ParseDuration(idle); err != nil || l.Idle <= 0 {
+				return nil, fmt.Errorf("%s: idle limit %q is not a positive duration", name, idle)
+			}
+		}
+		out[name] = l
+	}
+	return out, nil
 }

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+const (
+	benchRuns    = 50
+	benchTargets = 8
+	benchConc    = 8
+)
+
+// trivialPlaybook is what every variant runs: one module round trip.
+const trivialPlaybook = `---
+- name: Trivial
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Ping
+      ansible.builtin.ping:
+`
+
+// BenchmarkServiceVsPlainVsRunner runs 50 runs of a trivial playbook
+// against 8 loopback sshd targets at concurrency 8 three ways, one after
+// the other in one process, and reports them side by side: through the
+// service (a ProvisionerMessage each, one infra instance with
+// STREAM_CONCURRENCY=8), a plain shell loop of ansible-playbook (xargs -P
+// 8), and ansible-runner (Debian's python3-ansible-runner, xargs -P 8). All
+// three use the project's ansible.cfg. It also reports the service's own
+// overhead per run from its logs (request read to ansible-playbook started,
+// with the SSH check shown on its own, and play end to result published),
+// and the infra process's idle RSS. Run with -benchtime=1x.
+func BenchmarkServiceVsPlainVsRunner(b *testing.B) {
+	for range b.N {
+		var sshds []*testenv.SSHD
+		for range benchTargets {
+			sshds = append(sshds, testenv.StartSSHD(b, testenv.SSHDOptions{}))
+		}
+		e := newE2E(b, sshds[0])
+		if err := os.WriteFile(filepath.Join(e.ansibleDir, "playbooks", "setup_server.yml"), []byte(trivialPlaybook), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		keyFile := filepath.Join(b.TempDir(), "id_ed25519")
+		if err := os.WriteFile(keyFile, sshds[0].ClientKey, 0o600); err != nil {
+			b.Fatal(err)
+		}
+		// Every sshd authorizes its own generated client key: give each
+		// target the first one's key too, so one key serves all.
+		for _, s := range sshds[1:] {
+			f, err := os.OpenFile(filepath.Join(s.Dir, "authorized_keys"), os.O_APPEND|os.O_WRONLY, 0o600)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fmt.Fprintln(f, sshds[0].ClientPublicKey)
+			f.Close()
+		}
+
+		b.ResetTimer()
+		plainWall := runPlainLoop(b, e, sshds, keyFile)
+		runnerWall := runAnsibleRunner(b, e, sshds, keyFile)
+		serviceWall, overhead, rss := runThroughService(b, e, sshds)
+		b.StopTimer()
+
+		b.ReportMetric(serviceWall.Seconds(), "service-s")
+		b.ReportMetric(plainWall.Seconds(), "plain-loop-s")
+		b.ReportMetric(runnerWall.Seconds(), "ansible-runner-s")
+		b.ReportMetric(serviceWall.Seconds()/plainWall.Seconds(), "service/plain")
+		b.ReportMetric(runnerWall.Seconds()/plainWall.Seconds(), "runner/plain")
+		for _, o := range overhead {
+			b.ReportMetric(o.p50, o.name+"-p50-ms")
+			b.ReportMetric(o.p99, o.name+"-p99-ms")
+		}
+		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
+	}
+}
+
+// inventoryFor writes an inventory for one target the way infra does
+// (pinned host key, strict checking) but with a key file.
+func inventoryFor(b *testing.B, dir string, i int, s *testenv.SSHD, keyFile string) string {
+	b.Helper()
+	known := filepath.Join(dir, fmt.Sprintf("known_hosts_%d", i))
+	if err := os.WriteFile(known, []byte(fmt.Sprintf("[%s]:%d %s\n", s.Host, s.Port, s.HostKey)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	inv := filepath.Join(dir, fmt.Sprintf("inv_%d.yml", i))
+	content := fmt.Sprintf(`all:
+  hosts:
+    target%d:
+      ansible_host: %s
+      ansible_port: %d
+      ansible_user: %s
+      ansible_ssh_private_key_file: %s
+      ansible_ssh_common_args: -o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes
+`, i, s.Host, s.Port, s.User, keyFile, known)
+	if err := os.WriteFile(inv, []byte(content), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	return inv
+}
+
+func runPlainLoop(b *testing.B, e *e2e, sshds []*testenv.SSHD, keyFile string) time.Duration {
+	dir := b.TempDir()
+	var invs []string
+	for i, s := range sshds {
+		invs = append(invs, inventoryFor(b, dir, i, s, keyFile))
+	}
+	var list strings.Builder
+	for i := range benchRuns {
+		list.WriteString(invs[i%len(invs)] + "\n")
+	}
+	cp := shortDir(b)
+	script := fmt.Sprintf(`xargs -P %d -I{} /usr/bin/ansible-playbook -i {} playbooks/setup_server.yml >/dev/null`, benchConc)
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = e.ansibleDir
+	cmd.Stdin = strings.NewReader(list.String())
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8",
+		"ANSIBLE_CONFIG=" + filepath.Join(e.ansibleDir, "ansible.cfg"), "ANSIBLE_SSH_CONTROL_PATH_DIR=" + cp,
+		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + filepath.Join(dir, "facts")}
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("plain loop: %v\n%s", err, out)
+	}
+	return time.Since(start)
+}
+
+func runAnsibleRunner(b *testing.B, e *e2e, sshds []*testenv.SSHD, keyFile string) time.Duration {
+	dir := b.TempDir()
+	cp := shortDir(b)
+	book, err := os.ReadFile(filepath.Join(e.ansibleDir, "playbooks", "setup_server.yml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var pdds []string
+	for i, s := range sshds {
+		pdd := filepath.Join(dir, fmt.Sprintf("pdd%d", i))
+		for _, sub := range []string{"project", "inventory", "env"} {
+			if err := os.MkdirAll(filepath.Join(pdd, sub), 0o700); err != nil {
+				b.Fatal(err)
+			}
+		}
+		inv := inventoryFor(b, dir, i, s, keyFile)
+		must(b, copyFile(inv, filepath.Join(pdd, "inventory", "hosts.yml")))
+		must(b, os.WriteFile(filepath.Join(pdd, "project", "setup_server.yml"), book, 0o600))
+		envvars, _ := json.Marshal(map[string]string{
+			"ANSIBLE_CONFIG":                  filepath.Join(e.ansibleDir, "ansible.cfg"),
+			"ANSIBLE_SSH_CONTROL_PATH_DIR":    cp,
+			"ANSIBLE_CACHE_PLUGIN_CONNECTION": filepath.Join(dir, "facts"),
+		})
+		must(b, os.WriteFile(filepath.Join(pdd, "env", "envvars"), envvars, 0o600))
+		pdds = append(pdds, pdd)
+	}
+	var list strings.Builder
+	for i := range benchRuns {
+		fmt.Fprintf(&list, "%s run%d\n", pdds[i%len(pdds)], i)
+	}
+	script := fmt.Sprintf(`xargs -P %d -L1 sh -c '/usr/bin/ansible-runner run "$0" -p setup_server.yml --ident "$1" >/dev/null'`, benchConc)
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Stdin = strings.NewReader(list.String())
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8"}
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("ansible-runner: %v\n%s", err, out)
+	}
+	wall := time.Since(start)
+	// ansible-runner reports failures in its artifacts, not its exit code.
+	for i := range benchRuns {
+		rc, err := os.ReadFile(filepath.Join(pdds[i%len(pdds)], "artifacts", fmt.Sprintf("run%d", i), "rc"))
+		if err != nil || strings.TrimSpace(string(rc)) != "0" {
+			b.Fatalf("ansible-runner run %d: rc %q %v", i, rc, err)
+		}
+	}
+	return wall
+}
+
+type quantiles struct {
+	name     string
+	p50, p99 float64
+}
+
+func runThroughService(b *testing.B, e *e2e, sshds []*testenv.SSHD) (time.Duration, []quantiles, int) {
+	for i, s := range sshds {
+		e.addServer(fmt.Sprintf("bench-%d", i), s)
+	}
+	p := e.infra(fmt.Sprintf("STREAM_CONCURRENCY=%d", benchConc), "LOG_LEVEL=info")
+	time.Sleep(2 * time.Second) // settle: idle
+	rss := vmRSS(b, p.Pid())
+
+	start := time.Now()
+	for i := range benchRuns {
+		e.provision(fmt.Sprintf("bench-job-%d", i), fmt.Sprintf("bench-%d", i%len(sshds)))
+	}
+	waitFor(b, 10*time.Minute, "all results", func() bool {
+		return len(e.results(messages.StreamProvisionerResults)) >= benchRuns
+	})
+	wall := time.Since(start)
+	for _, m := range e.results(messages.StreamProvisionerResults) {
+		r, err := messages.DecodeProvisionerResult([]byte(m.Values["data"].(string)))
+		if err != nil || r.Status != messages.StatusSucceeded {
+			b.Fatalf("service run %v: %v %+v", err, r.Status, r.Error)
+		}
+	}
+
+	return wall, overheadQuantiles(b, p.Stderr()), rss
+}
+
+// overheadQuantiles reads the per-job overhead fields of the "job
+// finished" log lines: the start overhead in all, the SSH check and the lock
+// wait within it, what remains (the service's own work: decoding, Postgres,
+// run directory, agent, runguard and exec), and the finish overhead.
+func overheadQuantiles(b *testing.B, logs string) []quantiles {
+	fields := map[string][]float64{}
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, `"message":"job finished"`) {
+			continue
+		}
+		var rec map[string]float64
+		var raw map[string]any
+		if json.Unmarshal([]byte(line), &raw) != nil {
+			continue
+		}
+		rec = map[string]float64{}
+		for k, v := range raw {
+			if f, ok := v.(float64); ok {
+				rec[k] = f
+			}
+		}
+		if _, ok := rec["overhead_start_ms"]; !ok {
+			continue
+		}
+		for _, k := range []string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_finish_ms"} {
+			fields[k] = append(fields[k], rec[k])
+		}
+		fields["overhead_own_ms"] = append(fields["overhead_own_ms"], rec["overhead_start_ms"]-rec["ssh_check_ms"]-rec["lock_wait_ms"])
+	}
+	var out []quantiles
+	for _, k := range []string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_own_ms", "overhead_finish_ms"} {
+		v := fields[k]
+		if len(v) == 0 {
+			b.Fatalf("no %s in the logs", k)
+		}
+		slices.Sort(v)
+		q := func(p float64) float64 { return v[int(p*float64(len(v)-1))] }
+		out = append(out, quantiles{strings.TrimSuffix(k, "_ms"), q(0.5), q(0.99)})
+	}
+	return out
+}
+
+// BenchmarkServiceOverhead measures the service's own time around a play
+// when nothing competes for the machine: 40 runs of a trivial playbook one
+// after the other on one loopback target. Run with -benchtime=1x.
+func BenchmarkServiceOverhead(b *testing.B) {
+	const runs = 40
+	for range b.N {
+		sshd := testenv.StartSSHD(b, testenv.SSHDOptions{})
+		e := newE2E(b, sshd)
+		if err := os.WriteFile(filepath.Join(e.ansibleDir, "playbooks", "setup_server.yml"), []byte(trivialPlaybook), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		e.addServer("bench-1", sshd)
+		p := e.infra("STREAM_CONCURRENCY=1", "LOG_LEVEL=info")
+		time.Sleep(2 * time.Second)
+		rss := vmRSS(b, p.Pid())
+		b.ResetTimer()
+		for i := range runs {
+			id := fmt.Sprintf("overhead-%d", i)
+			e.provision(id, "bench-1")
+			if r := e.waitProvision(id, time.Minute); r.Status != messages.StatusSucceeded {
+				b.Fatalf("run %d: %s %+v", i, r.Status, r.Error)
+			}
+		}
+		b.StopTimer()
+		for _, o := range overheadQuantiles(b, p.Stderr()) {
+			b.ReportMetric(o.p50, o.name+"-p50-ms")
+			b.ReportMetric(o.p99, o.name+"-p99-ms")
+		}
+		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
+	}
+}
+
+// vmRSS returns a process's resident set in KiB.
+func vmRSS(b *testing.B, pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	b.Fatal("no VmRSS")
+	return 0
+}
+
+// shortDir returns a short directory for ssh control sockets.
+func shortDir(b *testing.B) string {
+	d, err := os.MkdirTemp("/tmp", "cp")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o600)
+}
+
+func must(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+}

@@ -1,0 +1,196 @@
+// Package jobs turns each provisioning or deploy request into a safe,
+// observable Ansible run and a typed result.
+//
+// The flow of one request (see Handler.Handle):
+//
+//  1. Decode and validate. Invalid input gets a rejected result, and the
+//     entry is dead-lettered (stream.Permanent): never a crash or a retry.
+//  2. Idempotency: a job id already done gets its stored result published
+//     again; a job running elsewhere (its job lock is held) is left alone.
+//  3. Locks that die with their holder (Postgres session locks): the job's,
+//     and the target server's, so that at most one run per server happens at
+//     any time across all instances.
+//  4. Server lookup, provider refresh (Time4VPS), SSH credentials from
+//     secret references, SSH check with retries; a server still down is
+//     marked UNREACHABLE and nothing runs.
+//  5. The playbook run (package ansible) with progress events published on
+//     the job's own stream.
+//  6. The result is stored with the run (runs table) and the server's state
+//     in one transaction, then published, then the entry is acknowledged.
+//     A redelivered entry thus finds the stored result and re-publishes it.
+//
+// Failed playbooks are not retried: the result says why. Infrastructure
+// errors (Postgres, Redis, Vault unavailable) are retried by the stream
+// runtime with backoff; on the last allowed delivery they become a failed
+// result instead of a dead letter, so no run stays "running" forever.
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
+)
+
+// Runner runs one playbook (package ansible).
+type Runner interface {
+	Run(ctx context.Context, spec ansible.Spec) (*ansible.Result, error)
+	// ForgetHost drops the cached facts of a host (its OS was rebuilt).
+	ForgetHost(alias string)
+}
+
+// SSHChecker checks that a server answers SSH with our credentials.
+type SSHChecker interface {
+	Check(ctx context.Context, t sshcheck.Target, signers []ssh.Signer) (*sshcheck.Result, error)
+}
+
+// Playbooks names the playbooks of each kind of run (files under the
+// ansible directory's playbooks/).
+type Playbooks struct {
+	Setup    string
+	Recovery string
+	Nuke     string
+	Deploy   string
+}
+
+// DefaultPlaybooks are the playbooks of the project's ansible/ directory.
+var DefaultPlaybooks = Playbooks{
+	Setup:    "setup_server.yml",
+	Recovery: "recovery.yml",
+	Nuke:     "nuke.yml",
+	Deploy:   "deploy_project.yml",
+}
+
+// Config holds the handler's settings.
+type Config struct {
+	// Owner names this instance in run rows (the stream consumer name).
+	Owner string
+	// Playbooks to run.
+	Playbooks Playbooks
+	// DefaultSSHKeyRef is the secret reference of the SSH private key used
+	// for servers without their own ssh_key_ref.
+	DefaultSSHKeyRef string
+	// DeploySSHUser is the user deploys log in as on servers that are not
+	// registered, and the user setup_server.yml creates.
+	DeploySSHUser string
+	// MaxDeliveries is the stream consumer's delivery limit: on the last
+	// delivery, infrastructure errors become a failed result.
+	MaxDeliveries int64
+	// CancelPoll is how often a running job checks for a cancel request.
+	CancelPoll time.Duration
+	// ProgressTTL is how long a job's progress stream is kept after the job.
+	ProgressTTL time.Duration
+	// ProgressMaxLen is the approximate length kept of a progress stream.
+	ProgressMaxLen int64
+	// ReinstallOS is the OS template for provider reinstalls when the server
+	// has no "os" label.
+	ReinstallOS string
+	// ReinstallSSHWait is how long to wait for SSH after a reinstall.
+	ReinstallSSHWait time.Duration
+	// Limits overrides the runner's time limits per playbook name.
+	Limits map[string]Limits
+	// SiteVars are extra vars of every run (role defaults of the site);
+	// a run's own vars win.
+	SiteVars map[string]any
+}
+
+// Limits are a playbook's wall-clock and idle limits; zero means the
+// runner's default.
+type Limits struct{ Timeout, Idle time.Duration }
+
+// Deps are the handler's collaborators.
+type Deps struct {
+	DB       *pgxpool.Pool
+	Locker   *store.Locker // run locks; nil: a Locker keeping no idle sessions
+	Redis    redis.UniversalClient
+	Producer *stream.Producer
+	Secrets  *secrets.Resolver
+	Redactor *secrets.Redactor
+	SSH      SSHChecker
+	Runner   Runner
+	Provider Provider // nil when no Time4VPS account is configured
+	Log      zerolog.Logger
+	Metrics  *Metrics
+	Now      func() time.Time
+}
+
+// Handler handles the entries of provisioner:queue and ansible:deploy:queue.
+type Handler struct {
+	cfg Config
+	Deps
+}
+
+var _ stream.Handler = (*Handler)(nil)
+
+// New returns a Handler; zero Config fields take defaults.
+func New(cfg Config, deps Deps) (*Handler, error) {
+	if cfg.Playbooks == (Playbooks{}) {
+		cfg.Playbooks = DefaultPlaybooks
+	}
+	if cfg.DeploySSHUser == "" {
+		cfg.DeploySSHUser = "deploy"
+	}
+	if cfg.MaxDeliveries == 0 {
+		cfg.MaxDeliveries = 5
+	}
+	if cfg.CancelPoll == 0 {
+		cfg.CancelPoll = time.Second
+	}
+	if cfg.ProgressTTL == 0 {
+		cfg.ProgressTTL = 24 * time.Hour
+	}
+	if cfg.ProgressMaxLen == 0 {
+		cfg.ProgressMaxLen = 10_000
+	}
+	if cfg.ReinstallOS == "" {
+		cfg.ReinstallOS = "kvm-debian-12-x86_64"
+	}
+	if cfg.ReinstallSSHWait == 0 {
+		cfg.ReinstallSSHWait = 15 * time.Minute
+	}
+	if deps.DB == nil || deps.Redis == nil || deps.Producer == nil || deps.Secrets == nil ||
+		deps.Redactor == nil || deps.SSH == nil || deps.Runner == nil {
+		return nil, errors.New("jobs: missing dependency")
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if deps.Metrics == nil {
+		deps.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	if deps.Locker == nil {
+		deps.Locker = store.NewLocker(deps.DB, 0)
+	}
+	return &Handler{cfg: cfg, Deps: deps}, nil
+}
+
+// Handle processes one request entry; see the package documentation.
+func (h *Handler) Handle(ctx context.Context, msg *stream.Message) error {
+	switch msg.Stream {
+	case messages.StreamProvisionerQueue:
+		return h.handleProvision(ctx, msg)
+	case messages.StreamAnsibleDeployQueue:
+		return h.handleDeploy(ctx, msg)
+	default:
+		return stream.Permanent("unknown_stream", fmt.Errorf("no handler for stream %q", msg.Stream))
+	}
+}
+
+// lastDelivery reports whether msg will not be delivered again after a
+// failure.
+func (h *Handler) lastDelivery(msg *stream.Message) bool {
+	return msg.Deliveries >= h.cfg.MaxDeliveries
+}

@@ -1,0 +1,371 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+)
+
+// Run kinds, as stored in runs.kind.
+const (
+	kindProvision = "provision"
+	kindDeploy    = "deploy"
+)
+
+var (
+	// errLockLost cancels a run whose Postgres session (and with it the
+	// server lock) died: the play must stop, another attempt will follow.
+	errLockLost = errors.New("run locks lost (Postgres connection died)")
+	// errUserCancel cancels a run whose cancel key was set.
+	errUserCancel = errors.New("cancelled on request")
+)
+
+// job is one request being handled.
+type job struct {
+	h            *Handler
+	msg          *stream.Message
+	kind         string
+	id           string
+	log          zerolog.Logger
+	out          *messages.Outcome // the result's common part
+	result       any               // *messages.ProvisionerResult or *messages.AnsibleDeployResult
+	resultStream string
+	started      time.Time
+
+	server *store.Server     // nil for a deploy to an unregistered address
+	run    *store.Run        // set once the run row is ours
+	red    *secrets.Redactor // this job's secrets; released when the job ends
+	res    *secrets.Resolver // resolves into red
+	prog   *progress         // nil until the run starts
+	cancel context.CancelCauseFunc
+
+	// Timings of the service's own overhead (see play and complete).
+	sshCheck    time.Duration // the SSH check before the play
+	lockWait    time.Duration // waiting for another run on the server
+	playStarted time.Time     // first ansible-playbook exec
+	playEnded   time.Time     // last playbook run over
+}
+
+func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *messages.Outcome, resultStream string) *job {
+	red := h.Redactor.Child()
+	return &job{
+		h:            h,
+		msg:          msg,
+		kind:         kind,
+		id:           out.JobID,
+		log:          h.Log.With().Str("job_id", out.JobID).Str("msg_id", msg.ID).Str("kind", kind).Int64("delivery", msg.Deliveries).Logger(),
+		out:          out,
+		result:       result,
+		resultStream: resultStream,
+		started:      h.Now(),
+		red:          red,
+		res:          h.Secrets.WithRedactor(red),
+	}
+}
+
+// close releases the job's secrets.
+func (j *job) close() { j.red.Release() }
+
+// reject publishes a rejected result for invalid input and dead-letters the
+// entry.
+func (j *job) reject(ctx context.Context, err error) error {
+	j.log.Warn().Err(err).Msg("invalid request rejected")
+	j.out.Reject(err)
+	j.out.SetTimes(j.started, j.h.Now())
+	if perr := j.publish(ctx); perr != nil {
+		return perr // retried; dead-lettered at the limit anyway
+	}
+	j.h.Metrics.finished(j.kind, "", messages.StatusRejected, 0)
+	return stream.Permanent(string(messages.KindInvalidMessage), err)
+}
+
+// failEarly publishes a failed result for a request that never got as far
+// as a run (no run row, no locks), e.g. an unknown server.
+func (j *job) failEarly(ctx context.Context, status messages.Status, kind messages.ErrorKind, message string) error {
+	j.log.Warn().Str("error_kind", string(kind)).Str("reason", message).Msg("request failed before a run")
+	j.out.Fail(status, kind, j.red.RedactString(message))
+	j.out.SetTimes(j.started, j.h.Now())
+	if err := j.publish(ctx); err != nil {
+		return err
+	}
+	j.h.Metrics.finished(j.kind, "", status, 0)
+	return nil
+}
+
+// runLocked runs body as the job's run: it re-publishes a stored result,
+// leaves a job running elsewhere alone, takes the job and target locks, and
+// records and publishes the outcome body leaves in j.out. body returns an
+// error only for infrastructure failures or interruptions; outcomes of the
+// work itself (failed plays, unreachable servers) go into j.out.
+func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) error) error {
+	db := j.h.DB
+	if r, err := store.GetRun(ctx, db, j.id); err == nil && r.State == store.RunDone {
+		return j.republish(ctx, r)
+	} else if err != nil && !errors.Is(err, store.ErrRunNotFound) {
+		return j.infraError(ctx, fmt.Errorf("read run: %w", err))
+	}
+
+	locks, err := j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{
+		OnWait: func() {
+			j.log.Info().Str("target", target).Msg("waiting for another run on this server to finish")
+		},
+	})
+	if errors.Is(err, store.ErrJobRunningElsewhere) {
+		j.log.Info().Msg("job is running on another instance: leaving it alone")
+		return nil
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return j.infraError(ctx, fmt.Errorf("acquire run locks: %w", err))
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		locks.Release(rctx)
+	}()
+	j.lockWait = locks.Waited()
+
+	start := store.RunStart{
+		JobID: j.id, Kind: j.kind, Stream: j.msg.Stream, RequestID: j.msg.ID,
+		Target: target, Playbook: playbook, Owner: j.h.cfg.Owner,
+	}
+	if j.server != nil {
+		start.ServerHandle = j.server.Handle
+	}
+	run, started, err := store.StartRun(ctx, db, start)
+	if err != nil {
+		return j.infraError(ctx, fmt.Errorf("start run: %w", err))
+	}
+	if !started {
+		return j.republish(ctx, run) // finished while we waited for the locks
+	}
+	j.run = run
+	j.out.Attempt = run.Attempt
+	j.out.Playbook = playbook
+	if run.Attempt > 1 {
+		j.log.Warn().Int("attempt", run.Attempt).Msg("taking over a run whose previous owner stopped")
+	}
+
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	j.cancel = cancel
+	go func() {
+		select {
+		case <-locks.Lost():
+			cancel(errLockLost)
+		case <-rctx.Done():
+		}
+	}()
+	stopWatch := j.h.watchCancel(rctx, j.id, cancel)
+	defer stopWatch()
+
+	j.h.Metrics.inFlight.Inc()
+	defer j.h.Metrics.inFlight.Dec()
+	j.prog = j.h.startProgress(j.id, j.log)
+	j.prog.emit(messages.ProgressEvent{Type: messages.EventRunStarted, Message: fmt.Sprintf("attempt %d of %s", run.Attempt, playbook)})
+
+	err = body(rctx)
+
+	switch cause := context.Cause(rctx); {
+	case stream.LeaseLost(ctx):
+		// Another consumer owns the entry now: publish nothing.
+		j.prog.abandon()
+		return cause
+	case errors.Is(cause, stream.ErrShutdown):
+		// The entry is released to another instance, which takes the run
+		// over; the server stays as it is until then.
+		j.log.Warn().Msg("run interrupted by shutdown: handing it over")
+		j.prog.abandon()
+		return cause
+	case errors.Is(cause, errLockLost):
+		return j.infraError(ctx, errLockLost)
+	case errors.Is(cause, errUserCancel):
+		if j.out.Status == "" || j.out.Status == messages.StatusSucceeded {
+			j.out.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled on request")
+		}
+	case err != nil:
+		return j.infraError(ctx, err)
+	}
+	return j.complete(ctx)
+}
+
+// complete stores the outcome with the run and the server's new state in
+// one transaction, then publishes it. A crash between the two is mended by
+// the redelivery, which finds the stored result and publishes it again.
+func (j *job) complete(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if j.out.StartedAt == "" {
+		j.out.SetTimes(j.started, j.h.Now())
+	}
+	data, err := messages.Encode(j.result)
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	kind := ""
+	if j.out.Error != nil {
+		kind = string(j.out.Error.Kind)
+	}
+	// The progress stream's end goes out while the outcome is stored.
+	progressDone := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		j.prog.finish(j.out.Status, j.outcomeLine())
+	}()
+	defer func() { <-progressDone }()
+	err = pgx.BeginFunc(ctx, j.h.DB, func(tx pgx.Tx) error {
+		if j.run != nil {
+			if err := store.FinishRun(ctx, tx, j.id, j.run.Attempt, string(j.out.Status), kind, data); err != nil {
+				return err
+			}
+		}
+		return j.recordServerOutcome(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("record result: %w", err)
+	}
+	if err := j.publishData(ctx, data); err != nil {
+		return err
+	}
+	published := j.h.Now()
+	j.h.Metrics.finished(j.kind, j.out.Playbook, j.out.Status, time.Duration(j.out.DurationMS)*time.Millisecond)
+	ev := j.log.Info().Str("status", string(j.out.Status)).Str("playbook", j.out.Playbook).
+		Int64("duration_ms", j.out.DurationMS).Str("error_kind", kind)
+	if !j.playStarted.IsZero() {
+		// The service's own overhead around the play: from reading the
+		// request to starting ansible-playbook (SSH check included, and
+		// reported on its own), and from the play's end to the published
+		// result.
+		start, finish := j.playStarted.Sub(j.started), published.Sub(j.playEnded)
+		j.h.Metrics.overhead.WithLabelValues("start").Observe(start.Seconds())
+		j.h.Metrics.overhead.WithLabelValues("finish").Observe(finish.Seconds())
+		ev = ev.Float64("overhead_start_ms", ms(start)).Float64("ssh_check_ms", ms(j.sshCheck)).
+			Float64("lock_wait_ms", ms(j.lockWait)).Float64("overhead_finish_ms", ms(finish))
+	}
+	ev.Msg("job finished")
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// outcomeLine is a one-line summary for the progress stream.
+func (j *job) outcomeLine() string {
+	if j.out.Error == nil {
+		return string(j.out.Status)
+	}
+	return string(j.out.Status) + ": " + j.out.Error.Message
+}
+
+// recordServerOutcome moves the server to the state the outcome implies:
+// provisioning runs end READY (attempts reset) or FAILED (attempts + 1);
+// any run that found the server down marks it UNREACHABLE.
+func (j *job) recordServerOutcome(ctx context.Context, q store.Querier) error {
+	if j.server == nil {
+		return nil
+	}
+	var lastErr *string
+	if j.out.Error != nil {
+		m := j.out.Error.Message
+		lastErr = &m
+	}
+	var status string
+	switch {
+	case j.out.Status == messages.StatusUnreachable:
+		status = store.ServerUnreachable
+	case j.kind != kindProvision:
+		return nil // deploys only report servers they found down
+	case j.out.Status == messages.StatusSucceeded:
+		status = store.ServerReady
+	default:
+		status = store.ServerFailed
+	}
+	changed, err := setServerStatus(ctx, q, j.server.Handle, j.id, status, lastErr)
+	if err != nil || !changed {
+		return err
+	}
+	if status == store.ServerUnreachable {
+		j.h.Metrics.unreachable.Inc()
+	}
+	switch {
+	case status == store.ServerReady:
+		return store.ResetAttempts(ctx, q, j.server.Handle)
+	case j.kind == kindProvision:
+		_, _, err = store.IncrementAttempts(ctx, q, j.server.Handle)
+		return err
+	}
+	return nil
+}
+
+// setServerStatus moves a server to status by compare-and-set, unless the
+// server is ORPHANED (its source dropped it meanwhile: that state stands).
+func setServerStatus(ctx context.Context, q store.Querier, handle, jobID, status string, lastErr *string) (bool, error) {
+	_, changed, err := store.TransitionServer(ctx, q, handle, jobID, func(s *store.Server) (string, *string, bool) {
+		if s.Status == store.ServerOrphaned {
+			return "", nil, false
+		}
+		return status, lastErr, true
+	})
+	if err != nil {
+		return false, fmt.Errorf("set server %s %s: %w", handle, status, err)
+	}
+	return changed, nil
+}
+
+// republish publishes a stored result again (a redelivered request).
+func (j *job) republish(ctx context.Context, r *store.Run) error {
+	j.log.Info().Str("status", r.Status).Msg("job already done: publishing its stored result again")
+	return j.publishData(ctx, r.Result)
+}
+
+func (j *job) publish(ctx context.Context) error {
+	data, err := messages.Encode(j.result)
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	return j.publishData(ctx, data)
+}
+
+func (j *job) publishData(ctx context.Context, data []byte) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := j.h.Producer.Publish(ctx, j.resultStream, data); err != nil {
+		return fmt.Errorf("publish result: %w", err)
+	}
+	return nil
+}
+
+// infraError handles an infrastructure failure: it is returned (the stream
+// runtime redelivers the entry after a backoff) unless this was the last
+// allowed delivery, in which case the job fails with kind internal.
+func (j *job) infraError(ctx context.Context, err error) error {
+	msg := j.red.RedactString(err.Error())
+	if !j.h.lastDelivery(j.msg) {
+		j.log.Warn().Str("error", msg).Msg("infrastructure error: the request will be retried")
+		j.prog.abandon() // the next attempt publishes its own events
+		return err
+	}
+	j.log.Error().Str("error", msg).Msg("infrastructure error on the last delivery: failing the job")
+	j.out.Fail(messages.StatusFailed, messages.KindInternal,
+		fmt.Sprintf("gave up after %d deliveries: %s", j.msg.Deliveries, msg))
+	j.out.SetTimes(j.started, j.h.Now())
+	if cerr := j.complete(ctx); cerr != nil {
+		// Postgres itself is down: publish the result anyway, so that the
+		// requester hears of it, and let the entry be dead-lettered.
+		if perr := j.publish(ctx); perr != nil {
+			return errors.Join(err, perr)
+		}
+		return cerr
+	}
+	return nil
+}

@@ -1,0 +1,50 @@
+package jobs
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+)
+
+// Metrics are the infra service's job metrics.
+type Metrics struct {
+	runs            *prometheus.CounterVec
+	duration        *prometheus.HistogramVec
+	unreachable     prometheus.Counter
+	inFlight        prometheus.Gauge
+	progressDropped prometheus.Counter
+	overhead        *prometheus.HistogramVec
+}
+
+// NewMetrics creates the metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns = "autoprov_infra"
+	m := &Metrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "jobs_total",
+			Help: "Finished jobs by kind, playbook and status."}, []string{"kind", "playbook", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "job_duration_seconds",
+			Help:    "Duration of finished jobs by kind and playbook.",
+			Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 2400, 3600}}, []string{"kind", "playbook"}),
+		unreachable: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "servers_marked_unreachable_total",
+			Help: "Times a server was marked UNREACHABLE."}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "runs_in_flight",
+			Help: "Runs holding their server's lock on this instance."}),
+		progressDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "progress_events_dropped_total",
+			Help: "Routine progress events dropped under load."}),
+		overhead: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "overhead_seconds",
+			Help: "The service's own time around a play: start (request read to ansible-playbook started, SSH check " +
+				"included) and finish (play over to result published).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"phase"}),
+	}
+	reg.MustRegister(m.runs, m.duration, m.unreachable, m.inFlight, m.progressDropped, m.overhead)
+	return m
+}
+
+func (m *Metrics) finished(kind, playbook string, status messages.Status, d time.Duration) {
+	m.runs.WithLabelValues(kind, playbook, string(status)).Inc()
+	if d > 0 {
+		m.duration.WithLabelValues(kind, playbook).Observe(d.Seconds())
+	}
+}

@@ -1,0 +1,143 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+)
+
+// handleProvision handles a ProvisionerMessage.
+func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) error {
+	m, err := messages.DecodeProvisionerMessage(msg.Data())
+	res := messages.NewProvisionerResult(m, msg.ID)
+	j := h.newJob(msg, kindProvision, res, &res.Outcome, messages.StreamProvisionerResults)
+	defer j.close()
+	if err != nil {
+		return j.reject(ctx, err)
+	}
+	j.log = j.log.With().Str("server", m.ServerHandle).Logger()
+	srv, err := store.GetServer(ctx, h.DB, m.ServerHandle)
+	if errors.Is(err, store.ErrServerNotFound) {
+		return j.failEarly(ctx, messages.StatusRejected, messages.KindServerNotFound,
+			fmt.Sprintf("no server with handle %q is registered", m.ServerHandle))
+	}
+	if err != nil {
+		return j.infraError(ctx, fmt.Errorf("read server: %w", err))
+	}
+	j.server = srv
+	return j.runLocked(ctx, "server:"+srv.Handle, h.provisionPlaybook(m), func(ctx context.Context) error {
+		err := j.provision(ctx, m)
+		if errors.Is(err, errOutcome) {
+			return nil
+		}
+		return err
+	})
+}
+
+// provisionPlaybook names the playbook a message asks for.
+func (h *Handler) provisionPlaybook(m *messages.ProvisionerMessage) string {
+	switch {
+	case m.IsRecovery:
+		return h.cfg.Playbooks.Recovery
+	case m.ForceReinstall:
+		return h.cfg.Playbooks.Setup + " (force_reinstall)"
+	default:
+		return h.cfg.Playbooks.Setup
+	}
+}
+
+// provision runs under the job's locks.
+func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) error {
+	// The transition reads the server afresh: it may have changed while
+	// this job waited for its lock.
+	srv, _, err := store.TransitionServer(ctx, j.h.DB, j.server.Handle, j.id, func(s *store.Server) (string, *string, bool) {
+		return store.ServerProvisioning, nil, s.Status != store.ServerOrphaned
+	})
+	if err != nil {
+		return fmt.Errorf("mark server provisioning: %w", err)
+	}
+	j.server = srv
+	j.refreshFromProvider(ctx)
+
+	creds, err := j.sshCredentials(ctx)
+	if err != nil {
+		return err
+	}
+	ep := endpoint{alias: hostAlias(srv.Handle, srv.Address), address: srv.Address, port: srv.SSHPort, user: srv.SSHUser}
+
+	var hostKey string
+	switch providerID, viaProvider := j.providerServer(); {
+	case m.ForceReinstall && viaProvider:
+		if err := j.reinstall(ctx, providerID, creds); err != nil {
+			return err
+		}
+		j.h.Runner.ForgetHost(ep.alias) // cached facts describe the old OS
+		if hostKey, err = j.waitForSSH(ctx, ep, creds); err != nil {
+			return err
+		}
+	default:
+		if hostKey, err = j.checkSSH(ctx, ep, creds); err != nil {
+			return err
+		}
+	}
+
+	env := map[string]string{"AUTOPROV_DEPLOY_SSH_PUBKEY": creds.publicKey}
+	vars := map[string]any{"autoprov_deploy_user": j.h.cfg.DeploySSHUser}
+
+	if m.ForceReinstall {
+		if _, viaProvider := j.providerServer(); !viaProvider {
+			if err := j.nuke(ctx, ep, hostKey, creds, env); err != nil {
+				return err
+			}
+		}
+	}
+
+	playbook := j.h.cfg.Playbooks.Setup
+	if m.IsRecovery {
+		playbook = j.h.cfg.Playbooks.Recovery
+	}
+	res, err := j.play(ctx, playbook, ep, hostKey, creds, vars, env)
+	if err != nil {
+		return err
+	}
+	if j.applyPlay(playbook, res) && playbook == j.h.cfg.Playbooks.Setup {
+		return j.adoptDeployUser(ctx)
+	}
+	return nil
+}
+
+// nuke resets what setup and deploys created (force_reinstall on a server
+// without a provider rebuild). It runs once per job: a run taken over after
+// the nuke went through does not nuke again.
+func (j *job) nuke(ctx context.Context, ep endpoint, hostKey string, creds *credentials, env map[string]string) error {
+	if done, _ := j.run.Checkpoint[cpNukeDone].(bool); done {
+		return nil
+	}
+	playbook := j.h.cfg.Playbooks.Nuke
+	res, err := j.play(ctx, playbook, ep, hostKey, creds, map[string]any{"autoprov_nuke_confirm": ep.alias}, env)
+	if err != nil {
+		return err
+	}
+	if !j.applyPlay(playbook, res) {
+		return errOutcome
+	}
+	j.h.Runner.ForgetHost(ep.alias)
+	return j.checkpoint(ctx, map[string]any{cpNukeDone: true})
+}
+
+// adoptDeployUser records that, after setup, the server is reached as the
+// deploy user: setup_server.yml disables root login once that user works.
+func (j *job) adoptDeployUser(ctx context.Context) error {
+	if j.server.SSHUser == j.h.cfg.DeploySSHUser {
+		return nil
+	}
+	if _, err := store.SetServerSSHUser(ctx, j.h.DB, j.server.Handle, j.h.cfg.DeploySSHUser); err != nil {
+		return fmt.Errorf("record ssh user %s: %w", j.h.cfg.DeploySSHUser, err)
+	}
+	j.log.Info().Str("ssh_user", j.h.cfg.DeploySSHUser).Msg("server is reached as the deploy user from now on")
+	return nil
+}

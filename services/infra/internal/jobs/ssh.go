@@ -1,0 +1,160 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
+)
+
+// errOutcome says the step set a final outcome in j.out (a failed or
+// unreachable result): the job ends there, with that result.
+var errOutcome = errors.New("outcome set")
+
+// credentials are a run's SSH key, held only in memory.
+type credentials struct {
+	signers   []ssh.Signer
+	keys      [][]byte // private keys for the run's in-process agent
+	publicKey string   // authorized_keys line of the key
+}
+
+// endpoint is where a run connects.
+type endpoint struct {
+	alias   string // inventory host name
+	address string
+	port    int
+	user    string
+}
+
+// sshCredentials resolves the server's SSH key reference (or the default)
+// and parses the key. A reference that cannot work ends the job (kind
+// secret_unavailable); an unreachable secret backend is an infrastructure
+// error, retried.
+func (j *job) sshCredentials(ctx context.Context) (*credentials, error) {
+	ref := j.h.cfg.DefaultSSHKeyRef
+	if j.server != nil && j.server.SSHKeyRef != "" {
+		ref = j.server.SSHKeyRef
+	}
+	if ref == "" {
+		return nil, j.fail(messages.StatusFailed, messages.KindSecretUnavailable,
+			"no SSH key: the server has no ssh_key_ref and SSH_KEY_REF is not set")
+	}
+	v, err := j.resolve(ctx, "ssh key", ref)
+	if err != nil {
+		return nil, err
+	}
+	defer v.Wipe()
+	signer, err := ssh.ParsePrivateKey(v.Bytes())
+	if err != nil {
+		// Never include the parse error's details: they may quote the key.
+		return nil, j.fail(messages.StatusFailed, messages.KindSecretUnavailable,
+			fmt.Sprintf("secret %s is not a usable SSH private key (unencrypted OpenSSH or PEM)", ref))
+	}
+	key := bytes.Clone(v.Bytes())
+	return &credentials{
+		signers:   []ssh.Signer{signer},
+		keys:      [][]byte{key},
+		publicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey()))),
+	}, nil
+}
+
+// resolve resolves a secret reference for the job. Errors in the reference
+// or its content end the job; an unavailable backend is retried.
+func (j *job) resolve(ctx context.Context, what, ref string) (secrets.Value, error) {
+	v, err := j.res.Resolve(ctx, ref)
+	switch {
+	case err == nil:
+		return v, nil
+	case secrets.IsUnavailable(err):
+		return secrets.Value{}, fmt.Errorf("resolve %s: %w", what, err)
+	default:
+		return secrets.Value{}, j.fail(messages.StatusFailed, messages.KindSecretUnavailable,
+			fmt.Sprintf("%s: %v", what, err))
+	}
+}
+
+// fail sets a final outcome and returns errOutcome.
+func (j *job) fail(status messages.Status, kind messages.ErrorKind, message string) error {
+	j.out.Fail(status, kind, j.red.RedactString(message))
+	return errOutcome
+}
+
+// pinnedKey returns the host key pinned for the endpoint ("" when none).
+func (j *job) pinnedKey(ctx context.Context, ep endpoint) (string, error) {
+	if j.server != nil {
+		return j.server.HostKey, nil
+	}
+	return store.GetHostKey(ctx, j.h.DB, ep.address, ep.port)
+}
+
+// checkSSH checks that the endpoint answers SSH with the credentials, pins
+// its host key on first use, and returns the pinned key. When the server
+// stays down the outcome is set (unreachable) and errOutcome returned.
+func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (string, error) {
+	pinned, err := j.pinnedKey(ctx, ep)
+	if err != nil {
+		return "", fmt.Errorf("read pinned host key: %w", err)
+	}
+	checkStart := j.h.Now()
+	res, err := j.h.SSH.Check(ctx, sshcheck.Target{Address: ep.address, Port: ep.port, User: ep.user, PinnedKey: pinned}, creds.signers)
+	j.sshCheck += j.h.Now().Sub(checkStart)
+	var unreachable *sshcheck.UnreachableError
+	var mismatch *sshcheck.HostKeyMismatchError
+	var auth *sshcheck.AuthError
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return "", context.Cause(ctx)
+	case errors.As(err, &unreachable):
+		return "", j.fail(messages.StatusUnreachable, messages.KindSSHUnreachable,
+			fmt.Sprintf("%s:%d did not answer SSH: %v", ep.address, ep.port, err))
+	case errors.As(err, &mismatch):
+		return "", j.fail(messages.StatusFailed, messages.KindHostKeyMismatch, err.Error())
+	case errors.As(err, &auth):
+		return "", j.fail(messages.StatusFailed, messages.KindSSHAuthFailed,
+			fmt.Sprintf("%s@%s:%d rejected our SSH key: %v", ep.user, ep.address, ep.port, err))
+	default:
+		return "", fmt.Errorf("ssh check: %w", err)
+	}
+	if pinned != "" {
+		return pinned, nil
+	}
+	// Trust on first use: pin what the server presented. Another instance
+	// may have pinned a different key meanwhile: then that one stands.
+	if j.server != nil {
+		pinned, err = store.PinServerHostKey(ctx, j.h.DB, j.server.Handle, res.HostKey)
+	} else {
+		pinned, err = store.PinHostKey(ctx, j.h.DB, ep.address, ep.port, res.HostKey)
+	}
+	if err != nil {
+		return "", fmt.Errorf("pin host key: %w", err)
+	}
+	if !sameKey(pinned, res.HostKey) {
+		return "", j.fail(messages.StatusFailed, messages.KindHostKeyMismatch,
+			fmt.Sprintf("host key of %s:%d changed while it was being pinned", ep.address, ep.port))
+	}
+	j.log.Info().Str("host_key", keyFingerprint(pinned)).Msg("host key pinned on first use")
+	return pinned, nil
+}
+
+func sameKey(a, b string) bool {
+	fa, fb := strings.Fields(a), strings.Fields(b)
+	return len(fa) >= 2 && len(fb) >= 2 && fa[0] == fb[0] && fa[1] == fb[1]
+}
+
+// keyFingerprint returns the SHA256 fingerprint of an authorized_keys line.
+func keyFingerprint(line string) string {
+	pk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(line))
+	if err != nil {
+		return "(unparsable key)"
+	}
+	return ssh.FingerprintSHA256(pk)
+}
