@@ -69,7 +69,7 @@ pg_bin() {
 # (postgres refuses to run as root), and as ourselves otherwise.
 as_pg() {
 	if [ "$(id -u)" -eq 0 ]; then
-		runuser -u postgres -- "$@"
+		(cd / && runuser -u postgres -- "$@") # postgres may not be able to enter our directory
 	else
 		"$@"
 	fi
@@ -89,16 +89,39 @@ start_redis() {
 	wait_for "redis" 50 redis-cli -p "$REDIS_PORT" ping
 }
 
+# pg_dir prints the profile's Postgres directory: run/<profile>/postgres, or,
+# when we are root and the user postgres cannot reach the repository (a
+# checkout under /root, say), a directory under /var/tmp that
+# run/<profile>/postgres links to.
+pg_dir() {
+	local dir="$RUN/postgres"
+	if [ "$(id -u)" -ne 0 ] || [ -L "$dir" ]; then
+		echo "$dir"
+		return
+	fi
+	mkdir -p "$RUN"
+	if runuser -u postgres -- test -x "$RUN"; then
+		echo "$dir"
+		return
+	fi
+	local alt
+	alt="/var/tmp/autoprovisioner-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)/$(basename "$RUN")/postgres"
+	mkdir -p "$alt"
+	chmod 0755 "$(dirname "$(dirname "$alt")")" "$(dirname "$alt")"
+	ln -sfn "$alt" "$dir"
+	step "user postgres cannot reach ${RUN#"$ROOT"/}: its data lives in $alt (linked from ${dir#"$ROOT"/})" >&2
+	echo "$dir"
+}
+
 start_postgres() {
-	local dir="$RUN/postgres" bin
+	local dir bin
+	dir=$(pg_dir)
+	mkdir -p "$dir/"
+	dir=$(readlink -f "$dir") # postgres must not go through an unreachable path
 	bin=$(pg_bin)
-	mkdir -p "$dir"
 	if [ "$(id -u)" -eq 0 ]; then
 		chown postgres:postgres "$dir"
 		chmod 0700 "$dir"
-		# The postgres user must be able to reach the data directory.
-		runuser -u postgres -- test -x "$dir" ||
-			die "user postgres cannot reach $dir; make the path to the repository world-executable (chmod o+x)"
 	fi
 	if "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
 		step "postgres already running on 127.0.0.1:$PG_PORT"
@@ -134,7 +157,7 @@ stop_all() {
 	fi
 	if [ -f "$RUN/postgres/data/postmaster.pid" ]; then
 		bin=$(pg_bin)
-		as_pg "$bin/pg_ctl" -D "$RUN/postgres/data" -m fast -w stop >/dev/null 2>&1 || true
+		as_pg "$bin/pg_ctl" -D "$(readlink -f "$RUN/postgres")/data" -m fast -w stop >/dev/null 2>&1 || true
 		step "postgres stopped"
 	fi
 }
