@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -113,8 +115,13 @@ func TestLockKeys(t *testing.T) {
 	if store.JobLockKey("x") == store.TargetLockKey("x") || store.JobLockKey("a") == store.JobLockKey("b") {
 		t.Fatal("lock keys collide")
 	}
-	if store.JobLockKey("job-1") != store.JobLockKey("job-1") {
-		t.Fatal("lock key not stable")
+	// Instances of every version must agree on the keys: they are pinned
+	// to their definition, SHA-256 of the prefixed name, first 8 bytes.
+	for name, got := range map[string]int64{"job:job-1": store.JobLockKey("job-1"), "target:server:web-1": store.TargetLockKey("server:web-1")} {
+		sum := sha256.Sum256([]byte(name))
+		if want := int64(binary.BigEndian.Uint64(sum[:8])); got != want {
+			t.Errorf("key of %s = %x, want %x", name, got, want)
+		}
 	}
 	if k := store.JobLockKey("job-1"); k>>32 == 0 {
 		t.Fatalf("key %x uses only 32 bits", k)

@@ -1,7 +1,6 @@
 package ansible
 
 import (
-	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/rsa"
 	"errors"
@@ -125,9 +124,9 @@ func (a *sshAgent) wipe() {
 			wipeInt(k.Precomputed.Dp)
 			wipeInt(k.Precomputed.Dq)
 			wipeInt(k.Precomputed.Qinv)
-		case *ecdsa.PrivateKey:
-			wipeInt(k.D)
 		}
+		// ecdsa keys keep their scalar in an internal form (Go 1.25 on)
+		// that cannot be zeroed from outside; they are only dropped.
 	}
 	a.keys = nil
 }

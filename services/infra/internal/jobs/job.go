@@ -46,7 +46,6 @@ type job struct {
 	red    *secrets.Redactor // this job's secrets; released when the job ends
 	res    *secrets.Resolver // resolves into red
 	prog   *progress         // nil until the run starts
-	cancel context.CancelCauseFunc
 
 	// Timings of the service's own overhead (see play and complete).
 	sshCheck    time.Duration // the SSH check before the play
@@ -159,7 +158,6 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	j.cancel = cancel
 	go func() {
 		select {
 		case <-locks.Lost():
@@ -177,11 +175,16 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 
 	err = body(rctx)
 
-	switch cause := context.Cause(rctx); {
+	// A play that finished has an outcome that stands, whatever happened
+	// around it meanwhile; only an interrupted run is handed over or retried.
+	cause := context.Cause(rctx)
+	interrupted := j.out.Status == "" || j.out.Status == messages.StatusCancelled
+	switch {
 	case stream.LeaseLost(ctx):
 		// Another consumer owns the entry now: publish nothing.
 		j.prog.abandon()
 		return cause
+	case err == nil && !interrupted:
 	case errors.Is(cause, stream.ErrShutdown):
 		// The entry is released to another instance, which takes the run
 		// over; the server stays as it is until then.
@@ -191,9 +194,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	case errors.Is(cause, errLockLost):
 		return j.infraError(ctx, errLockLost)
 	case errors.Is(cause, errUserCancel):
-		if j.out.Status == "" || j.out.Status == messages.StatusSucceeded {
-			j.out.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled on request")
-		}
+		j.out.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled on request")
 	case err != nil:
 		return j.infraError(ctx, err)
 	}

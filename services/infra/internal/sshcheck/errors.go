@@ -44,15 +44,6 @@ const (
 	ClassCanceled Class = "canceled"
 )
 
-// retryable reports whether another attempt may help after class.
-func (c Class) retryable() bool {
-	switch c {
-	case ClassOK, ClassAuth, ClassHostKeyMismatch, ClassCanceled:
-		return false
-	}
-	return true
-}
-
 // ErrNotPinned: the strict policy requires a pinned host key and the target
 // has none. Nothing was dialed.
 var ErrNotPinned = errors.New("strict host key policy: no host key pinned for the target")
