@@ -86,18 +86,6 @@ func advisoryLocks(t *testing.T, pool *pgxpool.Pool, key int64) []advisoryLock {
 	return out
 }
 
-// eventually polls cond every 20ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func acquire(t *testing.T, pool *pgxpool.Pool, job, target string, opts store.LockOptions) *store.RunLocks {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -191,7 +179,7 @@ func TestTargetLockSerialisesRuns(t *testing.T) {
 	<-waiting
 	// The second run is queued behind the first in Postgres.
 	target := store.TargetLockKey("web-1")
-	eventually(t, 10*time.Second, "second run queued for the target lock", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "second run queued for the target lock", func() bool {
 		rows := advisoryLocks(t, pool, target)
 		return len(rows) == 2 && rows[0].Granted && rows[0].PID == first.BackendPID() && !rows[1].Granted
 	})
@@ -244,7 +232,7 @@ func TestCancelledWaitLeavesNoLock(t *testing.T) {
 	}()
 	<-waiting
 	target := store.TargetLockKey("web-1")
-	eventually(t, 10*time.Second, "waiter queued", func() bool { return len(advisoryLocks(t, pool, target)) == 2 })
+	testenv.WaitFor(t, 10*time.Second, "waiter queued", func() bool { return len(advisoryLocks(t, pool, target)) == 2 })
 	cancel()
 	var err error
 	select {
@@ -296,7 +284,7 @@ func TestTerminatedSessionLosesLocks(t *testing.T) {
 	}
 	// Another instance gets both locks.
 	var b *store.RunLocks
-	eventually(t, 10*time.Second, "locks free after the session ended", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "locks free after the session ended", func() bool {
 		l, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-1", store.LockOptions{
 			OnWait: func() { t.Error("target lock still held by the terminated session") },
 		})
@@ -334,7 +322,7 @@ func TestRunLocksDieWithTheirProcess(t *testing.T) {
 	child := testenv.StartBinary(t, exe, testenv.BinaryEnv(
 		childDSNEnv+"="+dsn, childJobEnv+"=job-1", childTargetEnv+"=web-1"))
 	var pid uint32
-	eventually(t, 30*time.Second, "child holds the locks", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "child holds the locks", func() bool {
 		select {
 		case <-child.Exited():
 			t.Fatalf("child exited: %s", child.Stderr())
@@ -354,7 +342,7 @@ func TestRunLocksDieWithTheirProcess(t *testing.T) {
 
 	child.Signal(syscall.SIGKILL)
 	child.Wait(10 * time.Second)
-	eventually(t, 15*time.Second, "locks released after the holder was killed", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "locks released after the holder was killed", func() bool {
 		l, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-1", store.LockOptions{
 			OnWait: func() { t.Error("target lock outlived its killed holder") },
 		})

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -47,14 +46,14 @@ func TestSeveralConsumersNoLossNoDuplicates(t *testing.T) {
 			t.Fatalf("entry %d ran %d times", i, got)
 		}
 	}
-	waitFor(t, 10*time.Second, "all entries acknowledged", func() bool { return pendingCount(t, rdb, s, g) == 0 })
-	if got := testutil.ToFloat64(metricVec(t, reg, "autoprov_stream_acked_total", s)); got != n {
+	testenv.WaitFor(t, 10*time.Second, "all entries acknowledged", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	if got := metricSum(t, reg, "autoprov_stream_acked_total", s); got != n {
 		t.Fatalf("acked_total = %v, want %d", got, n)
 	}
 }
 
-// metricVec sums a counter family's samples for stream s.
-func metricVec(t *testing.T, reg *prometheus.Registry, name, s string) prometheus.Collector {
+// metricSum sums the samples of a counter or gauge family for stream s.
+func metricSum(t *testing.T, reg *prometheus.Registry, name, s string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -73,9 +72,7 @@ func metricVec(t *testing.T, reg *prometheus.Registry, name, s string) prometheu
 			}
 		}
 	}
-	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sum"})
-	g.Set(sum)
-	return g
+	return sum
 }
 
 func TestKilledConsumerEntryIsReclaimed(t *testing.T) {
@@ -114,7 +111,7 @@ func TestKilledConsumerEntryIsReclaimed(t *testing.T) {
 	if d := deliveries.Load(); d != 2 {
 		t.Fatalf("deliveries = %d, want 2", d)
 	}
-	waitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 }
 
 func TestLongJobIsNeverTakenFromLiveOwner(t *testing.T) {
@@ -152,7 +149,7 @@ func TestLongJobIsNeverTakenFromLiveOwner(t *testing.T) {
 	if sawCancel.Load() {
 		t.Fatal("the handler's context was cancelled: lease lost")
 	}
-	waitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 	if got := runs.Load(); got != 1 {
 		t.Fatalf("runs = %d, want 1", got)
 	}
@@ -177,7 +174,7 @@ func TestDeadLetterAtDeliveryLimit(t *testing.T) {
 		MaxDeliveries: 3, RetryBackoff: 10 * time.Millisecond, Metrics: stream.NewMetrics(reg),
 	}, h))
 	ids := publish(t, rdb, s, 1)
-	waitFor(t, 20*time.Second, "dead-letter entry", func() bool { return len(deadEntries(t, rdb, s)) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "dead-letter entry", func() bool { return len(deadEntries(t, rdb, s)) == 1 })
 	dead := deadEntries(t, rdb, s)[0]
 	want := map[string]string{
 		"data":                     "0",
@@ -195,7 +192,7 @@ func TestDeadLetterAtDeliveryLimit(t *testing.T) {
 	if e, _ := dead.Values[stream.DeadFieldError].(string); !strings.Contains(e, "boom") {
 		t.Errorf("dead_error = %q, want the handler's error", e)
 	}
-	waitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 	if got := calls.Load(); got != 3 {
 		t.Fatalf("handler called %d times, want 3", got)
 	}
@@ -204,7 +201,7 @@ func TestDeadLetterAtDeliveryLimit(t *testing.T) {
 	if fmt.Sprint(seen) != "[1 2 3]" {
 		t.Fatalf("deliveries seen %v, want [1 2 3]", seen)
 	}
-	if got := testutil.ToFloat64(metricVec(t, reg, "autoprov_stream_dead_lettered_total", s)); got != 1 {
+	if got := metricSum(t, reg, "autoprov_stream_dead_lettered_total", s); got != 1 {
 		t.Fatalf("dead_lettered_total = %v, want 1", got)
 	}
 }
@@ -240,7 +237,7 @@ func TestMalformedEntriesDeadLetterWithReason(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "three dead-letter entries", func() bool { return len(deadEntries(t, rdb, s)) == 3 })
+	testenv.WaitFor(t, 20*time.Second, "three dead-letter entries", func() bool { return len(deadEntries(t, rdb, s)) == 3 })
 	reasons := map[string]string{}
 	for _, d := range deadEntries(t, rdb, s) {
 		key, _ := d.Values["data"].(string)
@@ -258,7 +255,7 @@ func TestMalformedEntriesDeadLetterWithReason(t *testing.T) {
 			t.Errorf("dead entry %q: got %q, want prefix %q", key, reasons[key], want)
 		}
 	}
-	waitFor(t, 5*time.Second, "acks", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "acks", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 	// 1 (no data) + 1 (garbage) + 2 (panic) + 1 (ok)
 	if got := calls.Load(); got != 5 {
 		t.Fatalf("handler calls = %d, want 5", got)
@@ -316,7 +313,7 @@ func TestGracefulShutdownReleasesEntries(t *testing.T) {
 	if d := deliveries.Load(); d != 1 {
 		t.Fatalf("deliveries = %d, want 1 (the interrupted delivery is not counted)", d)
 	}
-	waitFor(t, 5*time.Second, "acks", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "acks", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 }
 
 func TestLeaseLostCancelsHandlerAndAcksNothing(t *testing.T) {
@@ -408,7 +405,7 @@ func TestOwnPendingEntriesReRunAtStart(t *testing.T) {
 	if runs["0"] != 1 || runs["2"] != 1 || len(runs) != 2 {
 		t.Fatalf("runs = %v, want entries 0 and 2 once", runs)
 	}
-	waitFor(t, 5*time.Second, "acks (the deleted entry too)", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "acks (the deleted entry too)", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 }
 
 func TestDeletedPendingEntriesAreDropped(t *testing.T) {
@@ -437,8 +434,8 @@ func TestDeletedPendingEntriesAreDropped(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("surviving entry not reclaimed")
 	}
-	waitFor(t, 5*time.Second, "empty pending list", func() bool { return pendingCount(t, rdb, s, g) == 0 })
-	if got := testutil.ToFloat64(metricVec(t, reg, "autoprov_stream_deleted_pending_total", s)); got != 1 {
+	testenv.WaitFor(t, 5*time.Second, "empty pending list", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	if got := metricSum(t, reg, "autoprov_stream_deleted_pending_total", s); got != 1 {
 		t.Fatalf("deleted_pending_total = %v, want 1", got)
 	}
 	if runs, _ := rec.snapshot(); runs["1"] != 1 || len(runs) != 1 {
@@ -452,7 +449,7 @@ func TestGroupRecreatedAfterRedisLostData(t *testing.T) {
 	rec := newRecorder(2)
 	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Block: 50 * time.Millisecond}, rec))
 	publish(t, rdb, s, 1)
-	waitFor(t, 10*time.Second, "first entry", func() bool { _, n := rec.snapshot(); return n == 1 })
+	testenv.WaitFor(t, 10*time.Second, "first entry", func() bool { _, n := rec.snapshot(); return n == 1 })
 	// The stream and its group vanish (Redis restarted without persistence).
 	if err := rdb.Del(context.Background(), s).Err(); err != nil {
 		t.Fatal(err)
@@ -513,7 +510,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 					}
 				}
 			}()
-			waitFor(t, 30*time.Second, "a third of the entries", func() bool { _, got := rec.snapshot(); return got > n/3 })
+			testenv.WaitFor(t, 30*time.Second, "a third of the entries", func() bool { _, got := rec.snapshot(); return got > n/3 })
 			if kill {
 				srv.Kill()
 				time.Sleep(300 * time.Millisecond)
@@ -522,7 +519,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 				srv.Restart(300 * time.Millisecond)
 			}
 			<-published
-			waitFor(t, 60*time.Second, "every entry processed", func() bool {
+			testenv.WaitFor(t, 60*time.Second, "every entry processed", func() bool {
 				runs, _ := rec.snapshot()
 				return len(runs) == n
 			})
@@ -533,7 +530,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 				}
 			}
 			t.Logf("%d entries, %d handler runs (%d repeated after the restart)", n, total, total-n)
-			waitFor(t, 20*time.Second, "all acknowledged", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+			testenv.WaitFor(t, 20*time.Second, "all acknowledged", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 		})
 	}
 }

@@ -181,18 +181,6 @@ func newConsumer(t testing.TB, rdb redis.UniversalClient, cfg stream.Config, h s
 	return c
 }
 
-// waitFor polls cond every 10ms until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // pendingCount returns the group's pending entries count.
 func pendingCount(t testing.TB, rdb redis.UniversalClient, s, g string) int64 {
 	t.Helper()

@@ -62,7 +62,7 @@ func TestTrimNeverDropsWhatAGroupHasNotRead(t *testing.T) {
 	for _, m := range read("slow", 1000) {
 		rdb.XAck(ctx, s, "slow", m.ID)
 	}
-	rdb.XAck(ctx, s, "slow", idStrings(ids[100:300])...)
+	rdb.XAck(ctx, s, "slow", ids[100:300]...)
 	minID, err = stream.SafeMinID(ctx, rdb, s)
 	if err != nil {
 		t.Fatal(err)
@@ -75,8 +75,6 @@ func TestTrimNeverDropsWhatAGroupHasNotRead(t *testing.T) {
 		t.Fatalf("trim after all read: removed=%d err=%v", n, err)
 	}
 }
-
-func idStrings(ids []string) []string { return ids }
 
 func nextID(t *testing.T, id string) string {
 	t.Helper()

@@ -190,3 +190,16 @@ func InCI() bool {
 	v := strings.ToLower(os.Getenv("CI"))
 	return v != "" && v != "false" && v != "0"
 }
+
+// WaitFor polls cond every 20ms until it holds, and fails the test when
+// timeout passes first, naming what it waited for.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -201,7 +201,7 @@ func runThroughService(b *testing.B, e *e2e, sshds []*testenv.SSHD) (time.Durati
 	for i := range benchRuns {
 		e.provision(fmt.Sprintf("bench-job-%d", i), fmt.Sprintf("bench-%d", i%len(sshds)))
 	}
-	waitFor(b, 10*time.Minute, "all results", func() bool {
+	testenv.WaitFor(b, 10*time.Minute, "all results", func() bool {
 		return len(e.results(messages.StreamProvisionerResults)) >= benchRuns
 	})
 	wall := time.Since(start)
@@ -225,24 +225,20 @@ func overheadQuantiles(b *testing.B, logs string) []quantiles {
 		if !strings.Contains(line, `"message":"job finished"`) {
 			continue
 		}
-		var rec map[string]float64
-		var raw map[string]any
-		if json.Unmarshal([]byte(line), &raw) != nil {
-			continue
+		var rec struct {
+			Start  *float64 `json:"overhead_start_ms"`
+			SSH    float64  `json:"ssh_check_ms"`
+			Lock   float64  `json:"lock_wait_ms"`
+			Finish float64  `json:"overhead_finish_ms"`
 		}
-		rec = map[string]float64{}
-		for k, v := range raw {
-			if f, ok := v.(float64); ok {
-				rec[k] = f
-			}
+		if json.Unmarshal([]byte(line), &rec) != nil || rec.Start == nil {
+			continue // no playbook ran for that job
 		}
-		if _, ok := rec["overhead_start_ms"]; !ok {
-			continue
-		}
-		for _, k := range []string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_finish_ms"} {
-			fields[k] = append(fields[k], rec[k])
-		}
-		fields["overhead_own_ms"] = append(fields["overhead_own_ms"], rec["overhead_start_ms"]-rec["ssh_check_ms"]-rec["lock_wait_ms"])
+		fields["overhead_start_ms"] = append(fields["overhead_start_ms"], *rec.Start)
+		fields["ssh_check_ms"] = append(fields["ssh_check_ms"], rec.SSH)
+		fields["lock_wait_ms"] = append(fields["lock_wait_ms"], rec.Lock)
+		fields["overhead_finish_ms"] = append(fields["overhead_finish_ms"], rec.Finish)
+		fields["overhead_own_ms"] = append(fields["overhead_own_ms"], *rec.Start-rec.SSH-rec.Lock)
 	}
 	var out []quantiles
 	for _, k := range []string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_own_ms", "overhead_finish_ms"} {

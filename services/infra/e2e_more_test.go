@@ -172,7 +172,7 @@ func TestSecretsLeakNowhere(t *testing.T) {
 		GitHubTokenRef: "vault:secret/gh#token", SecretsRef: "vault:secret/projects/p1",
 	})
 	var r *messages.AnsibleDeployResult
-	waitFor(t, time.Minute, "the deploy result", func() bool {
+	testenv.WaitFor(t, time.Minute, "the deploy result", func() bool {
 		if rs := e.deployResults("deploy-1"); len(rs) > 0 {
 			r = rs[0]
 			return true

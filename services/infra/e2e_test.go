@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -156,8 +154,7 @@ func TestUnreachableServerIsMarkedAndNothingRuns(t *testing.T) {
 	// Three attempts, with growing delays between them.
 	var delays []int
 	for _, line := range strings.Split(p.Stderr(), "\n") {
-		if strings.Contains(line, `"message":"ssh check attempt"`) && strings.Contains(line, `"job_id":"job-down"`) ||
-			strings.Contains(line, `"message":"ssh check attempt"`) {
+		if strings.Contains(line, `"message":"ssh check attempt"`) {
 			var rec struct {
 				Attempt int `json:"attempt"`
 				DelayMS int `json:"delay_ms"`
@@ -236,12 +233,12 @@ func TestKilledInfraRunIsTakenOverOnce(t *testing.T) {
 	e.control("web-1", map[string]any{"sleep": 6})
 	a := e.infra()
 	e.provision("job-k", "web-1")
-	waitFor(t, time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
+	testenv.WaitFor(t, time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
 
 	a.Signal(syscall.SIGKILL)
 	a.Wait(10 * time.Second)
 	// The guard kills the play with its infra process: nothing of it lives on.
-	waitFor(t, 10*time.Second, "the killed instance's play to die", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the killed instance's play to die", func() bool {
 		return len(processesMentioning(e.runRoot)) == 0
 	})
 	killedAt := time.Now()
@@ -282,7 +279,7 @@ func TestBadMessagesAreRejectedAndDeadLettered(t *testing.T) {
 	e.publish(messages.StreamAnsibleDeployQueue, &messages.AnsibleDeployMessage{
 		RequestMeta: messages.RequestMeta{JobID: "deploy-bad"}, ProjectID: "not-a-uuid", RepoFullName: "x", ServerIP: "999.1.1.1", Port: 70000,
 	})
-	waitFor(t, 30*time.Second, "three dead letters", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "three dead letters", func() bool {
 		return e.rdb.XLen(ctx, messages.StreamProvisionerQueue+":dead").Val() == 2 &&
 			e.rdb.XLen(ctx, messages.StreamAnsibleDeployQueue+":dead").Val() == 1
 	})
@@ -325,7 +322,7 @@ func TestCancelStopsTheRunAndItsProcesses(t *testing.T) {
 	e.control("web-1", map[string]any{"sleep": 60})
 	e.infra()
 	e.provision("job-c", "web-1")
-	waitFor(t, time.Minute, "the run to start", func() bool { return len(e.spans("web-1")) == 1 })
+	testenv.WaitFor(t, time.Minute, "the run to start", func() bool { return len(e.spans("web-1")) == 1 })
 	if err := e.rdb.Set(context.Background(), messages.CancelKey("job-c"), "1", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +330,7 @@ func TestCancelStopsTheRunAndItsProcesses(t *testing.T) {
 	if r.Status != messages.StatusCancelled || r.Error == nil || r.Error.Kind != messages.KindCancelled {
 		t.Fatalf("result = %s %+v", r.Status, r.Error)
 	}
-	waitFor(t, 10*time.Second, "the play's processes to be gone", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the play's processes to be gone", func() bool {
 		return len(processesMentioning(e.runRoot)) == 0 && len(processesMentioning("sleep 60")) == 0
 	})
 	assertRunRootEmpty(t, e.runRoot)
@@ -360,7 +357,7 @@ func TestTimeLimitsStopStuckRuns(t *testing.T) {
 			if r.Status != messages.StatusFailed || r.Error == nil || r.Error.Kind != tt.kind {
 				t.Fatalf("result = %s %+v", r.Status, r.Error)
 			}
-			waitFor(t, 10*time.Second, "the play's processes to be gone", func() bool {
+			testenv.WaitFor(t, 10*time.Second, "the play's processes to be gone", func() bool {
 				return len(processesMentioning(e.runRoot)) == 0
 			})
 			if s := e.server("web-1"); s.Status != store.ServerFailed {
@@ -381,7 +378,7 @@ func TestRedeliveredFinishedJobRepublishesItsResult(t *testing.T) {
 	// The producer sends the same job again (a retry after a timeout, or
 	// go-redis repeating an XADD): it is not run again.
 	e.provision("job-r", "web-1")
-	waitFor(t, 30*time.Second, "the second result", func() bool { return len(e.provisionResults("job-r")) == 2 })
+	testenv.WaitFor(t, 30*time.Second, "the second result", func() bool { return len(e.provisionResults("job-r")) == 2 })
 	rs := e.provisionResults("job-r")
 	if rs[0].StartedAt != rs[1].StartedAt || rs[1].Status != first.Status || rs[1].RequestID != first.RequestID {
 		t.Errorf("republished result differs: %+v vs %+v", rs[0].Outcome, rs[1].Outcome)
@@ -455,17 +452,13 @@ func assertRunRootEmpty(t *testing.T, root string) {
 	}
 }
 
-var lineRE = regexp.MustCompile(`(?m)^.*$`)
-
 // grepLines returns the lines of s that contain sub.
 func grepLines(s, sub string) string {
 	var b strings.Builder
-	for _, l := range lineRE.FindAllString(s, -1) {
+	for _, l := range strings.Split(s, "\n") {
 		if strings.Contains(l, sub) {
 			b.WriteString(l + "\n")
 		}
 	}
 	return b.String()
 }
-
-var _ = strconv.Itoa

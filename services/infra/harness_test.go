@@ -274,7 +274,7 @@ func (e *e2e) provisionResults(jobID string) []*messages.ProvisionerResult {
 func (e *e2e) waitProvision(jobID string, timeout time.Duration) *messages.ProvisionerResult {
 	e.t.Helper()
 	var got *messages.ProvisionerResult
-	waitFor(e.t, timeout, "result of "+jobID, func() bool {
+	testenv.WaitFor(e.t, timeout, "result of "+jobID, func() bool {
 		if rs := e.provisionResults(jobID); len(rs) > 0 {
 			got = rs[0]
 			return true
@@ -374,18 +374,6 @@ func assertNoOverlap(t *testing.T, spans []span) {
 		if prev.end != 0 && cur.start < prev.end {
 			t.Errorf("runs overlap on one server: %+v and %+v", prev, cur)
 		}
-	}
-}
-
-// waitFor polls cond every 50ms until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -197,18 +197,6 @@ func assertNothingLeft(t testing.TB, pgid int, runDir string) {
 	}
 }
 
-// waitFor polls cond every 20ms until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // masterOutsideGroup tells whether an ssh ControlPersist master of the run
 // (it left the process group by setsid) is up.
 func masterOutsideGroup(pgid int, runDir string) bool {

@@ -125,7 +125,7 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	if pgid == 0 {
 		t.Fatalf("helper never reached the Sleep task")
 	}
-	waitFor(t, time.Minute, "the ssh ControlPersist master", func() bool { return masterOutsideGroup(pgid, runDir) })
+	testenv.WaitFor(t, time.Minute, "the ssh ControlPersist master", func() bool { return masterOutsideGroup(pgid, runDir) })
 	time.Sleep(300 * time.Millisecond) // the module starts on the target
 	members := groupMembers(pgid)
 	t.Logf("group before the kill:%s%s", processDesc(members), processDesc(processesReferring(runDir)))
@@ -135,7 +135,7 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-exited
-	waitFor(t, 5*time.Second, "the process group and the ssh master to go", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the process group and the ssh master to go", func() bool {
 		return len(groupMembers(pgid)) == 0 && len(processesReferring(runDir)) == 0
 	})
 	t.Logf("everything gone %s after SIGKILL of the service process", time.Since(killed).Round(time.Millisecond))

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 func TestSweepLeftovers(t *testing.T) {
@@ -44,7 +46,7 @@ func TestSweepLeftovers(t *testing.T) {
 		_ = syscall.Kill(-straggler.Process.Pid, syscall.SIGKILL)
 		<-exited
 	})
-	waitFor(t, 10*time.Second, "the straggler", func() bool { return len(processesReferring(left)) > 0 })
+	testenv.WaitFor(t, 10*time.Second, "the straggler", func() bool { return len(processesReferring(left)) > 0 })
 
 	// Things the sweep must leave alone.
 	live, err := r.newRunDir("live") // locked by this process
