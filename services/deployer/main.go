@@ -1,5 +1,6 @@
 // Command deployer is the HTTP front door for deployments. It is configured
-// by environment variables: `deployer --help` lists them.
+// by environment variables: `deployer --help` lists them. `deployer keys
+// ...` manages API keys.
 package main
 
 import (
@@ -29,6 +30,12 @@ func main() {
 // runs the service until ctx is done.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg := app.NewConfig()
+	if len(args) > 0 && args[0] == "keys" {
+		if err := service.Load(getenv, cfg); err != nil {
+			return err
+		}
+		return app.KeysCLI(ctx, cfg, args[1:], stdout)
+	}
 	if err := service.ParseArgs(args, stdout, app.Name, app.Summary, cfg); err != nil {
 		return err // ErrHelp after --help: exit status 0
 	}

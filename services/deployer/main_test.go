@@ -64,6 +64,7 @@ func TestBinary(t *testing.T) {
 			"REDIS_URL="+testenv.RedisURL(t),
 			"DATABASE_URL="+dsn,
 			"ADMIN_ADDR="+admin,
+			"API_ADDR=127.0.0.1:0",
 			"LOG_FORMAT=json",
 		))
 

@@ -5,6 +5,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
 
 // Deps are the resources Run opens and hands to the service's components.
@@ -26,14 +28,24 @@ type Deps struct {
 	Redis   redis.UniversalClient
 	Metrics *prometheus.Registry
 	Admin   *service.Admin // for extra readiness checks and endpoints
+	// Streams replaces the wire contract's stream names (tests); zero
+	// means the defaults.
+	Streams deployments.Streams
+	// Resolver resolves webhook host names; nil means the system's.
+	Resolver *net.Resolver
 }
 
 // Components returns the service's long-running parts, in the order
-// service.RunComponents documents: they are stopped in reverse order, so
-// list what feeds work in (stream consumers) last. Features of the service
-// add their components here.
-func Components(_ context.Context, _ Deps) ([]service.Component, error) {
-	return nil, nil
+// service.RunComponents documents: they are stopped in reverse order. The
+// API comes last, so it stops first (no new requests; streams end with a
+// retry hint), then the stream consumers, then what they feed (webhook
+// deliveries, the event hub, notifications).
+func Components(ctx context.Context, d Deps) ([]service.Component, error) {
+	parts, err := Build(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return parts.Components(), nil
 }
 
 // Run runs the service until ctx is done, then shuts it down within
