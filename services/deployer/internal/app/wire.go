@@ -112,9 +112,11 @@ func Build(ctx context.Context, d Deps) (*Parts, error) {
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
 		Deployments: p.Deployments, Keys: keys, Auth: authn, Forget: authn.Forget,
-		Limiter:  auth.NewLimiter(d.Redis, "deployer:rate:", cfg.API.RateLimit, cfg.API.RateBurst),
-		Hub:      p.Hub, Logs: logs,
-		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) { return webhooks.ListForDeployment(ctx, d.DB, id) },
+		Limiter: auth.NewLimiter(d.Redis, "deployer:rate:", cfg.API.RateLimit, cfg.API.RateBurst),
+		Hub:     p.Hub, Logs: logs,
+		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
+			return webhooks.ListForDeployment(ctx, d.DB, id)
+		},
 		WebhookSecret: secretFn,
 		Fleet:         fleet.New(d.DB, fleet.Options{}),
 		Logger:        log, Registerer: d.Metrics,

@@ -221,10 +221,10 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
 				modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at)
-			VALUES ($1, $1::text, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
+			VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
 				$12, NULLIF($13, ''), $14)`,
 			id.String(), nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
-			r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now); err != nil {
+			r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now, id.String()); err != nil {
 			return err
 		}
 		if idempotencyKey != "" {
