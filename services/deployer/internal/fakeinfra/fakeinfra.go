@@ -37,6 +37,8 @@ type Plan struct {
 	Status messages.Status
 	// Output is the run's output (default: a line per task).
 	Output string
+	// EventMessage is put in each host event (to make events big).
+	EventMessage string
 }
 
 // Infra is the stand-in.
@@ -146,7 +148,7 @@ func (f *Infra) handle(ctx context.Context, msg *stream.Message) error {
 		if plan.TaskDelay > 0 {
 			time.Sleep(plan.TaskDelay)
 		}
-		ev.emit(ctx, messages.ProgressEvent{Type: messages.EventHostChanged, Play: "Deploy the project", Task: task, Host: "srv-1"})
+		ev.emit(ctx, messages.ProgressEvent{Type: messages.EventHostChanged, Play: "Deploy the project", Task: task, Host: "srv-1", Message: plan.EventMessage})
 		fmt.Fprintf(&out, "TASK [%s] ***\nchanged: [srv-1]\n", task)
 		changed++
 		cancelled = isCancelled()

@@ -223,7 +223,7 @@ func (g *Guard) CheckURL(raw string) error {
 			return errors.New("must have a port between 1 and 65535")
 		}
 	}
-	host := strings.Trim(u.Hostname(), "[]")
+	host := strings.TrimSuffix(strings.Trim(u.Hostname(), "[]"), ".")
 	if a, err := netip.ParseAddr(host); err == nil {
 		if a.Zone() != "" {
 			return errors.New("must not have an IPv6 zone")
