@@ -243,6 +243,8 @@ func TestSubmitAndGet(t *testing.T) {
 		final = dt.JSON[deployments.Deployment](t, body)
 		return final.Status == deployments.StatusSucceeded
 	})
+	_, finalBody := e.Do("GET", d.Links.Self, e.CI, nil)
+	dt.CheckSchema(t, "Deployment", finalBody)
 	if final.Result == nil || final.Result.Hosts["srv-1"].Changed != 1 || final.StartedAt == nil || final.FinishedAt == nil {
 		t.Errorf("final deployment: %+v", final)
 	}

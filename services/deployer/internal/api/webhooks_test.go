@@ -77,6 +77,8 @@ func TestWebhooks(t *testing.T) {
 		list = dt.JSON[deliveries](t, body)
 		return len(list.Items) == 1 && list.Items[0].State == webhooks.StateDelivered
 	})
+	_, listBody := e2.Do("GET", d.Links.Webhooks, e.CI, nil)
+	dt.CheckSchema(t, "DeliveryList", listBody)
 	w := list.Items[0]
 	if w.Attempts < 3 || len(w.History) != w.Attempts || w.Event != "deployment.finished" {
 		t.Fatalf("delivery %+v", w)
@@ -111,6 +113,7 @@ func TestWebhooks(t *testing.T) {
 			t.Errorf("request %d went to %s", i, r.URL)
 		}
 	}
+	dt.CheckSchema(t, "WebhookBody", recv.bodies[len(recv.bodies)-1])
 	payload := dt.JSON[deployments.WebhookBody](t, recv.bodies[len(recv.bodies)-1])
 	if payload.Deployment == nil || payload.Deployment.ID != d.ID || payload.Deployment.Status != deployments.StatusSucceeded {
 		t.Errorf("payload %s", recv.bodies[len(recv.bodies)-1])

@@ -59,4 +59,3 @@ func DNSServer(t *testing.T, addr netip.Addr) (*net.Resolver, *atomic.Int32) {
 	}}
 	return r, &queries
 }
-

@@ -56,19 +56,19 @@ func TestGuardRefusesNonPublicAddresses(t *testing.T) {
 func TestCheckURL(t *testing.T) {
 	g := webhooks.NewGuard(nil)
 	for raw, ok := range map[string]bool{
-		"https://ci.example.com/hooks/deploy?token=1": true,
-		"http://ci.example.com:8080/x":                true,
-		"http://127.0.0.1/x":                          false,
-		"http://localhost/x":                          false,
-		"http://[::1]:80/x":                           false,
-		"http://169.254.169.254/latest/meta-data/":    false,
-		"http://[fe80::1%25eth0]/":                    false,
-		"ftp://ci.example.com/":                       false,
-		"https://user:pw@ci.example.com/":             false,
-		"https:///nohost":                             false,
-		"https://ci.example.com/#frag":                false,
-		"https://ci.example.com:99999/":               false,
-		"/relative":                                   false,
+		"https://ci.example.com/hooks/deploy?token=1":         true,
+		"http://ci.example.com:8080/x":                        true,
+		"http://127.0.0.1/x":                                  false,
+		"http://localhost/x":                                  false,
+		"http://[::1]:80/x":                                   false,
+		"http://169.254.169.254/latest/meta-data/":            false,
+		"http://[fe80::1%25eth0]/":                            false,
+		"ftp://ci.example.com/":                               false,
+		"https://user:pw@ci.example.com/":                     false,
+		"https:///nohost":                                     false,
+		"https://ci.example.com/#frag":                        false,
+		"https://ci.example.com:99999/":                       false,
+		"/relative":                                           false,
 		"https://ci.example.com/" + strings.Repeat("a", 3000): false,
 	} {
 		if err := g.CheckURL(raw); (err == nil) != ok {
