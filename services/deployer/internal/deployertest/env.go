@@ -98,7 +98,11 @@ func Start(t testing.TB, o Options) *Env {
 	if err := service.Load(func(k string) string { return env[k] }, cfg); err != nil {
 		t.Fatal(err)
 	}
-	log := zerolog.New(e.Logs).With().Timestamp().Logger()
+	level, err := zerolog.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zerolog.New(e.Logs).Level(level).With().Timestamp().Logger()
 	ctx, cancel := context.WithCancel(context.Background())
 	parts, err := app.Build(ctx, app.Deps{Config: cfg, Logger: log, DB: e.DB, Redis: e.Redis,
 		Metrics: prometheus.NewRegistry(), Streams: e.Streams, Resolver: o.Resolver})

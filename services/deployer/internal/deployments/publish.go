@@ -163,6 +163,9 @@ func (s *Service) ObserverHandler() stream.Handler {
 			return nil // infra rejects it; its result creates the deployment
 		}
 		jobID := m.JobIDOr(msg.ID)
+		if s.own.has(jobID) {
+			return nil // published by this replica: stored already
+		}
 		var timeout *int
 		if m.TimeoutSeconds > 0 {
 			timeout = &m.TimeoutSeconds
@@ -180,4 +183,34 @@ func (s *Service) ObserverHandler() stream.Handler {
 		}
 		return nil
 	})
+}
+
+// recentSet remembers the last n strings added.
+type recentSet struct {
+	mu   sync.Mutex
+	set  map[string]struct{}
+	ring []string
+	next int
+}
+
+func newRecentSet(n int) *recentSet {
+	return &recentSet{set: make(map[string]struct{}, n), ring: make([]string, n)}
+}
+
+func (r *recentSet) add(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old := r.ring[r.next]; old != "" {
+		delete(r.set, old)
+	}
+	r.ring[r.next] = s
+	r.set[s] = struct{}{}
+	r.next = (r.next + 1) % len(r.ring)
+}
+
+func (r *recentSet) has(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.set[s]
+	return ok
 }

@@ -62,6 +62,7 @@ type Service struct {
 	now      func() time.Time
 	marker   *publishMarker
 	metrics  *metrics
+	own      *recentSet // job ids this replica published lately (the observer skips them)
 }
 
 // New returns a Service.
@@ -86,6 +87,7 @@ func New(db *pgxpool.Pool, rdb redis.UniversalClient, producer *stream.Producer,
 	s := &Service{db: db, rdb: rdb, producer: producer, notifier: notifier, cfg: cfg,
 		log: log.With().Str("component", "deployments").Logger(), now: time.Now, metrics: m}
 	s.marker = newPublishMarker(db, s.log)
+	s.own = newRecentSet(100_000)
 	return s, nil
 }
 
@@ -193,9 +195,26 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 	r.ProjectID, r.Branch, r.ServerIP, r.Modules = msg.ProjectID, msg.Branch, msg.ServerIP, msg.Modules
 	hash := requestHash(&r)
 
+	var timeout *int
+	if r.Options.TimeoutSeconds > 0 {
+		timeout = &r.Options.TimeoutSeconds
+	}
+	insert := func(q store.Querier) error {
+		_, err := q.Exec(ctx, `
+			INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
+				modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at)
+			VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
+				$12, NULLIF($13, ''), $14)`,
+			id.String(), nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
+			r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now, id.String())
+		return err
+	}
 	var existing string
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if idempotencyKey != "" {
+	if idempotencyKey == "" {
+		// One statement, one round trip: the common case.
+		err = insert(s.db)
+	} else {
+		err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 			// Concurrent retries with one key queue up on this lock; the
 			// first stores the deployment, the others find it.
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, idemLockKey(keyID, idempotencyKey)); err != nil {
@@ -213,28 +232,14 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 			case !errors.Is(err, pgx.ErrNoRows):
 				return err
 			}
-		}
-		var timeout *int
-		if r.Options.TimeoutSeconds > 0 {
-			timeout = &r.Options.TimeoutSeconds
-		}
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
-				modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at)
-			VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
-				$12, NULLIF($13, ''), $14)`,
-			id.String(), nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
-			r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now, id.String()); err != nil {
-			return err
-		}
-		if idempotencyKey != "" {
-			if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)`,
-				keyID, idempotencyKey, hash, id); err != nil {
+			if err := insert(tx); err != nil {
 				return err
 			}
-		}
-		return nil
-	})
+			_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)`,
+				keyID, idempotencyKey, hash, id)
+			return err
+		})
+	}
 	if errors.Is(err, ErrIdempotencyMismatch) {
 		return nil, err
 	}
@@ -275,6 +280,7 @@ func (s *Service) publish(ctx context.Context, id string, msg *messages.AnsibleD
 		return
 	}
 	s.marker.mark(id, entry)
+	s.own.add(id)
 }
 
 func requestHash(r *Request) []byte {
