@@ -32,6 +32,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -546,7 +547,23 @@ func (e *execution) touch() { e.lastActivity.Store(time.Now().UnixNano()) }
 
 func (e *execution) readOutput() {
 	defer close(e.outDone)
-	readLines(e.outR, maxOutputLine, e.touch, e.tail.add)
+	out := e.spec.Output
+	if out == nil {
+		readLines(e.outR, maxOutputLine, e.touch, e.tail.add)
+		return
+	}
+	redact := e.spec.Redact
+	if redact == nil {
+		redact = func(s string) string { return s }
+	}
+	readLines(e.outR, maxOutputLine, e.touch, func(line []byte, long bool) {
+		e.tail.add(line, long)
+		text := redact(string(line))
+		if long {
+			text += " …[cut]"
+		}
+		_, _ = io.WriteString(out, text+"\n") // best effort: the full log is informative
+	})
 }
 
 func (e *execution) readEvents() {

@@ -3,6 +3,7 @@ package ansible
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -60,6 +61,13 @@ type Spec struct {
 	Redact func(string) string
 	// Timeout is the wall-clock limit of this run; 0 means Config.Timeout.
 	Timeout time.Duration
+	// TimeoutCap, when positive, lowers the wall-clock limit to it (a
+	// request's own timeout_seconds); it never raises the limit.
+	TimeoutCap time.Duration
+	// Output, when set, receives the whole output of the run (stdout and
+	// stderr), redacted line by line; lines longer than 64 KiB are cut. Run
+	// returns only after the last write.
+	Output io.Writer
 	// IdleTimeout is the longest time without output (stdout, stderr or
 	// events); 0 means Config.IdleTimeout.
 	IdleTimeout time.Duration
@@ -185,6 +193,9 @@ func (r *Runner) validateSpec(spec *Spec) (pinnedKey, error) {
 	}
 	if spec.Timeout == 0 {
 		spec.Timeout = r.cfg.Timeout
+	}
+	if spec.TimeoutCap > 0 && spec.TimeoutCap < spec.Timeout {
+		spec.Timeout = spec.TimeoutCap
 	}
 	if spec.IdleTimeout == 0 {
 		spec.IdleTimeout = r.cfg.IdleTimeout

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -108,6 +109,10 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 		consumerName = stream.DefaultConsumerName()
 	}
 	streamMetrics := stream.NewMetrics(d.Metrics)
+	runLogs, err := runlog.Open(ctx, cfg.RunLog, d.DB)
+	if err != nil {
+		return nil, err
+	}
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
@@ -129,6 +134,7 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 		SSH:      checker,
 		Runner:   runner,
 		Provider: provider,
+		RunLogs:  runLogs,
 		Log:      log,
 		Metrics:  jobs.NewMetrics(d.Metrics),
 	})

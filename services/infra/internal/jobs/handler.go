@@ -38,6 +38,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -122,9 +123,12 @@ type Deps struct {
 	SSH      SSHChecker
 	Runner   Runner
 	Provider Provider // nil when no Time4VPS account is configured
-	Log      zerolog.Logger
-	Metrics  *Metrics
-	Now      func() time.Time
+	// RunLogs keeps the whole redacted output of every run (pkg/runlog);
+	// nil keeps only the result's output tail.
+	RunLogs runlog.Store
+	Log     zerolog.Logger
+	Metrics *Metrics
+	Now     func() time.Time
 }
 
 // Handler handles the entries of provisioner:queue and ansible:deploy:queue.
