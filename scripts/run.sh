@@ -90,8 +90,8 @@ if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; th
 	# Docker comes from Debian's mirror, the one the target can reach.
 	host_addr=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["host_addr"])' <<<"$info")
 	target_root=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["root"])' <<<"$info")
-	# The demo deployment fetches its project from a git repository served
-	# (dumb HTTP) on the target's side of its veth.
+	# The demo deployment fetches its project from a git server (smart HTTP)
+	# on the target's side of its veth.
 	git_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 	cat >"$RUN/site-vars.json" <<JSON
 {"autoprov_manage_kernel": false, "docker_install_source": "debian",
