@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,10 +137,11 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json"}
-	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), testenv.BinaryEnv(append(common,
+	infraEnv := testenv.BinaryEnv(append(common,
 		fmt.Sprintf("ADMIN_ADDR=127.0.0.1:%d", testenv.FreePort(t)),
 		"PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot, "PLAYBOOK_VARS_FILE="+siteVars,
-		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=file:id_ed25519", "AUTOPROV_SECRET_GH="+token)...))
+		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=file:id_ed25519", "AUTOPROV_SECRET_GH="+token)...)
+	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
 	api := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	deployer := testenv.StartBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(append(common, "API_ADDR="+api, "ADMIN_ADDR="+admin)...))
@@ -213,9 +215,54 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		t.Errorf("compose was not called on the target: %v %s", err, got)
 	}
 
+	// Cancel while running: a release that never comes up keeps the play
+	// waiting; the cancel key stops it.
+	code, resp2 := call("POST", "/deployments", strings.Replace(body, "acme/shop", "acme/broken", 1))
+	if code != 202 {
+		t.Fatalf("submit broken: %d %s", code, resp2)
+	}
+	var running struct{ ID, Status string }
+	_ = json.Unmarshal([]byte(resp2), &running)
+	testenv.WaitFor(t, 5*time.Minute, "the broken release to be waited for", func() bool {
+		got, _ := os.ReadFile(tgt.Path("/var/log/docker-standin.log"))
+		return strings.Count(string(got), " up ") >= 2
+	})
+	if code, r := call("DELETE", "/deployments/"+running.ID, ""); code != 202 {
+		t.Fatalf("cancel running: %d %s", code, r)
+	}
+	code, resp2 = call("GET", "/deployments/"+running.ID+"?wait=3m", "")
+	if err := json.Unmarshal([]byte(resp2), &running); err != nil || code != 200 || running.Status != "cancelled" {
+		t.Fatalf("cancelled running deployment: %d %s", code, resp2)
+	}
+
+	// Cancel while queued: with infra stopped, the deployment is cancelled
+	// at once; infra, started again, publishes the cancelled result and
+	// never runs it.
+	infra.Signal(syscall.SIGTERM)
+	if c := infra.Wait(time.Minute); c != 0 {
+		t.Errorf("infra exit %d", c)
+	}
+	code, resp3 := call("POST", "/deployments", body)
+	var queued struct{ ID, JobID, Status string }
+	if err := json.Unmarshal([]byte(resp3), &queued); err != nil || code != 202 {
+		t.Fatalf("submit: %d %s", code, resp3)
+	}
+	if code, r := call("DELETE", "/deployments/"+queued.ID, ""); code != 200 || !strings.Contains(r, `"status":"cancelled"`) {
+		t.Fatalf("cancel queued: %d %s", code, r)
+	}
+	infra2 := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
+	testenv.WaitFor(t, 2*time.Minute, "infra to publish the stored cancelled result", func() bool {
+		return strings.Contains(infra2.Stderr(), "publishing its stored result again")
+	})
+	var owner *string
+	var state string
+	if err := conn.QueryRow(ctx, `SELECT owner, state FROM runs WHERE job_id = $1`, queued.ID).Scan(&owner, &state); err != nil || owner != nil || state != "done" {
+		t.Errorf("the cancelled job's run: owner %v, state %q, %v (it must never have started)", owner, state, err)
+	}
+
 	// The token is nowhere but where it belongs.
 	header := base64.StdEncoding.EncodeToString([]byte("x-access-token:" + token))
-	places := map[string]string{"deployment": resp, "log": log, "infra logs": infra.Stderr(), "deployer logs": deployer.Stderr()}
+	places := map[string]string{"deployment": resp, "log": log, "infra logs": infra.Stderr() + infra2.Stderr(), "deployer logs": deployer.Stderr()}
 	rows, err := conn.Query(ctx, `SELECT 'deployments', row_to_json(d)::text FROM deployments d
 		UNION ALL SELECT 'runs', row_to_json(r)::text FROM runs r UNION ALL SELECT 'run_logs', encode(content, 'base64') FROM run_logs`)
 	if err != nil {
@@ -261,6 +308,14 @@ func gitServer(t *testing.T, addr, token string) (string, func() int32) {
 	git("-C", work, "add", "-A")
 	git("-C", work, "commit", "-q", "-m", "release")
 	git("clone", "-q", "--bare", work, bare)
+	// acme/broken: a release whose stack never comes up (the docker
+	// stand-in serves nothing for it), so its deploy waits, then rolls back.
+	if err := os.WriteFile(filepath.Join(work, "standin-fail"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git("-C", work, "add", "-A")
+	git("-C", work, "commit", "-q", "-m", "broken release")
+	git("clone", "-q", "--bare", work, filepath.Join(dir, "repos", "acme", "broken.git"))
 	execPath, err := exec.Command("git", "--exec-path").Output()
 	if err != nil {
 		t.Fatal(err)
