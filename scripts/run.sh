@@ -31,7 +31,11 @@ RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
 
-declare -A ADMIN=([scheduler]=127.0.0.1:9101 [infra]=127.0.0.1:9102 [deployer]=127.0.0.1:9103)
+# Ports may be moved to run two checkouts side by side, e.g.
+#   REDIS_PORT=16391 PG_PORT=15441 SCHEDULER_ADMIN_ADDR=127.0.0.1:9111 INFRA_ADMIN_ADDR=127.0.0.1:9112 \
+#   DEPLOYER_ADMIN_ADDR=127.0.0.1:9113 API_ADDR=127.0.0.1:8090 make run
+declare -A ADMIN=([scheduler]=${SCHEDULER_ADMIN_ADDR:-127.0.0.1:9101} [infra]=${INFRA_ADMIN_ADDR:-127.0.0.1:9102}
+	[deployer]=${DEPLOYER_ADMIN_ADDR:-127.0.0.1:9103})
 API=${API_ADDR:-127.0.0.1:8080}
 # The deployer derives each API key's webhook secret from this key.
 if [ ! -s "$RUN/webhook-signing.key" ]; then
