@@ -487,6 +487,9 @@ func TestForeignDeployments(t *testing.T) {
 	if d.Source != "stream" || d.Request.RepoFullName != "acme/shop" || d.RequestID == "" {
 		t.Errorf("foreign deployment: %+v", d)
 	}
+	if resp, body := e.Do("GET", "/api/v1/deployments/agent-job-7", e.CI, nil); resp.StatusCode != 200 || dt.JSON[deployments.Deployment](t, body).ID != d.ID {
+		t.Errorf("GET by job id: %d %s", resp.StatusCode, body)
+	}
 	_, body := e.Do("GET", "/api/v1/deployments?source=stream", e.CI, nil)
 	if p := dt.JSON[api.DeploymentList](t, body); len(p.Items) != 1 {
 		t.Errorf("source filter: %d", len(p.Items))

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/google/uuid"
@@ -300,13 +301,23 @@ func nullUUID(s string) any {
 	return s
 }
 
-// Get returns the deployment with id (its UUID).
+// Get returns the deployment with id: its UUID, or else its job id (so
+// that a producer that knows only the job id it put on the queue finds it).
 func (s *Service) Get(ctx context.Context, id string) (*Deployment, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	if _, err := uuid.Parse(id); err == nil {
+		d, err := getDeployment(ctx, s.db, "d.id = $1", id)
+		if !errors.Is(err, ErrNotFound) {
+			return d, err
+		}
+	}
+	if !jobIDRE.MatchString(id) {
 		return nil, ErrNotFound
 	}
-	return getDeployment(ctx, s.db, "d.id = $1", id)
+	return getDeployment(ctx, s.db, "d.job_id = $1", id)
 }
+
+// jobIDRE is the wire contract's shape of a job id.
+var jobIDRE = regexp.MustCompile(`^[!-~]{1,255}$`)
 
 // GetWithProgress returns the deployment with its progress from the job's
 // event stream.
