@@ -146,7 +146,7 @@ INSERT INTO servers (handle, address, ssh_port, labels) VALUES ('local-target', 
 SQL
 	step "registered server local-target ($addr:$port)"
 	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
-	/usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
+	/usr/bin/python3 scripts/demo-job.py --server-handle local-target --timeout "${RUN_JOB_TIMEOUT:-1800}" || status=$?
 	if [ "$status" -eq 0 ]; then
 		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
 			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"
