@@ -82,6 +82,9 @@ demo=""
 if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; then
 	TARGET="$RUN/target"
 	bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
+	# A fresh target each time: the previous one's files (its writable layer,
+	# hardened by setup_server.yml: no root login) must not come back.
+	rm -rf --one-file-system "$TARGET"
 	step "starting the local Debian target (the first time builds and caches its image: about a minute)"
 	info=$(bin/testtarget up --detach --dir "$TARGET" 2>"$LOGS/target.log") ||
 		{ cat "$LOGS/target.log" >&2; die "the local target did not start (see run/dev/logs/target.log)"; }
