@@ -1,4 +1,7 @@
-package vaulttest
+// Package clocktest holds Fake, a manual clock.Clock for tests: they move
+// time with Advance, and wait with WaitForWaiters until the code under test
+// waits on the clock, instead of sleeping.
+package clocktest
 
 import (
 	"context"
@@ -6,10 +9,11 @@ import (
 	"time"
 )
 
-// FakeClock is a manual clock for tests. Give the same FakeClock to the
-// Server (token expiry) and to the code under test (its renewal loop), then
-// drive time with Advance instead of sleeping. It satisfies secrets.Clock.
-type FakeClock struct {
+// Fake is a manual clock.Clock. Give the same Fake to everything whose
+// times must agree (vaulttest's Server for token expiry, the code under
+// test for its renewal loop), then drive time with Advance. It is safe for
+// concurrent use.
+type Fake struct {
 	mu      sync.Mutex
 	now     time.Time
 	waiters []fakeWaiter
@@ -21,13 +25,13 @@ type fakeWaiter struct {
 	ch chan time.Time
 }
 
-// NewFakeClock returns a clock standing at start.
-func NewFakeClock(start time.Time) *FakeClock {
-	return &FakeClock{now: start, changed: make(chan struct{})}
+// NewFake returns a clock standing at start.
+func NewFake(start time.Time) *Fake {
+	return &Fake{now: start, changed: make(chan struct{})}
 }
 
 // Now returns the clock's time.
-func (c *FakeClock) Now() time.Time {
+func (c *Fake) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
@@ -35,7 +39,7 @@ func (c *FakeClock) Now() time.Time {
 
 // After returns a channel that receives when the clock has been advanced by
 // at least d.
-func (c *FakeClock) After(d time.Duration) <-chan time.Time {
+func (c *Fake) After(d time.Duration) <-chan time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ch := make(chan time.Time, 1)
@@ -49,7 +53,7 @@ func (c *FakeClock) After(d time.Duration) <-chan time.Time {
 }
 
 // Advance moves the clock forward by d and fires every waiter that is due.
-func (c *FakeClock) Advance(d time.Duration) {
+func (c *Fake) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
@@ -67,7 +71,7 @@ func (c *FakeClock) Advance(d time.Duration) {
 }
 
 // Waiters returns the number of pending After calls.
-func (c *FakeClock) Waiters() int {
+func (c *Fake) Waiters() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.waiters)
@@ -75,7 +79,7 @@ func (c *FakeClock) Waiters() int {
 
 // WaitForWaiters blocks until at least n After calls are pending (the code
 // under test is waiting on the clock), or ctx ends.
-func (c *FakeClock) WaitForWaiters(ctx context.Context, n int) error {
+func (c *Fake) WaitForWaiters(ctx context.Context, n int) error {
 	for {
 		c.mu.Lock()
 		have, changed := len(c.waiters), c.changed
@@ -91,7 +95,7 @@ func (c *FakeClock) WaitForWaiters(ctx context.Context, n int) error {
 	}
 }
 
-func (c *FakeClock) notifyLocked() {
+func (c *Fake) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
