@@ -63,6 +63,8 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		Attempts:       cfg.SSH.Attempts,
 		BaseDelay:      cfg.SSH.BaseDelay,
 		MaxDelay:       cfg.SSH.MaxDelay,
+		Factor:         cfg.SSH.DelayFactor,
+		Jitter:         cfg.SSH.DelayJitter,
 		AttemptTimeout: cfg.SSH.AttemptTimeout,
 		Policy:         cfg.SSH.HostKeyPolicy,
 	}, log, sshcheck.WithMetrics(sshMetrics))
