@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -74,45 +75,19 @@ func (c *Config) setDefaults() {
 	if c.Consumer == "" {
 		c.Consumer = DefaultConsumerName()
 	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 16
-	}
-	if c.Block == 0 {
-		c.Block = time.Second
-	}
-	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
-	}
-	if c.ClaimInterval == 0 {
-		c.ClaimInterval = min(c.Lease/4, 2*time.Second)
-	}
-	if c.MaxDeliveries == 0 {
-		c.MaxDeliveries = 5
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = time.Second
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = 30 * time.Second
-	}
-	if c.CancelGrace == 0 {
-		c.CancelGrace = 15 * time.Second
-	}
-	if c.StartID == "" {
-		c.StartID = "0"
-	}
-	if c.DeadLetterMaxLen == 0 {
-		c.DeadLetterMaxLen = 100_000
-	}
-	if c.TrimInterval == 0 {
-		c.TrimInterval = time.Minute
-	}
-	if c.ConsumerIdleDelete == 0 {
-		c.ConsumerIdleDelete = 24 * time.Hour
-	}
-	if c.StatsInterval == 0 {
-		c.StatsInterval = 10 * time.Second
-	}
+	c.Concurrency = cmp.Or(c.Concurrency, 16)
+	c.Block = cmp.Or(c.Block, time.Second)
+	c.Lease = cmp.Or(c.Lease, 30*time.Second)
+	c.ClaimInterval = cmp.Or(c.ClaimInterval, min(c.Lease/4, 2*time.Second))
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, 5)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, time.Second)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, 30*time.Second)
+	c.CancelGrace = cmp.Or(c.CancelGrace, 15*time.Second)
+	c.StartID = cmp.Or(c.StartID, "0")
+	c.DeadLetterMaxLen = cmp.Or(c.DeadLetterMaxLen, 100_000)
+	c.TrimInterval = cmp.Or(c.TrimInterval, time.Minute)
+	c.ConsumerIdleDelete = cmp.Or(c.ConsumerIdleDelete, 24*time.Hour)
+	c.StatsInterval = cmp.Or(c.StatsInterval, 10*time.Second)
 }
 
 // Validate reports every problem of a defaulted Config.

@@ -11,6 +11,8 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
 
 // releaseIdle is the idle time given to an entry released at shutdown: far
@@ -220,10 +222,8 @@ func retry(ctx context.Context, log zerolog.Logger, what string, f func() error)
 		}
 		d := bo.NextBackOff()
 		log.Warn().Err(err).Dur("retry_in", d).Msg(what + " failed")
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: %w", what, errors.Join(err, ctx.Err()))
-		case <-time.After(d):
+		if serr := clock.Sleep(ctx, nil, d); serr != nil {
+			return fmt.Errorf("%s: %w", what, errors.Join(err, serr))
 		}
 	}
 }
@@ -235,14 +235,8 @@ func newBackoff() *backoff.ExponentialBackOff {
 	return bo
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
+// sleepCtx waits d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) { _ = clock.Sleep(ctx, nil, d) }
 
 // share is how many slots one reader may take at once: the free slots
 // divided among the readers, so that a reader blocked on a quiet stream does
