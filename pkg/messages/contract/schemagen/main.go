@@ -1,7 +1,8 @@
 // Command schemagen writes the JSON Schemas of the wire messages into a
-// directory. `go generate` runs it in pkg/messages:
+// directory. `go generate` (`make generate`) runs it in
+// pkg/messages/contract:
 //
-//	go run ./internal/schemagen -out schema
+//	go run ./schemagen -src .. -out ../schema
 package main
 
 import (
@@ -10,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages/internal/schemas"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/contract"
 )
 
 func main() {
@@ -24,7 +25,7 @@ func main() {
 }
 
 func run(src, out string) error {
-	files, err := schemas.Generate(src)
+	files, err := contract.Generate(src)
 	if err != nil {
 		return err
 	}

@@ -1,17 +1,25 @@
-// Package schemas generates the JSON Schemas (draft 2020-12) of the wire
-// messages of package messages from their Go types: key names, types and
+// Package contract checks the wire contract of package messages with tools
+// the contract's own module must not depend on, so that a producer
+// importing package messages pulls msgpack and nothing else.
+//
+// It generates the JSON Schemas (draft 2020-12) of the messages from their
+// Go types into pkg/messages/schema (`make generate`): key names, types and
 // required keys come from the `msgpack` struct tags, descriptions from the
 // doc comments, and the rules of the types' Validate methods are added here
-// as patterns, formats, bounds, enums and conditions. The schema_test of
-// package messages checks that the schemas accept and refuse exactly what
-// Validate does, and that the checked-in files are up to date.
-package schemas
+// as patterns, formats, bounds, enums and conditions. Its tests check that
+// the checked-in schemas are up to date, that they accept and refuse
+// exactly what Validate does and the vectors the decoder does, and run the
+// Python producer of the documentation against real Redis.
+package contract
+
+//go:generate go run ./schemagen -src .. -out ../schema
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -56,6 +64,10 @@ type File struct {
 // Generate returns the schema of every message type. srcDir is the
 // directory of package messages, whose doc comments become descriptions.
 func Generate(srcDir string) ([]File, error) {
+	base, err := commentBase(srcDir)
+	if err != nil {
+		return nil, err
+	}
 	roots := []struct {
 		name string
 		v    any
@@ -75,7 +87,7 @@ func Generate(srcDir string) ([]File, error) {
 			ExpandedStruct:            true,
 			Mapper:                    mapType,
 		}
-		if err := r.AddGoComments(ImportPath, srcDir); err != nil {
+		if err := r.AddGoComments(base, srcDir); err != nil {
 			return nil, fmt.Errorf("read doc comments in %s: %w", srcDir, err)
 		}
 		for k, v := range r.CommentMap { // one line per description
@@ -275,4 +287,23 @@ func withProps(s *jsonschema.Schema, m map[string]*jsonschema.Schema) *jsonschem
 		s.Properties.Set(k, m[k])
 	}
 	return s
+}
+
+// commentBase returns the base import path for jsonschema's AddGoComments,
+// which keys the comments of the files in directory d under
+// path.Join(base, d): for srcDir "." it is ImportPath, for ".." (from this
+// package's directory) ImportPath with one more element, and so on.
+func commentBase(srcDir string) (string, error) {
+	rel := filepath.ToSlash(filepath.Clean(srcDir))
+	up := 0
+	for _, seg := range strings.Split(rel, "/") {
+		switch seg {
+		case ".":
+		case "..":
+			up++
+		default:
+			return "", fmt.Errorf("source directory %q: want . or a parent (..) of the working directory", srcDir)
+		}
+	}
+	return ImportPath + strings.Repeat("/_", up), nil
 }

@@ -1,4 +1,4 @@
-package messages_test
+package contract_test
 
 import (
 	"bufio"
@@ -20,7 +20,7 @@ import (
 )
 
 // producerScript is the Python producer of the documentation.
-var producerScript = filepath.Join("..", "..", "docs", "examples", "producer.py")
+var producerScript = filepath.Join("..", "..", "..", "docs", "examples", "producer.py")
 
 // TestPythonProducerExample runs docs/examples/producer.py with Debian's
 // Python against the test Redis, under a stream prefix of its own. The test

@@ -1,4 +1,4 @@
-package messages_test
+package contract_test
 
 import (
 	"bytes"
@@ -15,8 +15,30 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages/internal/schemas"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/contract"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/internal/cases"
 )
+
+// The contract's directories, seen from this one.
+var (
+	messagesDir = ".."                                 // package messages and its testdata
+	schemaDir   = filepath.Join(messagesDir, "schema") // the checked-in schemas
+)
+
+// mp encodes a deploy request with valid required keys and the given
+// key/value pairs (which may replace them, with wrong types).
+func mp(t *testing.T, kv ...any) []byte {
+	t.Helper()
+	m := map[string]any{"project_id": "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "repo_full_name": "a/b", "server_ip": "192.0.2.1"}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i].(string)] = kv[i+1]
+	}
+	data, err := msgpack.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
 
 // schemaFiles maps each message type to its schema file.
 var schemaFiles = map[string]string{
@@ -28,26 +50,26 @@ var schemaFiles = map[string]string{
 }
 
 // TestSchemasUpToDate fails when the checked-in schemas differ from what
-// the Go types generate: run `go generate ./...` in pkg (or `make
-// generate`) and commit the result.
+// the Go types generate: run `make generate` (or `go generate ./...` here)
+// and commit the result.
 func TestSchemasUpToDate(t *testing.T) {
-	files, err := schemas.Generate(".")
+	files, err := contract.Generate(messagesDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	generated := map[string]bool{}
 	for _, f := range files {
 		generated[f.Name] = true
-		data, err := os.ReadFile(filepath.Join("schema", f.Name))
+		data, err := os.ReadFile(filepath.Join(schemaDir, f.Name))
 		if err != nil {
-			t.Errorf("schema/%s: %v (run go generate ./... in pkg)", f.Name, err)
+			t.Errorf("schema/%s: %v (run make generate)", f.Name, err)
 			continue
 		}
 		if !bytes.Equal(data, f.Data) {
-			t.Errorf("schema/%s is stale: run go generate ./... in pkg and commit the result", f.Name)
+			t.Errorf("schema/%s is stale: run make generate and commit the result", f.Name)
 		}
 	}
-	checkedIn, err := filepath.Glob(filepath.Join("schema", "*"))
+	checkedIn, err := filepath.Glob(filepath.Join(schemaDir, "*"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +92,7 @@ func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
 	c.AssertFormat()
 	out := map[string]*jsonschema.Schema{}
 	for typ, name := range schemaFiles {
-		f, err := os.Open(filepath.Join("schema", name))
+		f, err := os.Open(filepath.Join(schemaDir, name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +101,7 @@ func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
 		if err != nil {
 			t.Fatalf("parse schema/%s: %v", name, err)
 		}
-		url := schemas.BaseID + name
+		url := contract.BaseID + name
 		if err := c.AddResource(url, doc); err != nil {
 			t.Fatal(err)
 		}
@@ -113,14 +135,14 @@ func TestVectorsMatchSchemas(t *testing.T) {
 			t.Errorf("%s matches %s, want a mismatch", path, schemaFiles[typ])
 		}
 	}
-	for _, g := range goldens() {
-		t.Run("golden/"+g.file, func(t *testing.T) {
-			check(t, g.typ, filepath.Join("testdata", "golden", g.file), true)
+	for _, g := range cases.Goldens() {
+		t.Run("golden/"+g.File, func(t *testing.T) {
+			check(t, g.Type, filepath.Join(messagesDir, "testdata", "golden", g.File), true)
 		})
 	}
-	for _, v := range pythonVectors() {
-		t.Run("python/"+v.file, func(t *testing.T) {
-			check(t, v.typ, filepath.Join("testdata", "python", v.file), v.wantErr == nil)
+	for _, v := range cases.PythonVectors() {
+		t.Run("python/"+v.File, func(t *testing.T) {
+			check(t, v.Type, filepath.Join(messagesDir, "testdata", "python", v.File), v.WantErr == nil)
 		})
 	}
 }
@@ -130,14 +152,14 @@ func TestVectorsMatchSchemas(t *testing.T) {
 // accepts (apart from the cases that say why they cannot agree).
 func TestSchemasAgreeWithValidate(t *testing.T) {
 	compiled := compileSchemas(t)
-	for typ, cases := range allValidationCases() {
-		for _, tc := range cases {
-			t.Run(typ+"/"+tc.name, func(t *testing.T) {
-				if tc.schemaDiffers != "" {
-					t.Logf("schema cannot agree: %s", tc.schemaDiffers)
+	for typ, tcs := range cases.Validations() {
+		for _, tc := range tcs {
+			t.Run(typ+"/"+tc.Name, func(t *testing.T) {
+				if tc.SchemaDiffers != "" {
+					t.Logf("schema cannot agree: %s", tc.SchemaDiffers)
 					return
 				}
-				data, err := messages.Encode(tc.msg)
+				data, err := messages.Encode(tc.Msg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -147,19 +169,19 @@ func TestSchemasAgreeWithValidate(t *testing.T) {
 				}
 				err = compiled[typ].Validate(v)
 				switch {
-				case len(tc.want) == 0 && err != nil:
+				case len(tc.Want) == 0 && err != nil:
 					t.Errorf("Validate accepts, the schema refuses: %v", err)
-				case len(tc.want) > 0 && err == nil:
-					t.Errorf("Validate refuses (%v), the schema accepts", tc.want)
+				case len(tc.Want) > 0 && err == nil:
+					t.Errorf("Validate refuses (%v), the schema accepts", tc.Want)
 				}
 			})
 		}
 	}
 	// Wrong types are refused by both too.
 	for name, data := range map[string][]byte{
-		"port as a string":    mp(t, "project_id", "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "repo_full_name", "a/b", "server_ip", "192.0.2.1", "port", "22"),
-		"modules as a string": mp(t, "project_id", "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "repo_full_name", "a/b", "server_ip", "192.0.2.1", "port", 22, "modules", "nginx"),
-		"port as a float":     mp(t, "project_id", "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "repo_full_name", "a/b", "server_ip", "192.0.2.1", "port", 22.5),
+		"port as a string":    mp(t, "port", "22"),
+		"modules as a string": mp(t, "port", 22, "modules", "nginx"),
+		"port as a float":     mp(t, "port", 22.5),
 	} {
 		v, err := genericValue(data)
 		if err != nil {
