@@ -201,13 +201,14 @@ func TestAdminRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	// Run starts the server itself; wait until it listens.
-	for a.Addr() == "" {
+	testenv.WaitFor(t, 10*time.Second, "the admin server to listen", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("Run returned early: %v", err)
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-	}
+		return a.Addr() != ""
+	})
 	base := "http://" + a.Addr()
 	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("healthz: %d", code)

@@ -598,17 +598,31 @@ func TestContextCancelStopsRetrying(t *testing.T) {
 	})
 
 	t.Run("during an attempt", func(t *testing.T) {
-		d := testenv.StartSSHD(t, testenv.SSHDOptions{})
-		d.Pause()
+		// A server that accepts and then never speaks, like a hung sshd:
+		// the cancel comes once it accepted, with the attempt connected and
+		// waiting for the banner (an hour's attempt timeout).
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
+		go func() {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			cancel()
+		}()
 		c, err := sshcheck.New(conf(sshcheck.Config{AttemptTimeout: time.Hour}), zerolog.Nop())
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.AfterFunc(200*time.Millisecond, cancel)
+		hung := sshcheck.Target{Address: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port, User: "root"}
 		res, err := checkWithin(t, 10*time.Second, func() (*sshcheck.Result, error) {
-			return c.Check(ctx, target(d, d.HostKey), signers(t, d.ClientKey))
+			return c.Check(ctx, hung, []ssh.Signer{s})
 		})
 		if !errors.Is(err, context.Canceled) || len(res.Attempts) != 1 || res.Attempts[0].Class != sshcheck.ClassCanceled {
 			t.Fatalf("err = %v, attempts %v: want one canceled attempt", err, classes(res))
