@@ -49,7 +49,8 @@ const adminStopTimeout = 5 * time.Second
 // Serve runs a service until ctx is done, then shuts it down within
 // cfg's SHUTDOWN_GRACE. It returns nil after a requested shutdown, also one
 // requested while starting (which it logs as such), and otherwise the error
-// that ended it. getenv is handed to the components (Deps.Getenv).
+// that ended it. getenv is handed to the components (Deps.Getenv; nil: an
+// empty environment).
 //
 // Startup order: the admin server first, so /healthz answers while
 // migrations wait for their lock (/readyz stays 503 until everything is
@@ -62,6 +63,9 @@ const adminStopTimeout = 5 * time.Second
 // then Redis and Postgres are closed, once nothing uses them.
 func Serve(ctx context.Context, logger zerolog.Logger, cfg Config, getenv func(string) string, components ComponentsFunc) (err error) {
 	common := cfg.common()
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
 	starting := true
 	defer func() {
 		if starting && err != nil && ctx.Err() != nil {

@@ -175,7 +175,10 @@ func TestServeShutdownWhileStarting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var logs testenv.SafeBuffer
-	err := service.Serve(ctx, zerolog.New(&logs), cfg, nil, func(ctx context.Context, _ service.Deps) ([]service.Component, error) {
+	err := service.Serve(ctx, zerolog.New(&logs), cfg, nil, func(ctx context.Context, d service.Deps) ([]service.Component, error) {
+		if v := d.Getenv("PATH"); v != "" { // no getenv: an empty environment
+			return nil, fmt.Errorf("Getenv(PATH) = %q without an environment", v)
+		}
 		cancel() // SIGTERM arrives while, say, a secrets backend is being opened
 		<-ctx.Done()
 		return nil, fmt.Errorf("open secrets: %w", ctx.Err())
