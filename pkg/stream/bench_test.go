@@ -69,47 +69,57 @@ func BenchmarkDrain(b *testing.B) {
 		}
 	})
 	for _, conc := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("consumer-concurrency-%d", conc), func(b *testing.B) {
-			for range b.N {
-				s, g := names()
-				fill(b, rdb, s, benchEntries)
-				var handled atomic.Int64
-				done := make(chan struct{})
-				c, err := stream.NewConsumer(rdb, stream.Config{Group: g, Streams: []string{s}, Concurrency: conc},
-					stream.HandlerFunc(func(context.Context, *stream.Message) error {
-						if handled.Add(1) == benchEntries {
-							close(done)
-						}
-						return nil
-					}))
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.ResetTimer()
-				start := time.Now()
-				runCtx, cancel := context.WithCancel(ctx)
-				stopped := make(chan struct{})
-				go func() { _ = c.Run(runCtx); close(stopped) }()
-				<-done
-				// Count the drain as done when every entry is acknowledged.
-				for {
-					p, err := rdb.XPending(ctx, s, g).Result()
-					if err != nil {
-						b.Fatal(err)
-					}
-					if p.Count == 0 {
-						break
-					}
-					time.Sleep(time.Millisecond)
-				}
-				b.ReportMetric(float64(benchEntries)/time.Since(start).Seconds(), "msgs/s")
-				b.StopTimer()
-				cancel()
-				<-stopped
-				rdb.Del(ctx, s)
+		for _, prefetch := range []int{0, benchPrefetch} {
+			name := fmt.Sprintf("consumer-concurrency-%d", conc)
+			if prefetch > 0 {
+				name += fmt.Sprintf("-prefetch-%d", prefetch)
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				for range b.N {
+					benchDrain(b, rdb, conc, prefetch)
+				}
+			})
+		}
 	}
+}
+
+// benchPrefetch is the prefetch of the drain benchmarks that use one.
+const benchPrefetch = 256
+
+// benchDrain drains benchEntries entries with a consumer and reports the
+// rate up to the last acknowledgement.
+func benchDrain(b *testing.B, rdb redis.UniversalClient, conc, prefetch int) {
+	ctx := context.Background()
+	s, g := names()
+	fill(b, rdb, s, benchEntries)
+	// Count the drain as done when every entry is acknowledged.
+	var acked atomic.Int64
+	done := make(chan struct{})
+	c, err := stream.NewConsumer(rdb, stream.Config{
+		Group: g, Streams: []string{s}, Concurrency: conc, Prefetch: prefetch,
+		Hook: func(ev stream.Event) {
+			if ev.Kind == stream.EventAcked && acked.Add(1) == benchEntries {
+				close(done)
+			}
+		},
+	}, stream.HandlerFunc(func(context.Context, *stream.Message) error { return nil }))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	runCtx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() { _ = c.Run(runCtx); close(stopped) }()
+	<-done
+	b.ReportMetric(float64(benchEntries)/time.Since(start).Seconds(), "msgs/s")
+	b.StopTimer()
+	cancel()
+	<-stopped
+	if p, err := rdb.XPending(ctx, s, g).Result(); err != nil || p.Count != 0 {
+		b.Fatalf("after the drain: pending %+v, err %v", p, err)
+	}
+	rdb.Del(ctx, s)
 }
 
 // BenchmarkLatency measures the time from XADD to the handler's start at a
@@ -134,7 +144,11 @@ func BenchmarkLatency(b *testing.B) {
 		runCtx, cancel := context.WithCancel(ctx)
 		stopped := make(chan struct{})
 		go func() { _ = c.Run(runCtx); close(stopped) }()
-		time.Sleep(200 * time.Millisecond) // group created, reader blocked
+		// Measure from when the consumer's reader is blocked on the stream.
+		testenv.WaitFor(b, 10*time.Second, "the consumer reading", func() bool {
+			cs, err := rdb.XInfoConsumers(ctx, s, g).Result()
+			return err == nil && len(cs) == 1
+		})
 		p := stream.NewProducer(rdb, stream.ProducerOptions{})
 		tick := time.NewTicker(time.Second / rate)
 		buf := make([]byte, 8)

@@ -323,7 +323,8 @@ func TestLeaseLostCancelsHandlerAndAcksNothing(t *testing.T) {
 	cancelled := make(chan error, 1)
 	started := make(chan struct{}, 1)
 	var runs atomic.Int32
-	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: 200 * time.Millisecond},
+	ev := newEvents()
+	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: 200 * time.Millisecond, Hook: ev.hook},
 		stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
 			runs.Add(1)
 			started <- struct{}{}
@@ -364,7 +365,15 @@ func TestLeaseLostCancelsHandlerAndAcksNothing(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("handler not cancelled after its lease was lost")
 	}
-	time.Sleep(500 * time.Millisecond) // give a wrong ack or a wrong reclaim the time to happen
+	// The consumer lets go of the entry once the handler returned; after
+	// that, nothing of it is left to acknowledge. Three claim rounds later
+	// (every Lease/4) a wrong reclaim would have happened.
+	ev.waitCount(t, 5*time.Second, stream.EventLeft, ids[0], 1)
+	rounds := ev.count(stream.EventClaimRound, "")
+	ev.waitCount(t, 10*time.Second, stream.EventClaimRound, "", rounds+3)
+	if n := ev.count(stream.EventAcked, ids[0]); n != 0 {
+		t.Fatalf("the lost entry was acknowledged %d times", n)
+	}
 	p, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s, Group: g, Start: "-", End: "+", Count: 10}).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -447,14 +456,15 @@ func TestGroupRecreatedAfterRedisLostData(t *testing.T) {
 	rdb := testenv.Redis(t)
 	s, g := names()
 	rec := newRecorder(2)
-	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Block: 50 * time.Millisecond}, rec))
+	ev := newEvents()
+	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Block: 50 * time.Millisecond, Hook: ev.hook}, rec))
 	publish(t, rdb, s, 1)
 	testenv.WaitFor(t, 10*time.Second, "first entry", func() bool { _, n := rec.snapshot(); return n == 1 })
 	// The stream and its group vanish (Redis restarted without persistence).
 	if err := rdb.Del(context.Background(), s).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // the reader hits NOGROUP
+	ev.waitCount(t, 10*time.Second, stream.EventGroupCreated, "", 1) // the reader hit NOGROUP
 	if err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: s, Values: map[string]any{"data": "after"}}).Err(); err != nil {
 		t.Fatal(err)
 	}
