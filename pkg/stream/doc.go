@@ -19,6 +19,28 @@
 // cancelled with ErrLeaseLost as the cause; it must publish nothing, and the
 // runtime acknowledges nothing for it.
 //
+// # Prefetch and acknowledgements
+//
+// With Config.Prefetch above zero, a reader asks for up to Concurrency +
+// Prefetch entries in all, so that a handler that finishes finds its next
+// entry already read instead of waiting a round trip for it. A prefetched
+// entry is read with XREADGROUP, so it is owned by this consumer the moment
+// it arrives: it is therefore leased exactly like a running one. The
+// heartbeat renews it, a lease lost while it waits means it is never
+// started (left to its new owner), and if the consumer dies, it is claimed
+// by another after about Lease and counts as a second delivery, like the
+// entry whose handler ran. At shutdown the prefetched entries that no
+// handler started are released at once, before the running handlers are
+// waited for, and their delivery is not counted. Delivery counts, the
+// delivery limit and dead-lettering are the same with and without prefetch.
+// Leave Prefetch at 0 for slow handlers: an entry waiting behind a long job
+// is held while another consumer might be idle.
+//
+// Acknowledgements go out in batches: a settled entry joins a queue that
+// one goroutine sends with one XACK per stream, so a busy consumer sends
+// a few large XACKs instead of one per entry. Only entries whose handler
+// returned nil (or that were dead-lettered) ever join that queue.
+//
 // # Failures
 //
 // A handler error makes the entry eligible for redelivery after a backoff that
@@ -36,6 +58,13 @@
 // Config.ShutdownGrace, then cancels them (cause ErrShutdown) and releases
 // their entries so that another consumer takes them at once, without counting
 // the interrupted delivery.
+//
+// # Observing a consumer
+//
+// Config.Hook receives an Event for what the consumer did to an entry
+// (acknowledged, dead-lettered, released, left to another owner, renewed)
+// and for claim rounds and re-created groups. Tests wait on these events
+// instead of sleeping; production code leaves the hook nil and uses Metrics.
 //
 // # Redis deployments
 //

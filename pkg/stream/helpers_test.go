@@ -121,16 +121,17 @@ func publish(t testing.TB, rdb redis.UniversalClient, s string, n int) []string 
 
 // recorder is a handler that counts the runs of each payload.
 type recorder struct {
-	mu    sync.Mutex
-	runs  map[string]int
-	total int
+	mu         sync.Mutex
+	runs       map[string]int
+	deliveries map[string]int64 // entry id -> delivery count of its last run
+	total      int
 	done  chan struct{}
 	want  int
 	fn    func(ctx context.Context, msg *stream.Message) error
 }
 
 func newRecorder(want int) *recorder {
-	return &recorder{runs: map[string]int{}, done: make(chan struct{}), want: want}
+	return &recorder{runs: map[string]int{}, deliveries: map[string]int64{}, done: make(chan struct{}), want: want}
 }
 
 func (r *recorder) Handle(ctx context.Context, msg *stream.Message) error {
@@ -142,11 +143,29 @@ func (r *recorder) Handle(ctx context.Context, msg *stream.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.runs[string(msg.Data())]++
+	r.deliveries[msg.ID] = msg.Deliveries
 	r.total++
 	if r.total == r.want {
 		close(r.done)
 	}
 	return nil
+}
+
+// delivery returns the delivery count of the last run of entry id (0: it
+// did not run).
+func (r *recorder) delivery(id string) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.deliveries[id]
+}
+
+// gate is a handler's wait for the test's go-ahead. open may be called
+// more than once: tests defer it, so that a failing test leaves no handler
+// hanging (deferred calls run before the cleanups that stop consumers).
+func gate() (wait <-chan struct{}, open func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return ch, func() { once.Do(func() { close(ch) }) }
 }
 
 func (r *recorder) snapshot() (map[string]int, int) {

@@ -38,15 +38,7 @@ func TestPrefetchedEntriesOfKilledConsumerAreRedelivered(t *testing.T) {
 	}
 	killedAt := time.Now()
 
-	var mu sync.Mutex
-	deliveries := map[string]int64{}
 	rec := newRecorder(3)
-	rec.fn = func(_ context.Context, msg *stream.Message) error {
-		mu.Lock()
-		deliveries[msg.ID] = msg.Deliveries
-		mu.Unlock()
-		return nil
-	}
 	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: lease}, rec))
 	select {
 	case <-rec.done:
@@ -59,11 +51,9 @@ func TestPrefetchedEntriesOfKilledConsumerAreRedelivered(t *testing.T) {
 	if took < lease/2 {
 		t.Fatalf("redelivered after %v, before the lease (%v) could run out", took, lease)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for _, id := range ids {
-		if deliveries[id] != 2 {
-			t.Errorf("entry %s: delivery %d, want 2", id, deliveries[id])
+		if d := rec.delivery(id); d != 2 {
+			t.Errorf("entry %s: delivery %d, want 2", id, d)
 		}
 	}
 	testenv.WaitFor(t, 5*time.Second, "acks", func() bool { return pendingCount(t, rdb, s, g) == 0 })
@@ -76,10 +66,8 @@ func TestPrefetchedEntriesAreHeartbeated(t *testing.T) {
 	s, g := names()
 	const lease = 200 * time.Millisecond
 	ev := newEvents()
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	free := func() { releaseOnce.Do(func() { close(release) }) }
-	defer free() // a failing test must not leave the handler hanging (defers run before cleanups)
+	release, free := gate()
+	defer free()
 	var runsA atomic.Int32
 	var onceDeliveries sync.Map
 	a := newConsumer(t, rdb, stream.Config{
@@ -163,15 +151,7 @@ func TestShutdownReleasesPrefetchedEntriesAtOnce(t *testing.T) {
 	}
 	// Another consumer with a 30 s lease takes the released entries at
 	// once, as their first delivery.
-	var mu sync.Mutex
-	deliveries := map[string]int64{}
 	rec := newRecorder(2)
-	rec.fn = func(_ context.Context, msg *stream.Message) error {
-		mu.Lock()
-		deliveries[msg.ID] = msg.Deliveries
-		mu.Unlock()
-		return nil
-	}
 	running(t, newConsumer(t, rdb, stream.Config{
 		Group: g, Streams: []string{s}, Lease: 30 * time.Second, ClaimInterval: 50 * time.Millisecond,
 	}, rec))
@@ -180,11 +160,9 @@ func TestShutdownReleasesPrefetchedEntriesAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("released entries were not taken over before the lease (30s)")
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for _, id := range ids[1:] {
-		if deliveries[id] != 1 {
-			t.Errorf("entry %s: delivery %d, want 1 (the prefetch is not counted)", id, deliveries[id])
+		if d := rec.delivery(id); d != 1 {
+			t.Errorf("entry %s: delivery %d, want 1 (the prefetch is not counted)", id, d)
 		}
 	}
 	testenv.WaitFor(t, 5*time.Second, "acks", func() bool { return pendingCount(t, rdb, s, g) == 0 })
@@ -235,10 +213,8 @@ func TestPrefetchedEntryWithLostLeaseIsNotRun(t *testing.T) {
 	ctx := context.Background()
 	const lease = 200 * time.Millisecond
 	ev := newEvents()
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	free := func() { releaseOnce.Do(func() { close(release) }) }
-	defer free() // a failing test must not leave the handler hanging (defers run before cleanups)
+	release, free := gate()
+	defer free()
 	var ran sync.Map
 	running(t, newConsumer(t, rdb, stream.Config{
 		Group: g, Streams: []string{s}, Consumer: "a", Concurrency: 1, Prefetch: 4, Lease: lease, Hook: ev.hook,
