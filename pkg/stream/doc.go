@@ -1,7 +1,17 @@
-// Package stream is the Redis Streams runtime every service uses: a
-// Producer that appends entries without ever trimming what a consumer group
-// has not read, and a Consumer that runs a Handler for each entry of one or
-// more streams as a member of a consumer group.
+// Package stream is the Redis Streams runtime every service uses, and the
+// only code of the system that reads or writes streams:
+//
+//   - Producer appends entries without ever trimming what a consumer group
+//     has not read; its BatchPublisher appends best-effort streams (a job's
+//     progress) in pipelined batches from a goroutine of its own, dropping
+//     only what the caller offered as droppable when Redis falls behind.
+//   - Consumer runs a Handler for each entry of one or more streams as a
+//     member of a consumer group; Mux routes each stream to its own Handler.
+//   - Inspector shows streams, groups (lag, pending, consumers, oldest
+//     pending entry) and dead letters, and replays or drops dead letters:
+//     what operators' tools build on.
+//   - KeyWatcher tells a process when keys come to exist (a job's cancel
+//     key), checking all of them in one round trip per interval.
 //
 // # Delivery model
 //
@@ -58,6 +68,15 @@
 // Config.ShutdownGrace, then cancels them (cause ErrShutdown) and releases
 // their entries so that another consumer takes them at once, without counting
 // the interrupted delivery.
+//
+// # Dead letters and replays
+//
+// A dead letter keeps the original entry's fields next to the DeadField*
+// fields. Inspector.Replay appends it to its stream again as a new entry,
+// with the fields a caller-given function returns (for example the payload
+// with a new job id) plus the ReplayField* fields naming its origin, and
+// records the new id in the hash "<stream>:dead:replays"; a dead letter is
+// replayed at most once, and stays listed, with its replay, until dropped.
 //
 // # Observing a consumer
 //

@@ -125,9 +125,9 @@ type recorder struct {
 	runs       map[string]int
 	deliveries map[string]int64 // entry id -> delivery count of its last run
 	total      int
-	done  chan struct{}
-	want  int
-	fn    func(ctx context.Context, msg *stream.Message) error
+	done       chan struct{}
+	want       int
+	fn         func(ctx context.Context, msg *stream.Message) error
 }
 
 func newRecorder(want int) *recorder {
