@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,16 +93,8 @@ func TestBatchPublisherDropsOnlyOfferedEntries(t *testing.T) {
 	rdb := testenv.Redis(t)
 	s, _ := names()
 	// Hold the first pipeline until the test lets it go.
-	hold, letGo := gate()
+	entered, letGo := testenv.HoldFirstPipeline(rdb)
 	defer letGo()
-	var pipelines atomic.Int32
-	entered := make(chan struct{}, 100)
-	rdb.AddHook(pipelineHook(func() {
-		if pipelines.Add(1) == 1 {
-			entered <- struct{}{}
-			<-hold
-		}
-	}))
 	b := stream.NewProducer(rdb, stream.ProducerOptions{}).NewBatchPublisher(s, stream.BatchOptions{Buffer: 3, MaxBatch: 1})
 	b.Publish([]byte("first")) // taken by the loop, which then waits in Redis
 	<-entered
@@ -152,17 +143,5 @@ func TestBatchPublisherCountsFailures(t *testing.T) {
 	}
 	if st := b.Close(); st.Failed != 10 || st.Published != 0 {
 		t.Fatalf("stats %+v, want 10 failed", st)
-	}
-}
-
-// pipelineHook calls f before each pipeline is sent.
-type pipelineHook func()
-
-func (h pipelineHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h()
-		return next(ctx, cmds)
 	}
 }
