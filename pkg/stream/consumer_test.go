@@ -118,17 +118,31 @@ func TestLongJobIsNeverTakenFromLiveOwner(t *testing.T) {
 	rdb := testenv.Redis(t)
 	s, g := names()
 	const lease = 300 * time.Millisecond
-	const job = 10 * lease
 
+	// The job lasts until its lease was renewed 40 times (ten leases) and
+	// the consumers ran 100 claim rounds meanwhile, in which a wrong claim
+	// would have happened: signals, not a duration the machine's load could
+	// stretch.
+	ev := newEvents()
+	jobOver := make(chan struct{})
 	var runs atomic.Int32
 	var sawCancel atomic.Bool
 	done := make(chan struct{})
 	h := stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
 		if runs.Add(1) > 1 {
 			t.Errorf("entry %s delivered again (delivery %d) while its owner lives", msg.ID, msg.Deliveries)
+			return nil
 		}
+		rounds := ev.count(stream.EventClaimRound, "")
+		go func() {
+			if ev.until(2*time.Minute, func() bool {
+				return ev.count(stream.EventRenewed, msg.ID) >= 40 && ev.count(stream.EventClaimRound, "") >= rounds+100
+			}) {
+				close(jobOver)
+			}
+		}()
 		select {
-		case <-time.After(job):
+		case <-jobOver:
 		case <-ctx.Done():
 			sawCancel.Store(true)
 			return ctx.Err()
@@ -138,12 +152,14 @@ func TestLongJobIsNeverTakenFromLiveOwner(t *testing.T) {
 	})
 	// Three consumers compete; whichever takes the entry must keep it.
 	for range 3 {
-		running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: lease, ClaimInterval: 20 * time.Millisecond}, h))
+		running(t, newConsumer(t, rdb, stream.Config{
+			Group: g, Streams: []string{s}, Lease: lease, ClaimInterval: 20 * time.Millisecond, Hook: ev.hook,
+		}, h))
 	}
 	publish(t, rdb, s, 1)
 	select {
 	case <-done:
-	case <-time.After(job + 10*time.Second):
+	case <-time.After(2*time.Minute + 10*time.Second):
 		t.Fatal("job did not finish")
 	}
 	if sawCancel.Load() {
