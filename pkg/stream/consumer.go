@@ -63,7 +63,6 @@ type delivery struct {
 	overLimit bool // claimed past the delivery limit: dead-letter without running
 
 	// Guarded by Consumer.mu.
-	started   bool      // a worker took it (its handler runs or ran)
 	renewSent time.Time // local time just before the last command that reset the entry's idle time was sent
 	lost      bool      // the entry is no longer ours
 }

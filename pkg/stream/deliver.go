@@ -155,8 +155,8 @@ const (
 	startDraining
 )
 
-// start marks a delivery taken by a worker, unless its lease was lost or
-// the consumer is shutting down.
+// start tells whether a worker may run a delivery it took: not when its
+// lease was lost, nor when the consumer is shutting down.
 func (c *Consumer) start(d *delivery) startResult {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -166,7 +166,6 @@ func (c *Consumer) start(d *delivery) startResult {
 	case c.draining.Load():
 		return startDraining
 	}
-	d.started = true
 	return startOK
 }
 
