@@ -28,7 +28,6 @@ package jobs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -89,7 +88,8 @@ type Config struct {
 	// MaxDeliveries is the stream consumer's delivery limit: on the last
 	// delivery, infrastructure errors become a failed result.
 	MaxDeliveries int64
-	// CancelPoll is how often a running job checks for a cancel request.
+	// CancelPoll is how often the cancel keys of the running jobs are
+	// checked (all of them in one round trip).
 	CancelPoll time.Duration
 	// ProgressTTL is how long a job's progress stream is kept after the job.
 	ProgressTTL time.Duration
@@ -131,6 +131,8 @@ type Deps struct {
 type Handler struct {
 	cfg Config
 	Deps
+	routes  *stream.Mux        // stream -> handler
+	cancels *stream.KeyWatcher // cancel keys of running jobs
 }
 
 var _ stream.Handler = (*Handler)(nil)
@@ -174,20 +176,22 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	if deps.Locker == nil {
 		deps.Locker = store.NewLocker(deps.DB, 0)
 	}
-	return &Handler{cfg: cfg, Deps: deps}, nil
+	h := &Handler{cfg: cfg, Deps: deps}
+	h.routes = stream.NewMux()
+	h.routes.RouteFunc(messages.StreamProvisionerQueue, h.handleProvision)
+	h.routes.RouteFunc(messages.StreamAnsibleDeployQueue, h.handleDeploy)
+	h.cancels = stream.NewKeyWatcher(deps.Redis, stream.KeyWatcherOptions{Interval: cfg.CancelPoll, Logger: deps.Log})
+	return h, nil
 }
 
-// Handle processes one request entry; see the package documentation.
+// Handle processes one request entry; see the package documentation. An
+// entry of any other stream is dead-lettered (stream.ReasonUnknownStream).
 func (h *Handler) Handle(ctx context.Context, msg *stream.Message) error {
-	switch msg.Stream {
-	case messages.StreamProvisionerQueue:
-		return h.handleProvision(ctx, msg)
-	case messages.StreamAnsibleDeployQueue:
-		return h.handleDeploy(ctx, msg)
-	default:
-		return stream.Permanent("unknown_stream", fmt.Errorf("no handler for stream %q", msg.Stream))
-	}
+	return h.routes.Handle(ctx, msg)
 }
+
+// Streams returns the streams Handle serves.
+func (h *Handler) Streams() []string { return h.routes.Streams() }
 
 // lastDelivery reports whether msg will not be delivered again after a
 // failure.
