@@ -50,7 +50,7 @@ func binaries(t testing.TB) string {
 		if buildErr = testenv.GoBuild(filepath.Join(builtDir, "infra"), ".", false); buildErr != nil {
 			return
 		}
-		buildErr = testenv.GoBuild(filepath.Join(builtDir, "runguard"), "./cmd/runguard", true)
+		buildErr = testenv.GoBuild(filepath.Join(builtDir, "runguard"), "github.com/autoprovisioner/autoprovisioner/pkg/ansible/cmd/runguard", true)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"regexp"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
 )
 
 // aliasRE is what an inventory host name may look like.

@@ -354,7 +354,7 @@ func TestNewValidatesConfig(t *testing.T) {
 // "test:" there.
 func TestTestdataConfigMatchesRepo(t *testing.T) {
 	t.Parallel()
-	repo := readINI(t, "../../../../ansible/ansible.cfg")
+	repo := readINI(t, "../../ansible/ansible.cfg")
 	test := readINI(t, "testdata/ansible/ansible.cfg")
 	differ := map[string]bool{"defaults.roles_path": true, "defaults.library": true, "defaults.callback_plugins": true, "defaults.timeout": true}
 	for k, v := range repo {

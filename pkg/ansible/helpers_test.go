@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	guardBin = filepath.Join(dir, "runguard")
-	if err := testenv.GoBuild(guardBin, "../../cmd/runguard", true); err != nil {
+	if err := testenv.GoBuild(guardBin, "./cmd/runguard", true); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
 		os.Exit(1)
