@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
@@ -186,7 +187,7 @@ func assertNothingLeft(t testing.TB, pgid int, runDir string) {
 	if pgid <= 0 || runDir == "" {
 		t.Fatalf("run was never spawned (pgid %d, run dir %q)", pgid, runDir)
 	}
-	if left := groupMembers(pgid); len(left) > 0 {
+	if left := proc.GroupMembers(pgid); len(left) > 0 {
 		t.Errorf("processes left in group %d:%s", pgid, processDesc(left))
 	}
 	if left := processesReferring(runDir); len(left) > 0 {
@@ -201,9 +202,9 @@ func assertNothingLeft(t testing.TB, pgid int, runDir string) {
 // (it left the process group by setsid) is up.
 func masterOutsideGroup(pgid int, runDir string) bool {
 	for _, p := range processesReferring(runDir) {
-		st, err := readProcStat(p)
+		st, err := proc.ReadStat(p)
 		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
-		if err == nil && st.pgrp != pgid && bytes.HasPrefix(cmd, []byte("ssh: ")) {
+		if err == nil && st.Pgrp != pgid && bytes.HasPrefix(cmd, []byte("ssh: ")) {
 			return true
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
@@ -127,7 +128,7 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	}
 	testenv.WaitFor(t, time.Minute, "the ssh ControlPersist master", func() bool { return masterOutsideGroup(pgid, runDir) })
 	time.Sleep(300 * time.Millisecond) // the module starts on the target
-	members := groupMembers(pgid)
+	members := proc.GroupMembers(pgid)
 	t.Logf("group before the kill:%s%s", processDesc(members), processDesc(processesReferring(runDir)))
 
 	killed := time.Now()
@@ -136,7 +137,7 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	}
 	<-exited
 	testenv.WaitFor(t, 5*time.Second, "the process group and the ssh master to go", func() bool {
-		return len(groupMembers(pgid)) == 0 && len(processesReferring(runDir)) == 0
+		return len(proc.GroupMembers(pgid)) == 0 && len(processesReferring(runDir)) == 0
 	})
 	t.Logf("everything gone %s after SIGKILL of the service process", time.Since(killed).Round(time.Millisecond))
 
