@@ -45,11 +45,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// playbookBin is Debian's ansible-playbook, the tests' and the service's.
+const playbookBin = "/usr/bin/ansible-playbook"
+
 // requirePlaybook fails the test unless Debian's ansible-playbook exists.
 func requirePlaybook(t testing.TB) {
 	t.Helper()
-	if _, err := os.Stat(DefaultPlaybookBin); err != nil {
-		t.Fatalf("%s missing (%v): install Debian's ansible-core (scripts/services.sh deps)", DefaultPlaybookBin, err)
+	if _, err := os.Stat(playbookBin); err != nil {
+		t.Fatalf("%s missing (%v): install Debian's ansible-core (scripts/services.sh deps)", playbookBin, err)
 	}
 }
 
@@ -81,10 +84,13 @@ func newTestRunner(t testing.TB, mutate func(*Config)) (*Runner, *testenv.SafeBu
 	requirePlaybook(t)
 	cfg := Config{
 		AnsibleDir:   testAnsibleDir(t),
+		PlaybookBin:  playbookBin,
 		RunRoot:      shortTempDir(t, "apr"),
 		GuardPath:    guardBin,
 		FactCacheDir: t.TempDir(),
 		KillGrace:    3 * time.Second,
+		Timeout:      time.Hour,
+		IdleTimeout:  10 * time.Minute,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -196,6 +202,25 @@ func assertNothingLeft(t testing.TB, pgid int, runDir string) {
 	if _, err := os.Lstat(runDir); !os.IsNotExist(err) {
 		t.Errorf("run dir %s still exists (%v)", runDir, err)
 	}
+}
+
+// moduleRunning tells whether the Sleep task's command runs on the target
+// (this machine): a sleep process with the run's TMPDIR (sleep.yml's
+// target_tmp) in its environment.
+func moduleRunning(targetTmp string) bool {
+	found := false
+	proc.Each(func(pid int) {
+		if found {
+			return
+		}
+		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if !bytes.HasPrefix(cmd, []byte("sleep\x00")) {
+			return
+		}
+		env, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+		found = bytes.Contains(env, []byte("\x00TMPDIR="+targetTmp+"\x00")) || bytes.HasPrefix(env, []byte("TMPDIR="+targetTmp+"\x00"))
+	})
+	return found
 }
 
 // masterOutsideGroup tells whether an ssh ControlPersist master of the run

@@ -46,9 +46,11 @@ type Result struct {
 	FailedTask *FailedTask
 	// OutputTail is the end of stdout+stderr, redacted.
 	OutputTail string
-	// StartedAt is when ansible-playbook was started, FinishedAt when the
-	// run was over (process group gone).
-	StartedAt, FinishedAt time.Time
+	// StartedAt is when ansible-playbook was started, ExitedAt when it
+	// exited (as runguard saw it; unguarded, or when runguard died first:
+	// when it was reaped), FinishedAt when the run was over (process group
+	// gone, pipes drained, leftovers killed).
+	StartedAt, ExitedAt, FinishedAt time.Time
 	// Err says why when Outcome is not succeeded; it never holds a secret.
 	Err error
 }
@@ -62,6 +64,7 @@ func (e *execution) result() *Result {
 		Hosts:      ev.hosts(),
 		OutputTail: e.tail.String(),
 		StartedAt:  e.started,
+		ExitedAt:   e.exitedAt(),
 		FinishedAt: time.Now(),
 	}
 	if res.Hosts == nil {

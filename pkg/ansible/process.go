@@ -58,6 +58,7 @@ type execution struct {
 	exited bool // the direct child exited: no more signals to its group
 	exitCh chan struct{}
 	state  *os.ProcessState
+	reaped time.Time // when the direct child was seen to exit
 
 	lastActivity atomic.Int64 // UnixNano of the last output or event
 	tail         *tail
@@ -71,7 +72,8 @@ type execution struct {
 	deliverPanic any
 	panicCh      chan struct{}
 
-	startCh    chan int // ansible-playbook's pid (guarded)
+	guardExit  time.Time // when ansible-playbook exited, from runguard's exit line
+	startCh    chan int  // ansible-playbook's pid (guarded)
 	startErr   atomic.Pointer[string]
 	stopReason Outcome
 	stopErr    error
@@ -176,6 +178,7 @@ func (e *execution) wait() {
 			break
 		}
 	}
+	e.reaped = time.Now()
 	e.mu.Lock()
 	_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
 	e.exited = true
@@ -202,7 +205,12 @@ func (e *execution) touch() { e.lastActivity.Store(time.Now().UnixNano()) }
 
 func (e *execution) readOutput() {
 	defer close(e.outDone)
-	readLines(e.outR, maxOutputLine, e.touch, e.tail.add)
+	readLines(e.outR, maxOutputLine, e.touch, func(raw []byte, long bool) {
+		line := e.tail.add(raw, long)
+		if e.spec.OnOutput != nil {
+			e.spec.OnOutput(line)
+		}
+	})
 }
 
 func (e *execution) readEvents() {
@@ -275,6 +283,11 @@ func (e *execution) readControl() {
 			e.startCh <- int(num(1))
 		case "exit":
 			e.t.childExited = num(1)
+			e.guardExit = time.Now()
+			if at := e.t.childExited; at > 0 {
+				// Back-date to the exit runguard saw (same monotonic clock).
+				e.guardExit = e.guardExit.Add(-time.Duration(max(monoNow()-at, 0)))
+			}
 		case "error":
 			msg := e.spec.Redact(strings.TrimPrefix(sc.Text(), "error "))
 			e.startErr.Store(&msg)
@@ -354,6 +367,15 @@ func (e *execution) supervise(ctx context.Context) (*Result, error) {
 		return nil, fmt.Errorf("start ansible-playbook: %s", why)
 	}
 	return e.result(), nil
+}
+
+// exitedAt is when ansible-playbook exited (see Result.ExitedAt); valid
+// once the child was reaped and the control socket drained.
+func (e *execution) exitedAt() time.Time {
+	if !e.guardExit.IsZero() {
+		return e.guardExit
+	}
+	return e.reaped
 }
 
 // cleanup makes sure nothing of the run is left: it stops a still running

@@ -42,6 +42,14 @@ func readTarget(t *testing.T, path string) string {
 	return string(b)
 }
 
+// checkTimes checks that a run's times are set and in order.
+func checkTimes(t *testing.T, res *Result) {
+	t.Helper()
+	if res.StartedAt.IsZero() || res.ExitedAt.Before(res.StartedAt) || res.FinishedAt.Before(res.ExitedAt) {
+		t.Errorf("times out of order: started %s, exited %s, finished %s", res.StartedAt, res.ExitedAt, res.FinishedAt)
+	}
+}
+
 func TestRunSucceeds(t *testing.T) {
 	t.Parallel()
 	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
@@ -102,6 +110,10 @@ func TestRunSucceeds(t *testing.T) {
 	}
 	if startedPID.Load() <= 0 {
 		t.Error("OnStart not called")
+	}
+	checkTimes(t, res)
+	if evs := events.all(); len(evs) > 0 && res.ExitedAt.Before(evs[len(evs)-1].Time) {
+		t.Errorf("ExitedAt %s before the last event (%s)", res.ExitedAt, evs[len(evs)-1].Time)
 	}
 	if !strings.Contains(res.OutputTail, "PLAY RECAP") {
 		t.Errorf("tail lacks the recap:\n%s", res.OutputTail)
@@ -416,7 +428,8 @@ func TestRunStops(t *testing.T) {
 			sp := watchSpawn(r)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			spec := specFor(s, "sleep.yml", map[string]any{"sleep_seconds": 300, "target_tmp": targetDir(t)})
+			targetTmp := targetDir(t)
+			spec := specFor(s, "sleep.yml", map[string]any{"sleep_seconds": 300, "target_tmp": targetTmp})
 			spec.Timeout, spec.IdleTimeout = tt.timeout, tt.idle
 			var sawMaster atomic.Bool
 			var events eventLog
@@ -436,7 +449,10 @@ func TestRunStops(t *testing.T) {
 						time.Sleep(20 * time.Millisecond)
 					}
 					if tt.cancel {
-						time.Sleep(500 * time.Millisecond) // let the module start on the target
+						// Cancel once the module runs on the target.
+						for !moduleRunning(targetTmp) && time.Now().Before(deadline) {
+							time.Sleep(20 * time.Millisecond)
+						}
 						cancel()
 					}
 				}()
@@ -458,6 +474,7 @@ func TestRunStops(t *testing.T) {
 			if tt.cancel && (res.Err == nil || !strings.Contains(res.Err.Error(), "context canceled")) {
 				t.Errorf("Err = %v", res.Err)
 			}
+			checkTimes(t, res)
 			t.Logf("%s after %s, exit %d: %v", res.Outcome, time.Since(start).Round(time.Millisecond), res.ExitCode, res.Err)
 			pgid, runDir := sp.get()
 			assertNothingLeft(t, pgid, runDir)

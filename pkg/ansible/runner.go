@@ -29,28 +29,32 @@
 package ansible
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 )
 
-// Config configures a Runner; New fills the defaults and validates it.
+// Config configures a Runner. New validates it; the fields documented with a
+// default may be left zero, the others are required (the infra service's
+// configuration holds their defaults).
 type Config struct {
 	// AnsibleDir is the repository's ansible/ directory (ansible.cfg,
 	// playbooks/, roles/, plugins/); it is the child's working directory.
 	AnsibleDir string
 	// PlaybookBin is the ansible-playbook executable (absolute path).
-	// Default /usr/bin/ansible-playbook.
 	PlaybookBin string
-	// RunRoot is the parent of the per-run directories. Default
-	// /tmp/autoprov-runs. It must be an absolute path of at most 32 bytes
+	// RunRoot is the parent of the per-run directories. It must be an
+	// absolute path of at most 32 bytes
 	// (unix socket paths in the run directory are limited to 108 bytes) of
 	// [A-Za-z0-9/._-], and if it exists a directory of this user that no one
 	// else can write to; it is created 0700 when missing.
@@ -65,15 +69,15 @@ type Config struct {
 	// the run dir follow this process's umask instead of 077. Normal ends,
 	// cancellation and timeouts clean up fully in both modes.
 	GuardPath string
-	// KillGrace is the time between SIGTERM and SIGKILL. Default 10s.
+	// KillGrace is the time between SIGTERM and SIGKILL.
 	KillGrace time.Duration
-	// Timeout is the default wall-clock limit of a run. Default 1h.
+	// Timeout is the wall-clock limit of a run whose Spec sets none.
 	Timeout time.Duration
-	// IdleTimeout is the default limit on a run's time without output.
-	// Default 10m.
+	// IdleTimeout is the limit on the time without output of a run whose
+	// Spec sets none.
 	IdleTimeout time.Duration
 	// FactCacheDir is ANSIBLE_CACHE_PLUGIN_CONNECTION, shared by runs.
-	// Default: autoprov-facts next to RunRoot (/tmp/autoprov-facts).
+	// Default: autoprov-facts next to RunRoot.
 	FactCacheDir string
 	// OutputTailLines and OutputTailBytes bound Result.OutputTail.
 	// Defaults 60 lines and 16 KiB.
@@ -83,11 +87,6 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultPlaybookBin     = "/usr/bin/ansible-playbook"
-	DefaultRunRoot         = "/tmp/autoprov-runs"
-	DefaultKillGrace       = 10 * time.Second
-	DefaultTimeout         = time.Hour
-	DefaultIdleTimeout     = 10 * time.Minute
 	DefaultOutputTailLines = 60
 	DefaultOutputTailBytes = 16 << 10
 	// maxRunRootLen keeps <RunRoot>/ar-NNNNNNNNNN/cp/<40 hex>.<16 chars>
@@ -111,11 +110,19 @@ type hooks struct {
 	onTimings func(timings)
 }
 
-// New validates cfg, fills its defaults and creates RunRoot and
-// FactCacheDir when missing.
+// New validates cfg, fills the defaults of the optional fields and creates
+// RunRoot and FactCacheDir when missing.
 func New(cfg Config, log zerolog.Logger) (*Runner, error) {
-	if cfg.AnsibleDir == "" {
-		return nil, errors.New("ansible runner: AnsibleDir not set")
+	var missing []string
+	for name, unset := range map[string]bool{"AnsibleDir": cfg.AnsibleDir == "", "PlaybookBin": cfg.PlaybookBin == "",
+		"RunRoot": cfg.RunRoot == "", "KillGrace": cfg.KillGrace <= 0, "Timeout": cfg.Timeout <= 0, "IdleTimeout": cfg.IdleTimeout <= 0} {
+		if unset {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return nil, fmt.Errorf("ansible runner: %s must be set (durations positive)", strings.Join(missing, ", "))
 	}
 	dir, err := filepath.Abs(cfg.AnsibleDir)
 	if err != nil {
@@ -127,14 +134,8 @@ func New(cfg Config, log zerolog.Logger) (*Runner, error) {
 			return nil, fmt.Errorf("ansible runner: AnsibleDir %s: %w", dir, err)
 		}
 	}
-	if cfg.PlaybookBin == "" {
-		cfg.PlaybookBin = DefaultPlaybookBin
-	}
 	if err := checkExecutable(cfg.PlaybookBin); err != nil {
 		return nil, fmt.Errorf("ansible runner: PlaybookBin: %w", err)
-	}
-	if cfg.RunRoot == "" {
-		cfg.RunRoot = DefaultRunRoot
 	}
 	cfg.RunRoot = filepath.Clean(cfg.RunRoot)
 	if !runRootRe.MatchString(cfg.RunRoot) || len(cfg.RunRoot) > maxRunRootLen {
@@ -149,21 +150,11 @@ func New(cfg Config, log zerolog.Logger) (*Runner, error) {
 	if err := ensurePrivateDir(cfg.FactCacheDir); err != nil {
 		return nil, fmt.Errorf("ansible runner: FactCacheDir: %w", err)
 	}
-	if cfg.KillGrace <= 0 {
-		cfg.KillGrace = DefaultKillGrace
+	if cfg.OutputTailLines < 0 || cfg.OutputTailBytes < 0 {
+		return nil, errors.New("ansible runner: negative output tail bounds")
 	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = DefaultIdleTimeout
-	}
-	if cfg.OutputTailLines <= 0 {
-		cfg.OutputTailLines = DefaultOutputTailLines
-	}
-	if cfg.OutputTailBytes <= 0 {
-		cfg.OutputTailBytes = DefaultOutputTailBytes
-	}
+	cfg.OutputTailLines = cmp.Or(cfg.OutputTailLines, DefaultOutputTailLines)
+	cfg.OutputTailBytes = cmp.Or(cfg.OutputTailBytes, DefaultOutputTailBytes)
 	r := &Runner{cfg: cfg, log: log}
 	guard := cfg.GuardPath
 	if guard == "" {
