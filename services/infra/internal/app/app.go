@@ -110,6 +110,7 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
+		Playbooks:        jobs.DefaultPlaybooks,
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
 		DeploySSHUser:    cfg.SSH.DeployUser,
 		MaxDeliveries:    cfg.Stream.MaxDeliveries,
@@ -117,6 +118,7 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 		ProgressTTL:      cfg.Jobs.ProgressTTL,
 		ReinstallOS:      cfg.Jobs.ReinstallOS,
 		ReinstallSSHWait: cfg.Jobs.ReinstallSSHWait,
+		SSHCheckReuse:    cfg.SSH.CheckReuse,
 		Limits:           limits,
 		SiteVars:         siteVars,
 	}, jobs.Deps{
