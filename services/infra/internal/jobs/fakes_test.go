@@ -10,6 +10,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
@@ -23,6 +24,7 @@ var (
 	_ jobs.Runner     = (*fakeRunner)(nil)
 	_ jobs.SSHChecker = (*fakeSSH)(nil)
 	_ jobs.Provider   = (*fakeProvider)(nil)
+	_ clock.Clock     = (*fakeClock)(nil)
 )
 
 // fakeRunner is a jobs.Runner.
@@ -120,7 +122,7 @@ func (p *fakeProvider) WaitTask(ctx context.Context, serverID, taskID int64) (*t
 	return p.WaitTaskFn(ctx, serverID, taskID)
 }
 
-// fakeClock is a clock a test moves by hand.
+// fakeClock is a clock.Clock whose time a test moves by hand.
 type fakeClock struct {
 	mu  sync.Mutex
 	now time.Time
@@ -133,6 +135,9 @@ func (c *fakeClock) Now() time.Time {
 	defer c.mu.Unlock()
 	return c.now
 }
+
+// After waits on the real clock: no test of this package waits on it.
+func (c *fakeClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()

@@ -39,6 +39,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -171,7 +172,7 @@ type Deps struct {
 	Provider Provider // nil when no Time4VPS account is configured
 	Log      zerolog.Logger
 	Metrics  *Metrics
-	Now      func() time.Time
+	Clock    clock.Clock // nil: the system clock
 }
 
 // Handler handles the entries of provisioner:queue and ansible:deploy:queue.
@@ -193,8 +194,8 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 		deps.Redactor == nil || deps.SSH == nil || deps.Runner == nil {
 		return nil, errors.New("jobs: missing dependency")
 	}
-	if deps.Now == nil {
-		deps.Now = time.Now
+	if deps.Clock == nil {
+		deps.Clock = clock.System()
 	}
 	if deps.Metrics == nil {
 		deps.Metrics = NewMetrics(prometheus.NewRegistry())
@@ -204,6 +205,9 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	}
 	return &Handler{cfg: cfg, Deps: deps, checks: newPassedChecks(cfg.SSHCheckReuse)}, nil
 }
+
+// Now returns the time on the handler's clock.
+func (h *Handler) Now() time.Time { return h.Clock.Now() }
 
 // Handle processes one request entry; see the package documentation.
 func (h *Handler) Handle(ctx context.Context, msg *stream.Message) error {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
@@ -147,13 +148,11 @@ func (j *job) waitForSSH(ctx context.Context, ep endpoint, creds *credentials) (
 			return "", err
 		}
 		// Not up yet: try again.
-		select {
-		case <-wctx.Done():
+		if err := clock.Sleep(wctx, j.h.Clock, 5*time.Second); err != nil {
 			if ctx.Err() != nil {
 				return "", context.Cause(ctx)
 			}
 			return "", gaveUp()
-		case <-time.After(5 * time.Second):
 		}
 	}
 }

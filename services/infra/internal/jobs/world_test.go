@@ -165,7 +165,7 @@ func (w *world) handler(t *testing.T, f *fakes, mod func(*jobs.Config)) *jobs.Ha
 		deps.Provider = f.provider
 	}
 	if f.clock != nil {
-		deps.Now = f.clock.Now
+		deps.Clock = f.clock
 	}
 	h, err := jobs.New(cfg, deps)
 	if err != nil {
