@@ -10,7 +10,9 @@ import (
 // passedChecks remembers the SSH checks that passed lately, so that a run to
 // the same endpoint moments later goes without a handshake of its own (tens
 // of milliseconds against a loaded loopback sshd, a few round trips to a
-// remote server).
+// remote server). A play that succeeded counts as a check that passed when
+// it ended: its ssh reached the server with the same key, holding it to the
+// same pinned key.
 //
 // A check is reused only while all it proved still holds: the same
 // endpoint (canonical address, port and user), the same pinned host key,

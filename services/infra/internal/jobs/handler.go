@@ -104,10 +104,11 @@ type Config struct {
 	ReinstallOS string
 	// ReinstallSSHWait is how long to wait for SSH after a reinstall.
 	ReinstallSSHWait time.Duration
-	// SSHCheckReuse is how long an SSH check that passed stands: a run to
-	// the same address, port and user within it, with the same pinned host
-	// key and SSH key, goes without a check of its own. 0 checks before
-	// every run. A check that failed is never reused.
+	// SSHCheckReuse is how long an SSH check that passed (or a play that
+	// succeeded) stands: a run to the same address, port and user within
+	// it, with the same pinned host key and SSH key, goes without a check
+	// of its own. 0 checks before every run. After a failed check, or a
+	// play that found the server unreachable, the next run checks.
 	SSHCheckReuse time.Duration
 	// LockCheck is how often a running job checks that its lock session
 	// lives; 0 means the store's default (store.LockOptions).

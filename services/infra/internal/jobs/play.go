@@ -64,7 +64,12 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	if j.playEnded.IsZero() { // it never started
 		j.playEnded = res.FinishedAt
 	}
-	if res.Outcome == ansible.OutcomeUnreachable {
+	switch res.Outcome {
+	case ansible.OutcomeSucceeded:
+		// ssh reached the server with this key, holding it to the pinned
+		// key: as good as a check that passed now.
+		j.h.checks.pass(keyOf(ep), hostKey, creds.clients, j.h.Now())
+	case ansible.OutcomeUnreachable:
 		j.h.checks.forget(keyOf(ep)) // the next run checks again
 		if j.sshCheckReused {
 			// The play went without a check of its own: check now, so that

@@ -81,7 +81,11 @@ func TestSSHCheckReuse(t *testing.T) {
 		if len(specs) != 2 || specs[1].Host.KnownHostsKey != w.hostKey {
 			t.Fatalf("the reused run did not get the pinned key: %+v", specs)
 		}
-		r.f.clock.Advance(2 * time.Second) // 6s after the check
+		// The play that succeeded counts as a check passed when it ended.
+		r.f.clock.Advance(4 * time.Second) // 8s after the check, 4s after the play
+		r.run()
+		r.wantChecks(1, "4s after a play that succeeded")
+		r.f.clock.Advance(6 * time.Second)
 		r.run()
 		r.wantChecks(2, "past the window")
 	})
