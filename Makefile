@@ -25,7 +25,7 @@ build: ## build the service binaries into bin/
 		(cd services/$$s && $(GO) build -trimpath -o ../../bin/$$s .) || exit 1; \
 	done
 	@echo "==> go build bin/runguard (infra's play guard, found next to bin/infra)"
-	@cd services/infra && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o ../../bin/runguard ./cmd/runguard
+	@cd pkg && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o ../bin/runguard ./ansible/cmd/runguard
 	@echo "==> go build bin/testtarget (local Debian test target for make run)"
 	@cd ansible/tests && $(GO) build -trimpath -o ../../bin/testtarget ./cmd/testtarget
 

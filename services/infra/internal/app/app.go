@@ -7,13 +7,13 @@ import (
 	"context"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
-	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
@@ -98,6 +98,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
+		Playbooks:        jobs.DefaultPlaybooks,
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
 		DeploySSHUser:    cfg.SSH.DeployUser,
 		MaxDeliveries:    cfg.Stream.MaxDeliveries,
@@ -105,6 +106,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		ProgressTTL:      cfg.Jobs.ProgressTTL,
 		ReinstallOS:      cfg.Jobs.ReinstallOS,
 		ReinstallSSHWait: cfg.Jobs.ReinstallSSHWait,
+		SSHCheckReuse:    cfg.SSH.CheckReuse,
 		Limits:           limits,
 		SiteVars:         siteVars,
 	}, jobs.Deps{

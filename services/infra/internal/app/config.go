@@ -73,6 +73,7 @@ type SSHConfig struct {
 	AttemptTimeout time.Duration   `env:"ATTEMPT_TIMEOUT" envDefault:"15s" desc:"timeout of one attempt (TCP connect and SSH handshake)"`
 	HostKeyPolicy  sshcheck.Policy `env:"HOST_KEY_POLICY" envDefault:"tofu" desc:"tofu (pin the first host key, enforce it after), strict (require a pinned key) or off (insecure)"`
 	DeployUser     string          `env:"DEPLOY_USER" envDefault:"deploy" desc:"user setup_server.yml creates and later runs log in as; deploys to unregistered servers use it too"`
+	CheckReuse     time.Duration   `env:"CHECK_REUSE" envDefault:"5s" desc:"a run goes without an SSH check when the same address, port and user passed one (or ran a play that succeeded) this recently with the same host key and SSH key; never after a failed check or an unreachable play; 0 checks before every run"`
 }
 
 // JobsConfig configures the handling of requests.
@@ -133,6 +134,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SSH.AttemptTimeout <= 0 {
 		errs = append(errs, service.Invalid("SSH_ATTEMPT_TIMEOUT", "must be positive"))
+	}
+	if c.SSH.CheckReuse < 0 {
+		errs = append(errs, service.Invalid("SSH_CHECK_REUSE", "must not be negative"))
 	}
 	switch c.SSH.HostKeyPolicy {
 	case sshcheck.PolicyTOFU, sshcheck.PolicyStrict, sshcheck.PolicyOff:

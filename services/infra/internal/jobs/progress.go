@@ -3,9 +3,9 @@ package jobs
 import (
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
-	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
 )
 
 // progressBuffer bounds the events waiting to be published for one job.

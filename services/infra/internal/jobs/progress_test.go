@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
@@ -25,7 +26,7 @@ func TestProgressDropsOnlyRoutineHostResults(t *testing.T) {
 		Deps: Deps{
 			Producer: stream.NewProducer(rdb, stream.ProducerOptions{}),
 			Metrics:  NewMetrics(reg),
-			Now:      time.Now,
+			Clock:    clock.System(),
 		},
 	}
 	entered, letGo := testenv.HoldFirstPipeline(rdb)

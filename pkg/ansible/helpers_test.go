@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	guardBin = filepath.Join(dir, "runguard")
-	if err := testenv.GoBuild(guardBin, "../../cmd/runguard", true); err != nil {
+	if err := testenv.GoBuild(guardBin, "./cmd/runguard", true); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
 		os.Exit(1)
@@ -44,11 +45,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// playbookBin is Debian's ansible-playbook, the tests' and the service's.
+const playbookBin = "/usr/bin/ansible-playbook"
+
 // requirePlaybook fails the test unless Debian's ansible-playbook exists.
 func requirePlaybook(t testing.TB) {
 	t.Helper()
-	if _, err := os.Stat(DefaultPlaybookBin); err != nil {
-		t.Fatalf("%s missing (%v): install Debian's ansible-core (scripts/services.sh deps)", DefaultPlaybookBin, err)
+	if _, err := os.Stat(playbookBin); err != nil {
+		t.Fatalf("%s missing (%v): install Debian's ansible-core (scripts/services.sh deps)", playbookBin, err)
 	}
 }
 
@@ -80,10 +84,13 @@ func newTestRunner(t testing.TB, mutate func(*Config)) (*Runner, *testenv.SafeBu
 	requirePlaybook(t)
 	cfg := Config{
 		AnsibleDir:   testAnsibleDir(t),
+		PlaybookBin:  playbookBin,
 		RunRoot:      shortTempDir(t, "apr"),
 		GuardPath:    guardBin,
 		FactCacheDir: t.TempDir(),
 		KillGrace:    3 * time.Second,
+		Timeout:      time.Hour,
+		IdleTimeout:  10 * time.Minute,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -186,7 +193,7 @@ func assertNothingLeft(t testing.TB, pgid int, runDir string) {
 	if pgid <= 0 || runDir == "" {
 		t.Fatalf("run was never spawned (pgid %d, run dir %q)", pgid, runDir)
 	}
-	if left := groupMembers(pgid); len(left) > 0 {
+	if left := proc.GroupMembers(pgid); len(left) > 0 {
 		t.Errorf("processes left in group %d:%s", pgid, processDesc(left))
 	}
 	if left := processesReferring(runDir); len(left) > 0 {
@@ -197,13 +204,32 @@ func assertNothingLeft(t testing.TB, pgid int, runDir string) {
 	}
 }
 
+// moduleRunning tells whether the Sleep task's command runs on the target
+// (this machine): a sleep process with the run's TMPDIR (sleep.yml's
+// target_tmp) in its environment.
+func moduleRunning(targetTmp string) bool {
+	found := false
+	proc.Each(func(pid int) {
+		if found {
+			return
+		}
+		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if !bytes.HasPrefix(cmd, []byte("sleep\x00")) {
+			return
+		}
+		env, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+		found = bytes.Contains(env, []byte("\x00TMPDIR="+targetTmp+"\x00")) || bytes.HasPrefix(env, []byte("TMPDIR="+targetTmp+"\x00"))
+	})
+	return found
+}
+
 // masterOutsideGroup tells whether an ssh ControlPersist master of the run
 // (it left the process group by setsid) is up.
 func masterOutsideGroup(pgid int, runDir string) bool {
 	for _, p := range processesReferring(runDir) {
-		st, err := readProcStat(p)
+		st, err := proc.ReadStat(p)
 		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
-		if err == nil && st.pgrp != pgid && bytes.HasPrefix(cmd, []byte("ssh: ")) {
+		if err == nil && st.Pgrp != pgid && bytes.HasPrefix(cmd, []byte("ssh: ")) {
 			return true
 		}
 	}

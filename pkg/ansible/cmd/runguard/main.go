@@ -30,7 +30,6 @@
 package main
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"os"
@@ -41,6 +40,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
 )
 
 func main() {
@@ -181,26 +182,32 @@ func reapUntil(pid int) (syscall.WaitStatus, bool) {
 // of our group descends from us, and orphans are re-parented to us (the
 // subreaper), so having no children means nothing is left. A process that
 // left the group (setsid) is seen once its parent is gone and it is ours;
-// hence the rescans.
+// hence a new look each time one of them exits. Between looks it waits on
+// the processes themselves (their pidfds), not on a clock.
 func killAll(self int, sig syscall.Signal, grace time.Duration) {
+	var k proc.Killer
+	defer k.Close()
 	start := time.Now()
-	signalled := map[int]syscall.Signal{}
-	pause := time.Millisecond
 	for reap() {
-		if sig != syscall.SIGKILL && time.Since(start) >= grace {
+		elapsed := time.Since(start)
+		if sig != syscall.SIGKILL && elapsed >= grace {
 			sig = syscall.SIGKILL
 		}
 		for _, p := range leftovers(self) {
-			if signalled[p] != sig {
-				_ = syscall.Kill(p, sig)
-				signalled[p] = sig
+			k.Signal(p, sig)
+		}
+		until := grace - elapsed // the switch to SIGKILL
+		if sig == syscall.SIGKILL {
+			if until = grace + 5*time.Second - elapsed; until <= 0 {
+				return
 			}
 		}
-		if time.Since(start) > grace+5*time.Second {
-			return
+		if k.Held() == 0 {
+			// Nothing to wait on: a child exited between reap and the
+			// look (reap collects it now), or one we could not open.
+			until = min(until, time.Millisecond)
 		}
-		time.Sleep(pause)
-		pause = min(2*pause, 20*time.Millisecond)
+		k.Wait(until)
 	}
 }
 
@@ -225,45 +232,15 @@ func reap() bool {
 // leftovers lists live processes (not zombies) other than self that are in
 // our process group or are our children.
 func leftovers(self int) []int {
-	dir, err := os.Open("/proc")
-	if err != nil {
-		return nil
-	}
-	defer dir.Close()
-	names, _ := dir.Readdirnames(-1)
 	var out []int
-	buf := make([]byte, 512)
-	for _, name := range names {
-		if name[0] < '0' || name[0] > '9' {
-			continue
+	proc.Each(func(pid int) {
+		if pid == self {
+			return
 		}
-		pid, err := strconv.Atoi(name)
-		if err != nil || pid == self {
-			continue
-		}
-		fd, err := syscall.Open("/proc/"+name+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-		if err != nil {
-			continue
-		}
-		n, _ := syscall.Read(fd, buf)
-		_ = syscall.Close(fd)
-		if n <= 0 {
-			continue
-		}
-		stat := buf[:n]
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		f := bytes.Fields(stat[i+1:])
-		if len(f) < 3 || string(f[0]) == "Z" || string(f[0]) == "X" {
-			continue
-		}
-		ppid, _ := strconv.Atoi(string(f[1]))
-		pgrp, _ := strconv.Atoi(string(f[2]))
-		if pgrp == self || ppid == self {
+		st, err := proc.ReadStat(pid)
+		if err == nil && st.Live() && (st.Pgrp == self || st.PPid == self) {
 			out = append(out, pid)
 		}
-	}
+	})
 	return out
 }

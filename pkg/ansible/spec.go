@@ -70,6 +70,11 @@ type Spec struct {
 	// OnStart, when set, is called once with the pid of ansible-playbook
 	// right after it was started.
 	OnStart func(pid int)
+	// OnOutput, when set, gets every line of ansible-playbook's stdout and
+	// stderr (redacted, without the newline, cut at 64 KiB), in order, from
+	// the goroutine that drains the pipe: it must return quickly and not
+	// panic. The Result's OutputTail keeps only the end.
+	OnOutput func(line string)
 }
 
 var (

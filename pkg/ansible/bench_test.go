@@ -23,7 +23,9 @@ import (
 //     runtime start); guard_exec_p50: runguard's main to the program's exec;
 //   - exit_*: from ansible-playbook's exit (guarded: as runguard saw it;
 //     direct: when it was reaped) to Run returning (leftover cleanup, pipe
-//     drain, classification, run dir removal).
+//     drain, classification, run dir removal); exit_reap_p50 (guarded):
+//     the part until runguard was reaped (it ends what the play left, ssh
+//     ControlPersist masters included, and exits).
 //
 // Run with: go test -run '^$' -bench RunOverhead -benchtime 20x
 func BenchmarkRunOverhead(b *testing.B) {
@@ -37,7 +39,7 @@ func BenchmarkRunOverhead(b *testing.B) {
 				}
 			})
 			r.log = zerolog.Nop()
-			var start, prep, guardStart, guardExec, exit []time.Duration
+			var start, prep, guardStart, guardExec, exit, exitReap []time.Duration
 			r.hooks.onTimings = func(t timings) {
 				ms := func(from, to int64) time.Duration { return time.Duration(to - from) }
 				prep = append(prep, ms(t.runCalled, t.spawning))
@@ -46,6 +48,7 @@ func BenchmarkRunOverhead(b *testing.B) {
 					guardStart = append(guardStart, ms(t.spawning, t.guardMain))
 					guardExec = append(guardExec, ms(t.guardMain, t.childStarted))
 					exit = append(exit, ms(t.childExited, t.returned))
+					exitReap = append(exitReap, ms(t.childExited, t.reaped))
 				} else {
 					start = append(start, ms(t.runCalled, t.spawned))
 					exit = append(exit, ms(t.reaped, t.returned))
@@ -69,6 +72,7 @@ func BenchmarkRunOverhead(b *testing.B) {
 			if mode == "guarded" {
 				report(b, "guard_start", guardStart, false)
 				report(b, "guard_exec", guardExec, false)
+				report(b, "exit_reap", exitReap, false)
 			}
 		})
 	}

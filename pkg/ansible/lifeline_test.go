@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
@@ -84,8 +85,10 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	if err := os.WriteFile(keyPath, s.ClientKey, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{AnsibleDir: testAnsibleDir(t), RunRoot: runRoot, GuardPath: guardBin, FactCacheDir: t.TempDir()}
-	b, _ := json.Marshal(helperConfig{Config: cfg, Host: hostOf(s), KeyPath: keyPath, TargetTmp: targetDir(t)})
+	cfg := Config{AnsibleDir: testAnsibleDir(t), PlaybookBin: playbookBin, RunRoot: runRoot, GuardPath: guardBin,
+		FactCacheDir: t.TempDir(), KillGrace: 10 * time.Second, Timeout: time.Hour, IdleTimeout: 10 * time.Minute}
+	targetTmp := targetDir(t)
+	b, _ := json.Marshal(helperConfig{Config: cfg, Host: hostOf(s), KeyPath: keyPath, TargetTmp: targetTmp})
 	cfgPath := filepath.Join(dir, "helper.json")
 	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -126,8 +129,8 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 		t.Fatalf("helper never reached the Sleep task")
 	}
 	testenv.WaitFor(t, time.Minute, "the ssh ControlPersist master", func() bool { return masterOutsideGroup(pgid, runDir) })
-	time.Sleep(300 * time.Millisecond) // the module starts on the target
-	members := groupMembers(pgid)
+	testenv.WaitFor(t, time.Minute, "the Sleep task's command on the target", func() bool { return moduleRunning(targetTmp) })
+	members := proc.GroupMembers(pgid)
 	t.Logf("group before the kill:%s%s", processDesc(members), processDesc(processesReferring(runDir)))
 
 	killed := time.Now()
@@ -136,7 +139,7 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	}
 	<-exited
 	testenv.WaitFor(t, 5*time.Second, "the process group and the ssh master to go", func() bool {
-		return len(groupMembers(pgid)) == 0 && len(processesReferring(runDir)) == 0
+		return len(proc.GroupMembers(pgid)) == 0 && len(processesReferring(runDir)) == 0
 	})
 	t.Logf("everything gone %s after SIGKILL of the service process", time.Since(killed).Round(time.Millisecond))
 

@@ -88,6 +88,13 @@ type wireEvent struct {
 	Truncated bool `json:"truncated"`
 }
 
+// DecodeEvent parses one line of the autoprov_events stream
+// (docs/events.md), as Run does; it fails on a line of another format
+// version ("v" other than 1) or without an event type.
+func DecodeEvent(line []byte) (Event, error) {
+	return decodeEvent(line, func(s string) string { return s })
+}
+
 // decodeEvent parses one line and redacts its text.
 func decodeEvent(line []byte, redact func(string) string) (Event, error) {
 	var w wireEvent

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
 )
 
 const (
@@ -194,19 +196,24 @@ func sweepOne(path string) (bool, error) {
 
 // killReferring SIGKILLs this user's processes whose command line mentions
 // dir (ssh masters show their control socket path there) and waits (up to
-// about two seconds) until they are gone.
+// about two seconds) until they are gone: on their pidfds, so it returns the
+// moment the last one exits.
 func killReferring(dir string) {
-	pause := time.Millisecond
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+	var k proc.Killer
+	defer k.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
 		pids := processesReferring(dir)
 		if len(pids) == 0 {
 			return
 		}
 		for _, p := range pids {
-			_ = syscall.Kill(p, syscall.SIGKILL)
+			k.Signal(p, syscall.SIGKILL)
 		}
-		time.Sleep(pause)
-		pause = min(2*pause, 20*time.Millisecond)
+		// Look again once they are gone: one may have forked meanwhile.
+		if !k.WaitAll(deadline) && time.Now().After(deadline) {
+			return
+		}
 	}
 }
 
@@ -217,7 +224,7 @@ func processesReferring(dir string) []int {
 	var out []int
 	self := os.Getpid()
 	uid := os.Geteuid()
-	forEachProcess(func(pid int) {
+	proc.Each(func(pid int) {
 		if pid == self {
 			return
 		}
@@ -225,8 +232,8 @@ func processesReferring(dir string) []int {
 		if err != nil || !bytes.Contains(cmdline, needle) {
 			return
 		}
-		st, err := readProcStat(pid)
-		if err != nil || st.state == 'Z' || st.state == 'X' {
+		st, err := proc.ReadStat(pid)
+		if err != nil || !st.Live() {
 			return
 		}
 		var fi syscall.Stat_t

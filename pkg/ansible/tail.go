@@ -35,9 +35,11 @@ func newTail(maxLines, maxBytes int, redact func(string) string) *tail {
 	return &tail{redact: redact, maxLines: maxLines, maxBytes: maxBytes, maxLine: maxLine}
 }
 
-// add appends one line (long: it was cut at maxOutputLine).
-func (t *tail) add(raw []byte, long bool) {
-	line := strings.ToValidUTF8(t.redact(string(raw)), "\uFFFD")
+// add appends one line (long: it was cut at maxOutputLine) and returns it
+// redacted, in valid UTF-8, before the tail's own cut.
+func (t *tail) add(raw []byte, long bool) string {
+	full := strings.ToValidUTF8(t.redact(string(raw)), "\uFFFD")
+	line := full
 	if long || len(line) > t.maxLine {
 		line = cutUTF8(line, t.maxLine) + " …[cut]"
 	}
@@ -54,6 +56,7 @@ func (t *tail) add(raw []byte, long bool) {
 	for t.bytes > t.maxBytes && len(t.lines) > 1 {
 		t.dropOldest()
 	}
+	return full
 }
 
 func (t *tail) dropOldest() {

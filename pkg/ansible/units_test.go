@@ -308,9 +308,16 @@ func TestKnownHostsAndInventory(t *testing.T) {
 
 func TestNewValidatesConfig(t *testing.T) {
 	t.Parallel()
-	base := Config{AnsibleDir: testAnsibleDir(t), GuardPath: guardBin, FactCacheDir: t.TempDir()}
+	base := Config{AnsibleDir: testAnsibleDir(t), PlaybookBin: playbookBin, GuardPath: guardBin, FactCacheDir: t.TempDir(),
+		KillGrace: 3 * time.Second, Timeout: time.Hour, IdleTimeout: 10 * time.Minute}
 	tests := map[string]func(c *Config){
 		"no ansible dir":    func(c *Config) { c.AnsibleDir = "" },
+		"no bin":            func(c *Config) { c.PlaybookBin = "" },
+		"no run root":       func(c *Config) { c.RunRoot = "" },
+		"no kill grace":     func(c *Config) { c.KillGrace = 0 },
+		"no timeout":        func(c *Config) { c.Timeout = 0 },
+		"negative idle":     func(c *Config) { c.IdleTimeout = -time.Second },
+		"negative tail":     func(c *Config) { c.OutputTailLines = -1 },
 		"no ansible.cfg":    func(c *Config) { c.AnsibleDir = t.TempDir() },
 		"relative bin":      func(c *Config) { c.PlaybookBin = "ansible-playbook" },
 		"missing bin":       func(c *Config) { c.PlaybookBin = "/nonexistent/ansible-playbook" },
@@ -343,9 +350,10 @@ func TestNewValidatesConfig(t *testing.T) {
 		t.Errorf("RunRoot not created 0700: %v %v", st, err)
 	}
 	got := r.Config()
-	if got.PlaybookBin != DefaultPlaybookBin || got.KillGrace != DefaultKillGrace || got.Timeout != DefaultTimeout ||
-		got.IdleTimeout != DefaultIdleTimeout || got.OutputTailLines != DefaultOutputTailLines || !r.Guarded() {
-		t.Errorf("defaults: %+v guarded %v", got, r.Guarded())
+	if got.PlaybookBin != playbookBin || got.KillGrace != 3*time.Second || got.Timeout != time.Hour ||
+		got.IdleTimeout != 10*time.Minute || got.OutputTailLines != DefaultOutputTailLines ||
+		got.OutputTailBytes != DefaultOutputTailBytes || !r.Guarded() {
+		t.Errorf("config: %+v guarded %v", got, r.Guarded())
 	}
 }
 
@@ -354,7 +362,7 @@ func TestNewValidatesConfig(t *testing.T) {
 // "test:" there.
 func TestTestdataConfigMatchesRepo(t *testing.T) {
 	t.Parallel()
-	repo := readINI(t, "../../../../ansible/ansible.cfg")
+	repo := readINI(t, "../../ansible/ansible.cfg")
 	test := readINI(t, "testdata/ansible/ansible.cfg")
 	differ := map[string]bool{"defaults.roles_path": true, "defaults.library": true, "defaults.callback_plugins": true, "defaults.timeout": true}
 	for k, v := range repo {
