@@ -20,6 +20,7 @@ require (
 	github.com/Azure/go-ansiterm v0.0.0-20261006220739-8c912ac31dd4 // indirect
 	github.com/Microsoft/go-winio v0.6.4 // indirect
 	github.com/autoprovisioner/autoprovisioner/ansible/tests v0.0.0
+	github.com/autoprovisioner/autoprovisioner/pkg/messages v0.0.0
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/caarlos0/env/v11 v11.4.2 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
@@ -116,3 +117,5 @@ require (
 replace github.com/autoprovisioner/autoprovisioner/pkg => ../../pkg
 
 replace github.com/autoprovisioner/autoprovisioner/ansible/tests => ../../ansible/tests
+
+replace github.com/autoprovisioner/autoprovisioner/pkg/messages => ../../pkg/messages

@@ -3,7 +3,10 @@ package app
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
@@ -16,6 +19,16 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
+// Options are what tests change in a deployer built by Build; the zero
+// value is the service's own.
+type Options struct {
+	// Streams replaces the wire contract's stream names; zero means the
+	// defaults.
+	Streams deployments.Streams
+	// Resolver resolves webhook host names; nil means the system's.
+	Resolver *net.Resolver
+}
+
 // Parts are the service's built components.
 type Parts struct {
 	API         *api.API
@@ -27,19 +40,18 @@ type Parts struct {
 	Observer    *stream.Consumer // nil when OBSERVE_QUEUE is off
 	Logs        runlog.Store
 	cfg         *Config
-	deps        Deps
+	log         zerolog.Logger
 }
 
-// Build builds the components from the configuration. Streams, when set
-// in d, replace the wire contract's stream names (tests).
-func Build(ctx context.Context, d Deps) (*Parts, error) {
-	cfg := d.Config
+// Build builds the components from the configuration and what Serve
+// opened (d), changed by o (tests).
+func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts, error) {
 	log := d.Logger
-	streams := d.Streams
+	streams := o.Streams
 	if streams == (deployments.Streams{}) {
 		streams = deployments.DefaultStreams()
 	}
-	p := &Parts{cfg: cfg, deps: d}
+	p := &Parts{cfg: cfg, log: log}
 
 	logs, err := runlog.Open(ctx, cfg.RunLog, d.DB)
 	if err != nil {
@@ -61,7 +73,7 @@ func Build(ctx context.Context, d Deps) (*Parts, error) {
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
-			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: d.Resolver}),
+			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),
 			Workers: cfg.Webhooks.Workers, Lease: cfg.Webhooks.Lease, BackoffMin: cfg.Webhooks.BackoffMin,
 			BackoffMax: cfg.Webhooks.BackoffMax, Logger: log, Registerer: d.Metrics,
 		})
@@ -163,9 +175,9 @@ func (p *Parts) retention(ctx context.Context) error {
 		n, err := p.Logs.DeleteBefore(ctx, time.Now().Add(-keep))
 		switch {
 		case err != nil && ctx.Err() == nil:
-			p.deps.Logger.Warn().Err(err).Msg("run log retention")
+			p.log.Warn().Err(err).Msg("run log retention")
 		case n > 0:
-			p.deps.Logger.Info().Int("deleted", n).Dur("retention", keep).Msg("old run logs deleted")
+			p.log.Info().Int("deleted", n).Dur("retention", keep).Msg("old run logs deleted")
 		}
 		select {
 		case <-ctx.Done():

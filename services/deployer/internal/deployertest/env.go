@@ -104,8 +104,8 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	log := zerolog.New(e.Logs).Level(level).With().Timestamp().Logger()
 	ctx, cancel := context.WithCancel(context.Background())
-	parts, err := app.Build(ctx, app.Deps{Config: cfg, Logger: log, DB: e.DB, Redis: e.Redis,
-		Metrics: prometheus.NewRegistry(), Streams: e.Streams, Resolver: o.Resolver})
+	parts, err := app.Build(ctx, cfg, service.Deps{Logger: log, DB: e.DB, Redis: e.Redis, Metrics: prometheus.NewRegistry()},
+		app.Options{Streams: e.Streams, Resolver: o.Resolver})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
