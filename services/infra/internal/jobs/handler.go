@@ -175,10 +175,10 @@ type Deps struct {
 	Provider Provider // nil when no Time4VPS account is configured
 	// RunLogs keeps the whole redacted output of every run (pkg/runlog);
 	// nil keeps only the result's output tail.
-	RunLogs  runlog.Store
-	Log      zerolog.Logger
-	Metrics  *Metrics
-	Clock    clock.Clock // nil: the system clock
+	RunLogs runlog.Store
+	Log     zerolog.Logger
+	Metrics *Metrics
+	Clock   clock.Clock // nil: the system clock
 }
 
 // Handler handles the entries of provisioner:queue and ansible:deploy:queue.
