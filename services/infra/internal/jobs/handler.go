@@ -173,12 +173,13 @@ type Deps struct {
 	SSH      SSHChecker
 	Runner   Runner
 	Provider Provider // nil when no Time4VPS account is configured
+	Log      zerolog.Logger
+	Metrics  *Metrics
+	Clock    clock.Clock // nil: the system clock
+
 	// RunLogs keeps the whole redacted output of every run (pkg/runlog);
 	// nil keeps only the result's output tail.
 	RunLogs runlog.Store
-	Log     zerolog.Logger
-	Metrics *Metrics
-	Clock   clock.Clock // nil: the system clock
 }
 
 // Handler handles the entries of provisioner:queue and ansible:deploy:queue.
