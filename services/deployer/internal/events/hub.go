@@ -5,6 +5,11 @@
 // subscriber walks that log at its own pace, so a slow client never holds
 // up the reader or the other clients, and a client that reconnects with
 // Last-Event-ID resumes after the last event it got.
+//
+// On Redis Cluster the job streams live in different hash slots, which one
+// XREAD cannot span (CROSSSLOT): there the Hub polls instead, every
+// HubConfig.Poll, with one non-blocking XREAD per followed job sent as a
+// pipeline (which the cluster client splits by node).
 package events
 
 import (
@@ -40,13 +45,17 @@ type HubConfig struct {
 	Block time.Duration
 	// MaxEvents bounds the events kept per job. Default 50,000.
 	MaxEvents int
-	Logger    zerolog.Logger
+	// Poll is the interval of the reads on Redis Cluster (see the package
+	// documentation). Default 100ms.
+	Poll   time.Duration
+	Logger zerolog.Logger
 }
 
 // Hub follows the event streams of the jobs that have subscribers.
 type Hub struct {
-	rdb redis.UniversalClient
-	cfg HubConfig
+	rdb     redis.UniversalClient
+	cfg     HubConfig
+	cluster bool // streams in different slots: poll (see the package documentation)
 
 	mu   sync.Mutex
 	jobs map[string]*job
@@ -74,7 +83,11 @@ func NewHub(rdb redis.UniversalClient, cfg HubConfig) *Hub {
 	if cfg.MaxEvents <= 0 {
 		cfg.MaxEvents = 50_000
 	}
-	return &Hub{rdb: rdb, cfg: cfg, jobs: map[string]*job{}, kick: make(chan struct{}, 1)}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 100 * time.Millisecond
+	}
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &Hub{rdb: rdb, cfg: cfg, cluster: cluster, jobs: map[string]*job{}, kick: make(chan struct{}, 1)}
 }
 
 // Subscription follows one job.
@@ -246,18 +259,14 @@ func (h *Hub) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		args := make([]string, 0, 2*len(jobs))
-		for _, j := range jobs {
-			args = append(args, j.stream)
+		var err error
+		if h.cluster {
+			err = h.poll(ctx, jobs)
+		} else {
+			err = h.read(ctx, jobs)
 		}
-		for _, j := range jobs {
-			j.mu.Lock()
-			args = append(args, j.lastID)
-			j.mu.Unlock()
-		}
-		res, err := h.rdb.XRead(ctx, &redis.XReadArgs{Streams: args, Count: 1000, Block: h.cfg.Block}).Result()
 		if err != nil {
-			if err == redis.Nil || ctx.Err() != nil {
+			if ctx.Err() != nil {
 				continue
 			}
 			h.cfg.Logger.Warn().Err(err).Msg("read progress streams")
@@ -269,14 +278,71 @@ func (h *Hub) Run(ctx context.Context) error {
 			continue
 		}
 		backoff = 50 * time.Millisecond
-		byStream := make(map[string]*job, len(jobs))
-		for _, j := range jobs {
-			byStream[j.stream] = j
+	}
+	return nil
+}
+
+// read waits up to Block for new entries of the jobs' streams, with one
+// XREAD for all of them.
+func (h *Hub) read(ctx context.Context, jobs []*job) error {
+	args := make([]string, 0, 2*len(jobs))
+	for _, j := range jobs {
+		args = append(args, j.stream)
+	}
+	for _, j := range jobs {
+		j.mu.Lock()
+		args = append(args, j.lastID)
+		j.mu.Unlock()
+	}
+	res, err := h.rdb.XRead(ctx, &redis.XReadArgs{Streams: args, Count: 1000, Block: h.cfg.Block}).Result()
+	if err == redis.Nil {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	byStream := make(map[string]*job, len(jobs))
+	for _, j := range jobs {
+		byStream[j.stream] = j
+	}
+	for _, s := range res {
+		if j := byStream[s.Stream]; j != nil {
+			h.append(j, s.Messages)
 		}
-		for _, s := range res {
-			if j := byStream[s.Stream]; j != nil {
-				h.append(j, s.Messages)
+	}
+	return nil
+}
+
+// poll reads the new entries of the jobs' streams with one non-blocking
+// XREAD each, in one pipeline, and waits for Poll when none came (a new
+// subscription cuts the wait short).
+func (h *Hub) poll(ctx context.Context, jobs []*job) error {
+	pipe := h.rdb.Pipeline()
+	cmds := make([]*redis.XStreamSliceCmd, len(jobs))
+	for i, j := range jobs {
+		j.mu.Lock()
+		last := j.lastID
+		j.mu.Unlock()
+		cmds[i] = pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{j.stream, last}, Count: 1000, Block: -1})
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && err != redis.Nil {
+		return err
+	}
+	got := false
+	for i, c := range cmds {
+		for _, s := range c.Val() {
+			if len(s.Messages) > 0 {
+				got = true
+				h.append(jobs[i], s.Messages)
 			}
+		}
+	}
+	if !got {
+		select {
+		case <-ctx.Done():
+		case <-h.kick:
+		case <-time.After(h.cfg.Poll):
 		}
 	}
 	return nil
