@@ -11,6 +11,7 @@ type metrics struct {
 	results         *prometheus.CounterVec
 	cancelled       *prometheus.CounterVec
 	publishFailures prometheus.Counter
+	commitGroup     prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -31,9 +32,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "autoprov_deployer_publish_failures_total",
 			Help: "Requests whose publication failed at submit (the republisher publishes them later).",
 		}),
+		commitGroup: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "autoprov_deployer_submit_group_size",
+			Help:    "Submits stored with one commit and published with one round trip (group commit under load).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.submitted, m.results, m.cancelled, m.publishFailures} {
+		for _, c := range []prometheus.Collector{m.submitted, m.results, m.cancelled, m.publishFailures, m.commitGroup} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

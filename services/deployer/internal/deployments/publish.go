@@ -42,7 +42,9 @@ func (m *publishMarker) mark(id, entry string) {
 	}
 }
 
-// run writes the marks until ctx is done, then writes what is left.
+// run writes the marks until ctx is done, then writes what is left. A
+// write is never cut short by ctx (flush bounds it): marks taken for a
+// write that failed would be lost.
 func (m *publishMarker) run(ctx context.Context) {
 	for {
 		select {
@@ -51,7 +53,7 @@ func (m *publishMarker) run(ctx context.Context) {
 			return
 		case <-m.kick:
 		}
-		m.flush(ctx)
+		m.flush(context.WithoutCancel(ctx))
 	}
 }
 

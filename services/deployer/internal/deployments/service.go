@@ -64,6 +64,9 @@ type Service struct {
 	marker   *publishMarker
 	metrics  *metrics
 	own      *recentSet // job ids this replica published lately (the observer skips them)
+	// committer stores and publishes submits without an Idempotency-Key in
+	// groups.
+	committer *committer
 }
 
 // New returns a Service.
@@ -89,6 +92,7 @@ func New(db *pgxpool.Pool, rdb redis.UniversalClient, producer *stream.Producer,
 		log: log.With().Str("component", "deployments").Logger(), now: time.Now, metrics: m}
 	s.marker = newPublishMarker(db, s.log)
 	s.own = newRecentSet(100_000)
+	s.committer = &committer{s: s}
 	return s, nil
 }
 
@@ -178,6 +182,13 @@ type Submission struct {
 	Replayed bool
 }
 
+// insertDeployment stores a deployment submitted through the API.
+const insertDeployment = `
+	INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
+		modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at)
+	VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
+		$12, NULLIF($13, ''), $14)`
+
 // Submit validates, stores and publishes a deployment made with the API
 // key keyID. With an idempotencyKey, a request repeated with the same key
 // (also concurrently) returns the first one's deployment and publishes
@@ -194,27 +205,30 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 	}
 	// Store what the wire carries: normalised values.
 	r.ProjectID, r.Branch, r.ServerIP, r.Modules = msg.ProjectID, msg.Branch, msg.ServerIP, msg.Modules
-	hash := requestHash(&r)
 
 	var timeout *int
 	if r.Options.TimeoutSeconds > 0 {
 		timeout = &r.Options.TimeoutSeconds
 	}
+	args := []any{id.String(), nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
+		r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now, id.String()}
 	insert := func(q store.Querier) error {
-		_, err := q.Exec(ctx, `
-			INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
-				modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at)
-			VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
-				$12, NULLIF($13, ''), $14)`,
-			id.String(), nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
-			r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now, id.String())
+		_, err := q.Exec(ctx, insertDeployment, args...)
 		return err
 	}
 	var existing string
+	published := false
 	if idempotencyKey == "" {
-		// One statement, one round trip: the common case.
-		err = insert(s.db)
+		// The common case: stored and published with the submits of the
+		// same moment (see committer).
+		data, eerr := messages.Encode(msg)
+		if eerr != nil {
+			return nil, fmt.Errorf("encode deployment request: %w", eerr)
+		}
+		err = s.committer.commit(&commitItem{id: id.String(), args: args, data: data})
+		published = true
 	} else {
+		hash := requestHash(&r)
 		err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 			// Concurrent retries with one key queue up on this lock; the
 			// first stores the deployment, the others find it.
@@ -255,7 +269,9 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 		s.metrics.submitted.WithLabelValues("replayed").Inc()
 		return &Submission{Deployment: d, Replayed: true}, nil
 	}
-	s.publish(ctx, id.String(), msg)
+	if !published {
+		s.publish(ctx, id.String(), msg)
+	}
 	s.metrics.submitted.WithLabelValues("new").Inc()
 	d := &Deployment{ID: id.String(), JobID: id.String(), Source: "api", Status: StatusQueued, Request: r,
 		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id.String()), apiKeyID: keyID}
