@@ -119,11 +119,18 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	}
 
 	bins := t.TempDir()
-	for pkg, out := range map[string]string{"../infra": "infra", "../infra/cmd/runguard": "runguard", ".": "deployer"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(bins, out), ".")
-		cmd.Dir = pkg
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", pkg, err, b)
+	// Built as `make build` builds them (infra finds runguard next to itself).
+	const ap = "github.com/autoprovisioner/autoprovisioner/"
+	for _, b := range []struct {
+		out, pkg string
+		static   bool
+	}{
+		{"infra", ap + "services/infra", false},
+		{"runguard", ap + "pkg/ansible/cmd/runguard", true},
+		{"deployer", ".", false},
+	} {
+		if err := testenv.GoBuild(filepath.Join(bins, b.out), b.pkg, b.static); err != nil {
+			t.Fatalf("build %s: %v", b.pkg, err)
 		}
 	}
 	runRoot, err := os.MkdirTemp("", "e2r")
