@@ -24,9 +24,12 @@ import (
 // BenchmarkSubmit measures POST /deployments on loopback: a load generator
 // of 64 keep-alive connections sends requests for 5 s against a deployer
 // with real Postgres and Redis (each request: key check, rate limit in
-// Redis, validation, a Postgres transaction, an XADD). It reports requests
-// per second and latency percentiles to the 202. The generator and the
-// deployer share this machine's cores.
+// Redis, validation, then an INSERT and an XADD shared with the submits of
+// the same moment: see the deployments package's committer). It reports
+// requests per second and latency percentiles to the 202, and the storage
+// floor side by side: one committed INSERT and one XADD per request, same
+// workers, no HTTP. The generator and the deployer share this machine's
+// cores.
 func BenchmarkSubmit(b *testing.B) {
 	e := dt.Start(b, dt.Options{NoInfra: true, Env: map[string]string{
 		"API_RATE_LIMIT": "1000000", "API_RATE_BURST": "1000000", "API_KEY_CACHE_TTL": "5s", "LOG_LEVEL": "warn",
