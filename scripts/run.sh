@@ -8,7 +8,10 @@
 # its log in run/dev/logs/, and runs the main job for real: a
 # ProvisionerMessage is published, infra runs ansible/playbooks/
 # setup_server.yml against the target, and the progress and result are shown.
-# The services keep running until Ctrl-C.
+# Then the deployer's part: an API key is created (printed once), a
+# deployment of a demo project (served from a local git repository) is made
+# through the HTTP API, its events are followed live, and the commands a user
+# would try next are printed. The services keep running until Ctrl-C.
 #
 # Nothing outside run/ is changed besides installing packages, the package
 # and image cache in .cache/, and the target's network namespace (removed on
@@ -28,7 +31,20 @@ RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
 
-declare -A ADMIN=([scheduler]=127.0.0.1:9101 [infra]=127.0.0.1:9102 [deployer]=127.0.0.1:9103)
+# Ports may be moved to run two checkouts side by side, e.g.
+#   REDIS_PORT=16391 PG_PORT=15441 SCHEDULER_ADMIN_ADDR=127.0.0.1:9111 INFRA_ADMIN_ADDR=127.0.0.1:9112 \
+#   DEPLOYER_ADMIN_ADDR=127.0.0.1:9113 API_ADDR=127.0.0.1:8090 make run
+declare -A ADMIN=([scheduler]=${SCHEDULER_ADMIN_ADDR:-127.0.0.1:9101} [infra]=${INFRA_ADMIN_ADDR:-127.0.0.1:9102}
+	[deployer]=${DEPLOYER_ADMIN_ADDR:-127.0.0.1:9103})
+API=${API_ADDR:-127.0.0.1:8080}
+# The deployer derives each API key's webhook secret from this key.
+if [ ! -s "$RUN/webhook-signing.key" ]; then
+	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$RUN/webhook-signing.key")
+fi
+DEPLOYER_ENV=(
+	"API_ADDR=$API"
+	"WEBHOOK_SIGNING_KEY_FILE=$RUN/webhook-signing.key"
+)
 PIDS=()
 TARGET=""
 
@@ -66,6 +82,9 @@ demo=""
 if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; then
 	TARGET="$RUN/target"
 	bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
+	# A fresh target each time: the previous one's files (its writable layer,
+	# hardened by setup_server.yml: no root login) must not come back.
+	rm -rf --one-file-system "$TARGET"
 	step "starting the local Debian target (the first time builds and caches its image: about a minute)"
 	info=$(bin/testtarget up --detach --dir "$TARGET" 2>"$LOGS/target.log") ||
 		{ cat "$LOGS/target.log" >&2; die "the local target did not start (see run/dev/logs/target.log)"; }
@@ -76,9 +95,15 @@ if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; th
 	# The target shares this machine's kernel: the roles leave kernel
 	# settings and swap alone (and check their configuration files), and
 	# Docker comes from Debian's mirror, the one the target can reach.
+	host_addr=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["host_addr"])' <<<"$info")
+	target_root=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["root"])' <<<"$info")
+	# The demo deployment fetches its project from a git server (smart HTTP)
+	# on the target's side of its veth.
+	git_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 	cat >"$RUN/site-vars.json" <<JSON
 {"autoprov_manage_kernel": false, "docker_install_source": "debian",
- "system_tuning_swap_size_mb": 64, "system_tuning_swap_min_free_mb": 256}
+ "system_tuning_swap_size_mb": 64, "system_tuning_swap_min_free_mb": 256,
+ "project_deploy_git_base_url": "http://$host_addr:$git_port", "project_deploy_wait_timeout": 30}
 JSON
 	INFRA_ENV+=(
 		"PLAYBOOK_VARS_FILE=$RUN/site-vars.json"
@@ -95,6 +120,8 @@ for svc in scheduler infra deployer; do
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
 	if [ "$svc" = infra ]; then
 		env "${INFRA_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+	elif [ "$svc" = deployer ]; then
+		env "${DEPLOYER_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	else
 		ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	fi
@@ -122,13 +149,18 @@ INSERT INTO servers (handle, address, ssh_port, labels) VALUES ('local-target', 
 SQL
 	step "registered server local-target ($addr:$port)"
 	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
-	/usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
+	/usr/bin/python3 scripts/demo-job.py --server-handle local-target --timeout "${RUN_JOB_TIMEOUT:-1800}" || status=$?
 	if [ "$status" -eq 0 ]; then
 		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
 			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"
 	else
 		printf '\033[1;31merror:\033[0m the main job did not succeed (exit %s); see run/dev/logs/infra.log\n' "$status" >&2
 	fi
+fi
+
+if [ -n "$demo" ] && [ "$status" -eq 0 ]; then
+	scripts/demo-deploy.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
+	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m the demo deployment did not succeed (exit %s); see run/dev/logs/\n' "$status" >&2
 fi
 
 if [ -n "${RUN_ONCE:-}" ]; then

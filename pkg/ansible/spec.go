@@ -60,6 +60,9 @@ type Spec struct {
 	Redact func(string) string
 	// Timeout is the wall-clock limit of this run; 0 means Config.Timeout.
 	Timeout time.Duration
+	// TimeoutCap, when positive, lowers the wall-clock limit to it (a
+	// request's own timeout_seconds); it never raises the limit.
+	TimeoutCap time.Duration
 	// IdleTimeout is the longest time without output (stdout, stderr or
 	// events); 0 means Config.IdleTimeout.
 	IdleTimeout time.Duration
@@ -190,6 +193,9 @@ func (r *Runner) validateSpec(spec *Spec) (pinnedKey, error) {
 	}
 	if spec.Timeout == 0 {
 		spec.Timeout = r.cfg.Timeout
+	}
+	if spec.TimeoutCap > 0 && spec.TimeoutCap < spec.Timeout {
+		spec.Timeout = spec.TimeoutCap
 	}
 	if spec.IdleTimeout == 0 {
 		spec.IdleTimeout = r.cfg.IdleTimeout

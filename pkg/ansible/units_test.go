@@ -209,6 +209,19 @@ func TestValidateSpec(t *testing.T) {
 	if good.Host.Port != 22 || good.Timeout != r.cfg.Timeout || good.IdleTimeout != r.cfg.IdleTimeout || good.Redact == nil {
 		t.Errorf("defaults not filled: %+v", good)
 	}
+	// A request's own limit lowers the wall-clock limit, never raises it.
+	for _, tc := range []struct{ timeout, limit, want time.Duration }{
+		{0, time.Minute, time.Minute},
+		{0, 2 * r.cfg.Timeout, r.cfg.Timeout},
+		{10 * time.Minute, 0, 10 * time.Minute},
+		{10 * time.Minute, time.Hour, 10 * time.Minute},
+	} {
+		s := good
+		s.Timeout, s.TimeoutCap = tc.timeout, tc.limit
+		if _, err := r.validateSpec(&s); err != nil || s.Timeout != tc.want {
+			t.Errorf("Timeout %v TimeoutCap %v: limit %v (%v), want %v", tc.timeout, tc.limit, s.Timeout, err, tc.want)
+		}
+	}
 	tests := map[string]func(*Spec){
 		"no job":             func(s *Spec) { s.JobID = "" },
 		"playbook traversal": func(s *Spec) { s.Playbook = "../ping.yml" },

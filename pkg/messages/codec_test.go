@@ -382,7 +382,7 @@ func TestTagsAreTheKeys(t *testing.T) {
 		&messages.AnsibleDeployMessage{
 			RequestMeta: messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t"},
 			ProjectID:   "p", RepoFullName: "r", Branch: "b", ServerIP: "i", Port: 1, Modules: []string{"m"},
-			GitHubTokenRef: "g", SecretsRef: "s",
+			GitHubTokenRef: "g", SecretsRef: "s", TimeoutSeconds: 60,
 		},
 		&messages.ProvisionerResult{Outcome: fullOutcome(), ServerHandle: "h"},
 		&messages.AnsibleDeployResult{Outcome: fullOutcome(), ProjectID: "p", ServerIP: "i", Port: 1},

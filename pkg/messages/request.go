@@ -22,6 +22,8 @@ const (
 	MaxModuleLen = 64
 	// MaxSecretRefLen is the longest secret reference, in bytes.
 	MaxSecretRefLen = 512
+	// MaxTimeoutSeconds is the longest run a request may ask for: a day.
+	MaxTimeoutSeconds = 86400
 )
 
 // ServerHandlePattern is the shape of a server handle, the same as the
@@ -165,6 +167,9 @@ type AnsibleDeployMessage struct {
 	// Reference to the project's deploy secrets (vault:..., env:... or
 	// file:...), never the secrets themselves.
 	SecretsRef string `msgpack:"secrets_ref,omitempty"`
+	// Wall-clock limit of the run in seconds, 1-86400; absent (0) means the
+	// service's own limit, which also caps a longer one.
+	TimeoutSeconds int `msgpack:"timeout_seconds,omitempty"`
 }
 
 // Validate checks m against the contract and returns a *ValidationError
@@ -223,6 +228,9 @@ func (m *AnsibleDeployMessage) Validate() error {
 	}
 	secretRef(&c, "github_token_ref", m.GitHubTokenRef)
 	secretRef(&c, "secrets_ref", m.SecretsRef)
+	if m.TimeoutSeconds < 0 || m.TimeoutSeconds > MaxTimeoutSeconds {
+		c.add("timeout_seconds", fmt.Sprintf("must be between 1 and %d (seconds)", MaxTimeoutSeconds))
+	}
 	return c.err()
 }
 

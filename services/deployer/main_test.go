@@ -16,5 +16,7 @@ func TestBinary(t *testing.T) {
 		Dir:              ".",
 		Summary:          app.Summary,
 		DefaultAdminAddr: app.DefaultAdminAddr,
+		// Any free port for the API: tests run side by side.
+		Env: []string{"API_ADDR=127.0.0.1:0"},
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets/vaulttest"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -210,8 +212,24 @@ func TestSecretsLeakNowhere(t *testing.T) {
 		t.Errorf("the printed token is not masked in the output tail:\n%s", r.OutputTail)
 	}
 
+	// The whole output is kept in the run log store (Postgres by default),
+	// redacted like the tail, and holds the tail.
+	rc, info, err := runlog.NewPostgres(e.pool, runlog.DefaultMaxBytes).Open(context.Background(), "deploy-1")
+	if err != nil {
+		t.Fatalf("full run log: %v", err)
+	}
+	full, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || info.Truncated || int64(len(full)) != info.Size {
+		t.Fatalf("full run log: %v, info %+v, %d bytes", err, info, len(full))
+	}
+	if !strings.Contains(string(full), "using token "+secrets.Redacted) || !strings.Contains(string(full), strings.TrimSpace(r.OutputTail)) {
+		t.Errorf("the full log lacks the masked token line or the tail:\n%s", full)
+	}
+
 	// Now look everywhere for the values.
 	var places []string
+	scanFull := string(full)
 	cmdlineHits.Range(func(k, v any) bool {
 		places = append(places, "process list ("+k.(string)+"): "+v.(string))
 		return true
@@ -224,6 +242,7 @@ func TestSecretsLeakNowhere(t *testing.T) {
 		}
 	}
 	scan("infra logs", p.Stderr()+p.Stdout())
+	scan("the full run log", scanFull)
 	for _, s := range []string{messages.StreamDeployResults, messages.ProgressStream("deploy-1")} {
 		for _, m := range e.results(s) {
 			scan("stream "+s, m.Values["data"].(string))

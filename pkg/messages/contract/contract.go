@@ -197,6 +197,9 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 	case "github_token_ref", "secrets_ref":
 		p.Pattern = secretRefPattern
 		p.MaxLength = ptr(uint64(messages.MaxSecretRefLen))
+	case "timeout_seconds":
+		p.Minimum = "0" // 0 is the same as absent
+		p.Maximum = json.Number(strconv.Itoa(messages.MaxTimeoutSeconds))
 	case "request_id":
 		p.Pattern = entryIDPattern
 	case "hosts":

@@ -10,9 +10,14 @@ import (
 )
 
 // Components returns the service's long-running parts, in the order
-// service.RunComponents documents: they are stopped in reverse order, so
-// list what feeds work in (stream consumers) last. Features of the service
-// add their components here.
-func Components(_ context.Context, _ *Config, _ service.Deps) ([]service.Component, error) {
-	return nil, nil
+// service.RunComponents documents: they are stopped in reverse order. The
+// API comes last, so it stops first (no new requests; streams end with a
+// retry hint), then the stream consumers, then what they feed (webhook
+// deliveries, the event hub, notifications).
+func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Component, error) {
+	parts, err := Build(ctx, cfg, d, Options{})
+	if err != nil {
+		return nil, err
+	}
+	return parts.Components(), nil
 }

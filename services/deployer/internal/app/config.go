@@ -1,6 +1,16 @@
 package app
 
-import "github.com/autoprovisioner/autoprovisioner/pkg/service"
+import (
+	"errors"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+)
 
 // Name is the service's name in logs, metrics and --help.
 const Name = "deployer"
@@ -11,12 +21,117 @@ const Summary = "HTTP front door for deployments"
 // DefaultAdminAddr is where the admin server listens unless ADMIN_ADDR says otherwise.
 const DefaultAdminAddr = "127.0.0.1:9103"
 
+// DefaultAPIAddr is where the API listens unless API_ADDR says otherwise.
+const DefaultAPIAddr = "127.0.0.1:8080"
+
 // Config is the configuration of the service, read from the environment by
-// service.Load. Settings of the service's own features go next to Common,
-// with `env`, `envDefault` and `desc` tags; a Validate method on Config
-// checks them (Load validates Common by itself).
+// service.Load.
 type Config struct {
 	service.Common
+
+	API      APIConfig
+	Stream   StreamConfig
+	Webhooks WebhookConfig
+	RunLog   runlog.Config
+}
+
+// APIConfig configures the HTTP API.
+type APIConfig struct {
+	Addr            string        `env:"API_ADDR" envDefault:"127.0.0.1:8080" desc:"host:port of the HTTP API (/api/v1)"`
+	MaxBody         int64         `env:"API_MAX_BODY" envDefault:"65536" desc:"largest request body accepted, in bytes"`
+	MaxWait         time.Duration `env:"API_MAX_WAIT" envDefault:"10m" desc:"longest ?wait= a request may ask for"`
+	RateLimit       int           `env:"API_RATE_LIMIT" envDefault:"50" desc:"requests per second per API key (shared by every replica, through Redis); a key's own limit wins"`
+	RateBurst       int           `env:"API_RATE_BURST" envDefault:"100" desc:"burst of requests per API key above the rate"`
+	AuthFailureRate int           `env:"API_AUTH_FAILURE_RATE" envDefault:"10" desc:"failed authentications per second allowed per client address"`
+	KeyCacheTTL     time.Duration `env:"API_KEY_CACHE_TTL" envDefault:"5s" desc:"how long a checked API key is cached (a revocation reaches other replicas within it; 0 disables)"`
+	SSEHeartbeat    time.Duration `env:"API_SSE_HEARTBEAT" envDefault:"15s" desc:"interval of keep-alive comments on quiet event streams"`
+	SSERetry        time.Duration `env:"API_SSE_RETRY" envDefault:"3s" desc:"reconnection delay advised to event stream clients"`
+}
+
+// StreamConfig configures the consumers of deploy:results and of the
+// request queue.
+type StreamConfig struct {
+	Group        string        `env:"STREAM_GROUP" envDefault:"deployer" desc:"consumer group on deploy:results (and, observing, on ansible:deploy:queue)"`
+	ConsumerName string        `env:"STREAM_CONSUMER_NAME" desc:"this instance's name in the group (default: host-pid-random)"`
+	Concurrency  int           `env:"STREAM_CONCURRENCY" envDefault:"16" desc:"results recorded at once by this instance"`
+	ObserveQueue bool          `env:"OBSERVE_QUEUE" envDefault:"true" desc:"show requests other producers put on ansible:deploy:queue as deployments while they are queued (else only once their result arrives)"`
+	CancelTTL    time.Duration `env:"CANCEL_TTL" envDefault:"24h" desc:"expiry of the cancel key set for a running deployment"`
+	Republish    time.Duration `env:"REPUBLISH_AFTER" envDefault:"1m" desc:"a stored deployment not yet published after this long (Redis was down) is published again"`
+}
+
+// WebhookConfig configures webhook delivery.
+type WebhookConfig struct {
+	SigningKey     secrets.Value `env:"WEBHOOK_SIGNING_KEY,unset" secret:"true" desc:"key from which each API key's webhook secret is derived (empty disables webhooks; removed from the environment once read)"`
+	SigningKeyFile string        `env:"WEBHOOK_SIGNING_KEY_FILE" desc:"file holding the webhook signing key"`
+	AllowCIDRs     []string      `env:"WEBHOOK_ALLOW_CIDRS" desc:"comma-separated addresses or CIDR prefixes webhooks may reach although private, loopback or link-local"`
+	Timeout        time.Duration `env:"WEBHOOK_TIMEOUT" envDefault:"10s" desc:"timeout of one webhook request"`
+	RetryFor       time.Duration `env:"WEBHOOK_RETRY_FOR" envDefault:"24h" desc:"how long a failing webhook is retried"`
+	BackoffMin     time.Duration `env:"WEBHOOK_BACKOFF_MIN" envDefault:"5s" desc:"delay after the first failed attempt (doubles each time, with jitter)"`
+	BackoffMax     time.Duration `env:"WEBHOOK_BACKOFF_MAX" envDefault:"1h" desc:"longest delay between attempts"`
+	Workers        int           `env:"WEBHOOK_WORKERS" envDefault:"4" desc:"webhook requests sent at once by this instance"`
+	Lease          time.Duration `env:"WEBHOOK_LEASE" envDefault:"1m" desc:"how long a delivery is reserved for the instance sending it (a dead instance's deliveries are retried after it)"`
+}
+
+// SigningKeyBytes returns the webhook signing key (nil when webhooks are
+// disabled), reading WEBHOOK_SIGNING_KEY_FILE when it is set.
+func (c *WebhookConfig) SigningKeyBytes() ([]byte, error) {
+	if c.SigningKeyFile != "" {
+		b, err := os.ReadFile(c.SigningKeyFile)
+		if err != nil {
+			return nil, service.Invalid("WEBHOOK_SIGNING_KEY_FILE", "%v", err)
+		}
+		k := strings.TrimSpace(string(b))
+		if len(k) < 32 {
+			return nil, service.Invalid("WEBHOOK_SIGNING_KEY_FILE", "the key must be at least 32 characters")
+		}
+		return []byte(k), nil
+	}
+	if c.SigningKey.IsZero() {
+		return nil, nil
+	}
+	return c.SigningKey.Bytes(), nil
+}
+
+// Validate checks the settings.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.API.Addr == "" {
+		errs = append(errs, service.Invalid("API_ADDR", "must not be empty"))
+	}
+	if c.API.MaxBody < 1024 {
+		errs = append(errs, service.Invalid("API_MAX_BODY", "must be at least 1024"))
+	}
+	if c.API.MaxWait <= 0 {
+		errs = append(errs, service.Invalid("API_MAX_WAIT", "must be positive"))
+	}
+	if c.API.RateLimit < 1 || c.API.RateBurst < 1 || c.API.AuthFailureRate < 1 {
+		errs = append(errs, service.Invalid("API_RATE_LIMIT", "rates and burst must be at least 1"))
+	}
+	if c.API.KeyCacheTTL < 0 {
+		errs = append(errs, service.Invalid("API_KEY_CACHE_TTL", "must not be negative"))
+	}
+	if c.Stream.Group == "" {
+		errs = append(errs, service.Invalid("STREAM_GROUP", "must not be empty"))
+	}
+	if c.Stream.Concurrency < 1 {
+		errs = append(errs, service.Invalid("STREAM_CONCURRENCY", "must be at least 1"))
+	}
+	if !c.Webhooks.SigningKey.IsZero() && c.Webhooks.SigningKeyFile != "" {
+		errs = append(errs, service.Invalid("WEBHOOK_SIGNING_KEY", "set only one of WEBHOOK_SIGNING_KEY and WEBHOOK_SIGNING_KEY_FILE"))
+	}
+	if !c.Webhooks.SigningKey.IsZero() && c.Webhooks.SigningKey.Len() < 32 {
+		errs = append(errs, service.Invalid("WEBHOOK_SIGNING_KEY", "must be at least 32 characters"))
+	}
+	if _, err := webhooks.ParseCIDRs(c.Webhooks.AllowCIDRs); err != nil {
+		errs = append(errs, service.Invalid("WEBHOOK_ALLOW_CIDRS", "%v", err))
+	}
+	if c.Webhooks.Timeout <= 0 || c.Webhooks.RetryFor <= 0 || c.Webhooks.BackoffMin <= 0 || c.Webhooks.BackoffMax < c.Webhooks.BackoffMin {
+		errs = append(errs, service.Invalid("WEBHOOK_TIMEOUT", "webhook durations must be positive, WEBHOOK_BACKOFF_MAX >= WEBHOOK_BACKOFF_MIN"))
+	}
+	if c.Webhooks.Workers < 1 {
+		errs = append(errs, service.Invalid("WEBHOOK_WORKERS", "must be at least 1"))
+	}
+	return errors.Join(errs...)
 }
 
 // NewConfig returns a Config holding the service's own defaults, ready for

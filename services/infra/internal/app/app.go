@@ -9,6 +9,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -96,6 +97,10 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		consumerName = stream.DefaultConsumerName()
 	}
 	streamMetrics := stream.NewMetrics(d.Metrics)
+	runLogs, err := runlog.Open(ctx, cfg.RunLog, d.DB)
+	if err != nil {
+		return nil, err
+	}
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
 		Playbooks:        jobs.DefaultPlaybooks,
@@ -119,6 +124,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		SSH:      checker,
 		Runner:   runner,
 		Provider: provider,
+		RunLogs:  runLogs,
 		Log:      log,
 		Metrics:  jobs.NewMetrics(d.Metrics),
 	})

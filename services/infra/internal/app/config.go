@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
@@ -36,6 +37,9 @@ type Config struct {
 	Jobs     JobsConfig
 	Secrets  secrets.Config
 	Time4VPS time4vps.Config
+	// RunLog is where the whole output of every run is kept (the
+	// deployer serves it); the same settings as the deployer's.
+	RunLog runlog.Config
 }
 
 // StreamConfig configures the consumer of the request streams.

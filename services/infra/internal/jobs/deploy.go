@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -26,6 +27,7 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 		return j.reject(ctx, err)
 	}
 	j.log = j.log.With().Str("project_id", m.ProjectID).Str("server_ip", m.ServerIP).Logger()
+	j.timeoutCap = time.Duration(m.TimeoutSeconds) * time.Second
 	// A deploy to a registered server uses its credentials and its lock.
 	srv, err := store.FindServerByAddress(ctx, h.DB, m.ServerIP)
 	var ambiguous *store.AmbiguousAddressError

@@ -41,6 +41,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -175,6 +176,10 @@ type Deps struct {
 	Log      zerolog.Logger
 	Metrics  *Metrics
 	Clock    clock.Clock // nil: the system clock
+
+	// RunLogs keeps the whole redacted output of every run (pkg/runlog);
+	// nil keeps only the result's output tail.
+	RunLogs runlog.Store
 }
 
 // Handler handles the entries of provisioner:queue and ansible:deploy:queue.

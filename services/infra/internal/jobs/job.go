@@ -47,6 +47,9 @@ type job struct {
 	red      *secrets.Redactor // this job's secrets; released when the job ends
 	res      *secrets.Resolver // resolves into red
 	prog     *progress         // nil until the run starts
+	runOut   *runOutput        // the run's full output, on its way to the run log store
+	// timeoutCap is the request's own time limit (timeout_seconds); 0: none.
+	timeoutCap time.Duration
 
 	// Timings of the service's own overhead (see play and complete).
 	sshCheck       time.Duration // the SSH check before the play
@@ -73,8 +76,11 @@ func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *mess
 	}
 }
 
-// close releases the job's secrets.
-func (j *job) close() { j.red.Release() }
+// close drops an output not stored and releases the job's secrets.
+func (j *job) close() {
+	j.dropOutput()
+	j.red.Release()
+}
 
 // reject publishes a rejected result for invalid input and dead-letters the
 // entry.
@@ -223,6 +229,9 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 	if j.out.Error != nil {
 		kind = string(j.out.Error.Kind)
 	}
+	// The full output is stored before the result goes out, so that a
+	// client reading the result finds the log.
+	j.storeOutput()
 	// The progress stream's end goes out while the outcome is stored.
 	progressDone := make(chan struct{})
 	go func() {

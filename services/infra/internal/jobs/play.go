@@ -48,6 +48,8 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		SecretEnv:   env,
 		SSHKeys:     creds.keys,
 		Redact:      j.red.RedactString,
+		TimeoutCap:  j.timeoutCap,
+		OnOutput:    j.onOutput(),
 		OnEvent:     j.prog.fromAnsible,
 		OnStart: func(int) {
 			if j.playStarted.IsZero() {

@@ -20,6 +20,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/clock/clocktest"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -106,6 +107,7 @@ type fakes struct {
 	ssh      *fakeSSH
 	provider *fakeProvider   // nil: no provider configured
 	clock    *clocktest.Fake // nil: the system clock
+	runLogs  runlog.Store    // nil: no full run logs kept
 	metrics  *prometheus.Registry
 }
 
@@ -167,6 +169,9 @@ func (w *world) handler(t *testing.T, f *fakes, mod func(*jobs.Config)) *jobs.Ha
 	}
 	if f.clock != nil {
 		deps.Clock = f.clock
+	}
+	if f.runLogs != nil {
+		deps.RunLogs = f.runLogs
 	}
 	h, err := jobs.New(cfg, deps)
 	if err != nil {

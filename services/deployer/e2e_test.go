@@ -1,0 +1,377 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cgi"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/autoprovisioner/autoprovisioner/ansible/tests/target"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+// TestEndToEndWithRealInfra deploys a project through the deployer's API
+// with the real infra service, real ansible-playbook and deploy_project.yml
+// against a Debian target in its own network namespace, fetching the
+// project from a git server that requires the token (given to infra as a
+// secret reference). It follows the events, reads the full log, and checks
+// that the token is nowhere: not in the API's answers, the log, the
+// results or the database.
+func TestEndToEndWithRealInfra(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test starts a Debian target in a network namespace and needs root (run it through `make test`)")
+	}
+	for _, tool := range []string{"ansible-playbook", "ip", "git", "debootstrap"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is missing (make test installs it): %v", tool, err)
+		}
+	}
+	root, err := target.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	// The SSH key infra uses, as a file: secret reference.
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(secretDir, "id_ed25519"), pem.EncodeToMemory(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := ssh.NewPublicKey(priv.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	img, err := target.EnsureImage(ctx, target.ImageConfig{CacheDir: filepath.Join(root, ".cache", "testtarget"), Progress: io.Discard})
+	if err != nil {
+		t.Fatalf("target image: %v", err)
+	}
+	tdir, err := os.MkdirTemp("", "dptgt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt, err := target.Start(ctx, img, target.Options{
+		Dir: tdir, AuthorizedKeys: []string{strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pub)))},
+		PackageCache: filepath.Join(root, ".cache", "testtarget", "debs"), Logger: zerolog.Nop(),
+	})
+	if err != nil {
+		t.Fatalf("start target: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := tgt.Stop(); err != nil {
+			t.Errorf("stop target: %v", err)
+		}
+		os.RemoveAll(tdir)
+	})
+	standin, err := os.ReadFile(filepath.Join(root, "ansible/tests/testdata/docker-standin.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tgt.Path("/usr/local/bin/docker"), standin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// The project, on a git server (dumb HTTP) that wants the token.
+	var tb [16]byte
+	_, _ = rand.Read(tb[:])
+	token := "ghs_" + hex.EncodeToString(tb[:])
+	gitURL, refused := gitServer(t, tgt.HostAddr, token)
+
+	dsn := testenv.Postgres(t)
+	redisURL := testenv.RedisDB(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `INSERT INTO servers (handle, address, ssh_port, ssh_user) VALUES ('e2e-target', $1, $2, 'root')`,
+		tgt.Addr, tgt.Port); err != nil {
+		t.Fatal(err)
+	}
+
+	bins := t.TempDir()
+	// Built as `make build` builds them (infra finds runguard next to itself).
+	const ap = "github.com/autoprovisioner/autoprovisioner/"
+	for _, b := range []struct {
+		out, pkg string
+		static   bool
+	}{
+		{"infra", ap + "services/infra", false},
+		{"runguard", ap + "pkg/ansible/cmd/runguard", true},
+		{"deployer", ".", false},
+	} {
+		if err := testenv.GoBuild(filepath.Join(bins, b.out), b.pkg, b.static); err != nil {
+			t.Fatalf("build %s: %v", b.pkg, err)
+		}
+	}
+	runRoot, err := os.MkdirTemp("", "e2r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(runRoot) })
+	siteVars := filepath.Join(t.TempDir(), "site.json")
+	sv := fmt.Sprintf(`{"project_deploy_git_base_url": %q, "project_deploy_wait_timeout": 30}`, gitURL)
+	if err := os.WriteFile(siteVars, []byte(sv), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json"}
+	infraEnv := testenv.BinaryEnv(append(common,
+		fmt.Sprintf("ADMIN_ADDR=127.0.0.1:%d", testenv.FreePort(t)),
+		"PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot, "PLAYBOOK_VARS_FILE="+siteVars,
+		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=file:id_ed25519", "AUTOPROV_SECRET_GH="+token)...)
+	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
+	api := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	deployer := testenv.StartBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(append(common, "API_ADDR="+api, "ADMIN_ADDR="+admin)...))
+	deployer.WaitHTTP("http://"+admin+"/readyz", 200, 2*time.Minute)
+
+	out, stderr, code := testenv.RunBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(common...),
+		"keys", "create", "--name", "e2e", "--scopes", "deployments:write", "--json")
+	if code != 0 {
+		t.Fatalf("keys create: %s", stderr)
+	}
+	var created map[string]any
+	if err := json.Unmarshal([]byte(out), &created); err != nil {
+		t.Fatal(err)
+	}
+	key := created["key"].(string)
+	call := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequest(method, "http://"+api+"/api/v1"+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := (&http.Client{Timeout: 10 * time.Minute}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	body := fmt.Sprintf(`{"project_id":"0b6c1a8e-3f55-4f7e-9a41-7d2b5e6c9f10","repo_full_name":"acme/shop","server_ip":%q,
+		"port":8080,"modules":["web"],"github_token_ref":"env:AUTOPROV_SECRET_GH","options":{"timeout_seconds":600}}`, tgt.Addr)
+	code, resp := call("POST", "/deployments", body)
+	if code != 202 {
+		t.Fatalf("submit: %d %s", code, resp)
+	}
+	var d struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+		Result *struct {
+			Status string         `json:"status"`
+			Hosts  map[string]any `json:"hosts"`
+			Error  any            `json:"error"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(resp), &d); err != nil {
+		t.Fatal(err)
+	}
+	// Follow the events live while it runs.
+	events := followEvents(t, "http://"+api+"/api/v1/deployments/"+d.ID+"/events", key)
+
+	code, resp = call("GET", "/deployments/"+d.ID+"?wait=5m", "")
+	if err := json.Unmarshal([]byte(resp), &d); err != nil {
+		t.Fatal(err)
+	}
+	if code != 200 || d.Status != "succeeded" || d.Result == nil || d.Result.Hosts["e2e-target"] == nil {
+		t.Fatalf("deployment: %d %s\ninfra:\n%s", code, resp, infra.Stderr())
+	}
+	evs := <-events
+	if len(evs) < 5 || evs[0] != "run_started" || evs[len(evs)-1] != "run_finished" {
+		t.Errorf("events: %v", evs)
+	}
+	code, log := call("GET", "/deployments/"+d.ID+"/log", "")
+	if code != 200 || !strings.Contains(log, "PLAY RECAP") || !strings.Contains(log, "e2e-target") {
+		t.Errorf("log: %d\n%s", code, log)
+	}
+	if refused() != 0 {
+		t.Errorf("the git server refused %d requests", refused())
+	}
+	if got, err := os.ReadFile(tgt.Path("/var/log/docker-standin.log")); err != nil || !strings.Contains(string(got), "compose") {
+		t.Errorf("compose was not called on the target: %v %s", err, got)
+	}
+
+	// Cancel while running: a release that never comes up keeps the play
+	// waiting; the cancel key stops it.
+	code, resp2 := call("POST", "/deployments", strings.Replace(body, "acme/shop", "acme/broken", 1))
+	if code != 202 {
+		t.Fatalf("submit broken: %d %s", code, resp2)
+	}
+	var running struct{ ID, Status string }
+	_ = json.Unmarshal([]byte(resp2), &running)
+	testenv.WaitFor(t, 5*time.Minute, "the broken release to be waited for", func() bool {
+		got, _ := os.ReadFile(tgt.Path("/var/log/docker-standin.log"))
+		return strings.Count(string(got), " up ") >= 2
+	})
+	if code, r := call("DELETE", "/deployments/"+running.ID, ""); code != 202 {
+		t.Fatalf("cancel running: %d %s", code, r)
+	}
+	code, resp2 = call("GET", "/deployments/"+running.ID+"?wait=3m", "")
+	if err := json.Unmarshal([]byte(resp2), &running); err != nil || code != 200 || running.Status != "cancelled" {
+		t.Fatalf("cancelled running deployment: %d %s", code, resp2)
+	}
+
+	// Cancel while queued: with infra stopped, the deployment is cancelled
+	// at once; infra, started again, publishes the cancelled result and
+	// never runs it.
+	infra.Signal(syscall.SIGTERM)
+	if c := infra.Wait(time.Minute); c != 0 {
+		t.Errorf("infra exit %d", c)
+	}
+	code, resp3 := call("POST", "/deployments", body)
+	var queued struct{ ID, JobID, Status string }
+	if err := json.Unmarshal([]byte(resp3), &queued); err != nil || code != 202 {
+		t.Fatalf("submit: %d %s", code, resp3)
+	}
+	if code, r := call("DELETE", "/deployments/"+queued.ID, ""); code != 200 || !strings.Contains(r, `"status":"cancelled"`) {
+		t.Fatalf("cancel queued: %d %s", code, r)
+	}
+	infra2 := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
+	testenv.WaitFor(t, 2*time.Minute, "infra to publish the stored cancelled result", func() bool {
+		return strings.Contains(infra2.Stderr(), "publishing its stored result again")
+	})
+	var owner *string
+	var state string
+	if err := conn.QueryRow(ctx, `SELECT owner, state FROM runs WHERE job_id = $1`, queued.ID).Scan(&owner, &state); err != nil || owner != nil || state != "done" {
+		t.Errorf("the cancelled job's run: owner %v, state %q, %v (it must never have started)", owner, state, err)
+	}
+
+	// The token is nowhere but where it belongs.
+	header := base64.StdEncoding.EncodeToString([]byte("x-access-token:" + token))
+	places := map[string]string{"deployment": resp, "log": log, "infra logs": infra.Stderr() + infra2.Stderr(), "deployer logs": deployer.Stderr()}
+	rows, err := conn.Query(ctx, `SELECT 'deployments', row_to_json(d)::text FROM deployments d
+		UNION ALL SELECT 'runs', row_to_json(r)::text FROM runs r UNION ALL SELECT 'run_logs', encode(content, 'base64') FROM run_logs`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var table, row string
+		if err := rows.Scan(&table, &row); err != nil {
+			t.Fatal(err)
+		}
+		places["table "+table] += row
+	}
+	rows.Close()
+	for where, text := range places {
+		if strings.Contains(text, token) || strings.Contains(text, header) {
+			t.Errorf("the git token is in the %s", where)
+		}
+	}
+}
+
+// gitServer serves the project's bare repository with git's smart HTTP
+// server (git http-backend behind net/http/cgi) on addr, answering only
+// requests with the token as GitHub takes it; it returns the base URL and a
+// count of refused requests.
+func gitServer(t *testing.T, addr, token string) (string, func() int32) {
+	t.Helper()
+	dir := t.TempDir()
+	work := filepath.Join(dir, "work")
+	bare := filepath.Join(dir, "repos", "acme", "shop.git")
+	git := func(args ...string) {
+		cmd := exec.Command("git", args...)
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_AUTHOR_NAME=t",
+			"GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com"}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q", "--initial-branch=main", work)
+	compose := "services:\n  web:\n    image: nginx\n    ports: [\"${PORT}:80\"]\n    profiles: [web]\n"
+	if err := os.WriteFile(filepath.Join(work, "compose.yml"), []byte(compose), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git("-C", work, "add", "-A")
+	git("-C", work, "commit", "-q", "-m", "release")
+	git("clone", "-q", "--bare", work, bare)
+	// acme/broken: a release whose stack never comes up (the docker
+	// stand-in serves nothing for it), so its deploy waits, then rolls back.
+	if err := os.WriteFile(filepath.Join(work, "standin-fail"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git("-C", work, "add", "-A")
+	git("-C", work, "commit", "-q", "-m", "broken release")
+	git("clone", "-q", "--bare", work, filepath.Join(dir, "repos", "acme", "broken.git"))
+	execPath, err := exec.Command("git", "--exec-path").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := &cgi.Handler{
+		Path: filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend"),
+		Root: "/",
+		Env:  []string{"GIT_PROJECT_ROOT=" + filepath.Join(dir, "repos"), "GIT_HTTP_EXPORT_ALL=1"},
+	}
+	want := "Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+token))
+	var refused atomic.Int32
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != want {
+			refused.Add(1)
+			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		backend.ServeHTTP(w, r)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + l.Addr().String(), refused.Load
+}
+
+// followEvents reads a deployment's SSE stream to its end and sends the
+// event types read.
+func followEvents(t *testing.T, url, key string) <-chan []string {
+	ch := make(chan []string, 1)
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer resp.Body.Close()
+		var types []string
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if ev, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+				types = append(types, ev)
+			}
+		}
+		ch <- types
+	}()
+	return ch
+}

@@ -1,0 +1,384 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
+)
+
+// idempotencyKeyRE is the shape of an Idempotency-Key header.
+var idempotencyKeyRE = regexp.MustCompile(`^[!-~]{1,255}$`)
+
+func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
+	key := authedKey(r.Context())
+	idem := r.Header.Get("Idempotency-Key")
+	if idem != "" && !idempotencyKeyRE.MatchString(idem) {
+		writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, "must be 1-255 printable ASCII characters without spaces",
+			FieldProblem{Field: "Idempotency-Key", Message: "must be 1-255 printable ASCII characters without spaces"})
+		return
+	}
+	wait, ok := a.parseWait(w, r)
+	if !ok {
+		return
+	}
+	var req deployments.Request
+	if !decodeJSON(w, r, a.cfg.MaxBody, &req) {
+		return
+	}
+	sub, err := a.deps.Deployments.Submit(r.Context(), key.ID, req, idem)
+	var invalid *deployments.InvalidError
+	switch {
+	case errors.As(err, &invalid):
+		fields := make([]FieldProblem, len(invalid.Fields))
+		for i, f := range invalid.Fields {
+			fields[i] = FieldProblem{Field: f.Field, Message: f.Message}
+		}
+		detail := "the deployment request breaks the wire contract's rules: see errors"
+		writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, detail, fields...)
+		return
+	case errors.Is(err, deployments.ErrIdempotencyMismatch):
+		writeProblem(w, r, http.StatusUnprocessableEntity, ProbIdempotency,
+			"this Idempotency-Key was first used with another request body; use a new key for a new request")
+		return
+	case err != nil:
+		a.internal(w, r, "submit deployment", err)
+		return
+	}
+	d := sub.Deployment
+	w.Header().Set("Location", d.Links.Self)
+	if sub.Replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	if wait > 0 {
+		a.respondAfterWait(w, r, d.ID, wait)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, d)
+}
+
+// parseWait reads ?wait=<duration> (Go syntax like 30s or 2m, or seconds).
+func (a *API) parseWait(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
+	v := r.URL.Query().Get("wait")
+	if v == "" {
+		return 0, true
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, nerr := strconv.Atoi(v)
+		d, err = time.Duration(n)*time.Second, nerr
+	}
+	if err != nil || d < 0 || d > a.cfg.MaxWait {
+		msg := fmt.Sprintf("must be a duration like 30s or 5m, at most %s", a.cfg.MaxWait)
+		writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, msg, FieldProblem{Field: "wait", Message: msg})
+		return 0, false
+	}
+	return d, true
+}
+
+// respondAfterWait holds the request until the deployment ends (200) or
+// the wait runs out or the server shuts down (202 with the current state).
+func (a *API) respondAfterWait(w http.ResponseWriter, r *http.Request, id string, wait time.Duration) {
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	defer cancel()
+	go func() {
+		select {
+		case <-a.shutdown:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(wait + 30*time.Second))
+	d, err := a.deps.Deployments.Wait(ctx, id)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client went away
+		}
+		a.internal(w, r, "wait for deployment", err)
+		return
+	}
+	if d.Status.Terminal() {
+		writeJSON(w, http.StatusOK, d)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, d)
+}
+
+func (a *API) getDeployment(w http.ResponseWriter, r *http.Request) {
+	wait, ok := a.parseWait(w, r)
+	if !ok {
+		return
+	}
+	id := chi.URLParam(r, "id")
+	if wait > 0 {
+		if _, err := a.deps.Deployments.Get(r.Context(), id); err != nil {
+			a.deploymentError(w, r, err)
+			return
+		}
+		a.respondAfterWait(w, r, id, wait)
+		return
+	}
+	d, err := a.deps.Deployments.GetWithProgress(r.Context(), id)
+	if err != nil {
+		a.deploymentError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (a *API) deploymentError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, deployments.ErrNotFound) {
+		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no deployment has this id")
+		return
+	}
+	a.internal(w, r, "read deployment", err)
+}
+
+func (a *API) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
+	a.log.Error().Err(err).Str("request_id", requestID(r.Context())).Msg(what)
+	writeProblem(w, r, http.StatusInternalServerError, ProbInternal, "an internal error occurred; the request id is in the logs")
+}
+
+// DeploymentList is a page of deployments.
+type DeploymentList struct {
+	Items      []*deployments.Deployment `json:"items"`
+	NextCursor string                    `json:"next_cursor,omitempty"`
+	Links      struct {
+		Next string `json:"next,omitempty"`
+	} `json:"links"`
+}
+
+var listParams = map[string]bool{
+	"project_id": true, "server": true, "server_ip": true, "status": true, "job_id": true, "correlation_id": true,
+	"source": true, "since": true, "until": true, "limit": true, "cursor": true,
+}
+
+func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	bad := func(field, msg string) {
+		writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, msg, FieldProblem{Field: field, Message: msg})
+	}
+	for name := range q {
+		if !listParams[name] {
+			if fieldNameRE.MatchString(name) {
+				bad(name, "unknown query parameter")
+			} else {
+				bad("query", "an unknown query parameter (its name is not repeated here)")
+			}
+			return
+		}
+	}
+	f := deployments.Filter{
+		ProjectID: q.Get("project_id"), ServerIP: q.Get("server_ip"), JobID: q.Get("job_id"),
+		CorrelationID: q.Get("correlation_id"), Source: q.Get("source"), Cursor: q.Get("cursor"),
+	}
+	if f.ProjectID != "" && !uuidRE.MatchString(f.ProjectID) {
+		bad("project_id", "must be a UUID")
+		return
+	}
+	if s := q.Get("server"); s != "" {
+		if ip, err := netipParse(s); err == nil {
+			f.ServerIP = ip
+		} else if serverHandleRE.MatchString(s) {
+			f.ServerHandle = s
+		} else {
+			bad("server", "must be a server handle or an IP address")
+			return
+		}
+	}
+	if f.ServerIP != "" {
+		ip, err := netipParse(f.ServerIP)
+		if err != nil {
+			bad("server_ip", "must be an IP address")
+			return
+		}
+		f.ServerIP = ip
+	}
+	if s := q.Get("status"); s != "" {
+		f.Status = deployments.Status(s)
+		if !f.Status.Valid() {
+			bad("status", "must be one of queued, running, succeeded, failed, unreachable, rejected, cancelled")
+			return
+		}
+	}
+	if f.Source != "" && f.Source != "api" && f.Source != "stream" {
+		bad("source", "must be api or stream")
+		return
+	}
+	if len(f.JobID) > 255 || len(f.CorrelationID) > 255 {
+		bad("job_id", "must be at most 255 characters")
+		return
+	}
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if v := q.Get(p.name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				bad(p.name, "must be an RFC 3339 time, e.g. 2026-01-02T15:04:05Z")
+				return
+			}
+			*p.dst = t
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			bad("limit", "must be an integer between 1 and 100")
+			return
+		}
+		f.Limit = n
+	}
+	page, err := a.deps.Deployments.List(r.Context(), f)
+	if errors.Is(err, deployments.ErrBadCursor) {
+		bad("cursor", "is not a cursor this API returned")
+		return
+	}
+	if err != nil {
+		a.internal(w, r, "list deployments", err)
+		return
+	}
+	out := DeploymentList{Items: page.Items, NextCursor: page.Next}
+	if out.Items == nil {
+		out.Items = []*deployments.Deployment{}
+	}
+	if page.Next != "" {
+		nq := url.Values{}
+		for k, v := range q {
+			nq[k] = v
+		}
+		nq.Set("cursor", page.Next)
+		out.Links.Next = "/api/v1/deployments?" + nq.Encode()
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (a *API) cancelDeployment(w http.ResponseWriter, r *http.Request) {
+	d, outcome, err := a.deps.Deployments.Cancel(r.Context(), chi.URLParam(r, "id"))
+	switch {
+	case errors.Is(err, deployments.ErrFinished):
+		writeProblemValue(w, r, Problem{Type: ProbConflict, Status: http.StatusConflict,
+			Detail: "the deployment has already finished: " + string(d.Status), DeploymentStatus: string(d.Status)})
+	case err != nil:
+		a.deploymentError(w, r, err)
+	case outcome == deployments.CancelledBeforeStart:
+		writeJSON(w, http.StatusOK, d)
+	default:
+		writeJSON(w, http.StatusAccepted, d)
+	}
+}
+
+func (a *API) deploymentEvents(w http.ResponseWriter, r *http.Request) {
+	svc := a.deps.Deployments
+	d, err := svc.Get(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		a.deploymentError(w, r, err)
+		return
+	}
+	last := r.Header.Get("Last-Event-ID")
+	if last == "" {
+		last = r.URL.Query().Get("last_event_id")
+	}
+	if last != "" && last != events.FinalID && !entryIDRE.MatchString(last) {
+		msg := "must be the id of an event this stream sent"
+		writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, msg, FieldProblem{Field: "Last-Event-ID", Message: msg})
+		return
+	}
+	changed, stop := svc.Notifier().Watch(d.JobID)
+	defer stop()
+	a.deps.Hub.Serve(w, r, events.Request{
+		JobID: d.JobID, LastEventID: last, Changed: changed, Shutdown: a.shutdown,
+		Final: func(ctx context.Context) (string, bool, error) {
+			cur, err := svc.Get(ctx, d.ID)
+			if err != nil {
+				return "", false, err
+			}
+			return string(cur.Status), cur.Status.Terminal(), nil
+		},
+	}, a.cfg.Events)
+}
+
+func (a *API) deploymentLog(w http.ResponseWriter, r *http.Request) {
+	d, err := a.deps.Deployments.Get(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		a.deploymentError(w, r, err)
+		return
+	}
+	var rc io.ReadCloser
+	var info runlog.Info
+	if a.deps.Logs != nil {
+		rc, info, err = a.deps.Logs.Open(r.Context(), d.JobID)
+	} else {
+		err = runlog.ErrNotFound
+	}
+	switch {
+	case errors.Is(err, runlog.ErrNotFound):
+		if !d.Status.Terminal() {
+			writeProblemValue(w, r, Problem{Type: ProbConflict, Status: http.StatusConflict, DeploymentStatus: string(d.Status),
+				Detail: "the log is stored when the run ends; follow " + d.Links.Events + " meanwhile"})
+			return
+		}
+		tail, terr := a.deps.Deployments.OutputTail(r.Context(), d.ID)
+		if terr != nil || tail == "" {
+			writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no output was stored for this deployment (it may have expired, or never run)")
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Autoprov-Log", "tail")
+		_, _ = io.WriteString(w, tail)
+		return
+	case err != nil:
+		a.internal(w, r, "open run log", err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.FormatInt(info.Size, 10))
+	w.Header().Set("Autoprov-Log", "full")
+	if info.Truncated {
+		w.Header().Set("Autoprov-Log", "truncated")
+	}
+	w.Header().Set("Content-Disposition", `inline; filename="`+safeFilename(d.ID)+`.log"`)
+	rcw := http.NewResponseController(w)
+	_ = rcw.SetWriteDeadline(time.Now().Add(5 * time.Minute))
+	if _, err := io.Copy(w, rc); err != nil {
+		a.log.Warn().Err(err).Str("request_id", requestID(r.Context())).Msg("send run log")
+	}
+}
+
+func safeFilename(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+func (a *API) deploymentWebhooks(w http.ResponseWriter, r *http.Request) {
+	d, err := a.deps.Deployments.Get(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		a.deploymentError(w, r, err)
+		return
+	}
+	list, err := a.deps.Webhooks(r.Context(), d.ID)
+	if err != nil {
+		a.internal(w, r, "list webhooks", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": list})
+}

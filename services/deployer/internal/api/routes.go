@@ -1,0 +1,65 @@
+package api
+
+import (
+	_ "embed"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+)
+
+// openAPIDocument is the API's OpenAPI 3.1 document.
+//
+//go:embed openapi.json
+var openAPIDocument []byte
+
+// OpenAPIDocument returns the checked-in OpenAPI document.
+func OpenAPIDocument() []byte { return openAPIDocument }
+
+func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
+	r := chi.NewRouter()
+	r.Use(withRequestID, logRequests(a.log, duration), recoverPanics(a.log))
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no such resource; see /api/v1/openapi.json")
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, http.StatusMethodNotAllowed, ProbMethodNotAllowed, "see /api/v1/openapi.json for the methods")
+	})
+	r.Route("/api/v1", func(r chi.Router) {
+		r.Get("/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Cache-Control", "public, max-age=300")
+			_, _ = w.Write(openAPIDocument)
+		})
+		read, write := auth.ScopeDeploymentsRead, auth.ScopeDeploymentsWrite
+		r.With(a.authenticate("")).Get("/me", a.me)
+		r.Route("/deployments", func(r chi.Router) {
+			r.With(a.authenticate(write)).Post("/", a.createDeployment)
+			r.With(a.authenticate(read)).Get("/", a.listDeployments)
+			r.Route("/{id}", func(r chi.Router) {
+				r.With(a.authenticate(read)).Get("/", a.getDeployment)
+				r.With(a.authenticate(write)).Delete("/", a.cancelDeployment)
+				r.With(a.authenticate(read)).Get("/events", a.deploymentEvents)
+				r.With(a.authenticate(read)).Get("/log", a.deploymentLog)
+				r.With(a.authenticate(read)).Get("/webhooks", a.deploymentWebhooks)
+			})
+		})
+		r.Route("/keys", func(r chi.Router) {
+			r.Use(a.authenticate(auth.ScopeAdmin))
+			r.Post("/", a.createKey)
+			r.Get("/", a.listKeys)
+			r.Get("/{id}", a.getKey)
+			r.Delete("/{id}", a.revokeKey)
+		})
+		r.Route("/servers", func(r chi.Router) {
+			r.With(a.authenticate(auth.ScopeServersRead)).Get("/", a.listServers)
+			r.With(a.authenticate(auth.ScopeServersRead)).Get("/{handle}", a.getServer)
+			for _, op := range Operations() {
+				r.With(a.authenticate(auth.ScopeServersWrite)).Post("/{handle}/"+string(op), a.serverOperation(op))
+			}
+		})
+	})
+	return r
+}

@@ -1,0 +1,188 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+)
+
+// Options are what tests change in a deployer built by Build; the zero
+// value is the service's own.
+type Options struct {
+	// Streams replaces the wire contract's stream names; zero means the
+	// defaults.
+	Streams deployments.Streams
+	// Resolver resolves webhook host names; nil means the system's.
+	Resolver *net.Resolver
+}
+
+// Parts are the service's built components.
+type Parts struct {
+	API         *api.API
+	Deployments *deployments.Service
+	Notifier    *deployments.Notifier
+	Hub         *events.Hub
+	Deliverer   *webhooks.Deliverer // nil when webhooks are disabled
+	Results     *stream.Consumer
+	Observer    *stream.Consumer // nil when OBSERVE_QUEUE is off
+	Logs        runlog.Store
+	cfg         *Config
+	log         zerolog.Logger
+}
+
+// Build builds the components from the configuration and what Serve
+// opened (d), changed by o (tests).
+func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts, error) {
+	log := d.Logger
+	streams := o.Streams
+	if streams == (deployments.Streams{}) {
+		streams = deployments.DefaultStreams()
+	}
+	p := &Parts{cfg: cfg, log: log}
+
+	logs, err := runlog.Open(ctx, cfg.RunLog, d.DB)
+	if err != nil {
+		return nil, err
+	}
+	p.Logs = logs
+
+	signingKey, err := cfg.Webhooks.SigningKeyBytes()
+	if err != nil {
+		return nil, err
+	}
+	allow, err := webhooks.ParseCIDRs(cfg.Webhooks.AllowCIDRs)
+	if err != nil {
+		return nil, err
+	}
+	guard := webhooks.NewGuard(allow)
+
+	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
+	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor}
+	if signingKey != nil {
+		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
+			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),
+			Workers: cfg.Webhooks.Workers, Lease: cfg.Webhooks.Lease, BackoffMin: cfg.Webhooks.BackoffMin,
+			BackoffMax: cfg.Webhooks.BackoffMax, Logger: log, Registerer: d.Metrics,
+		})
+		if err != nil {
+			return nil, err
+		}
+		dcfg.CheckCallback = guard.CheckURL
+		dcfg.OnWebhook = p.Deliverer.Notify
+	}
+	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{})
+	p.Deployments, err = deployments.New(d.DB, d.Redis, producer, p.Notifier, dcfg, log, d.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	p.Hub = events.NewHub(d.Redis, events.HubConfig{Logger: log})
+
+	streamMetrics := stream.NewMetrics(d.Metrics)
+	p.Results, err = stream.NewConsumer(d.Redis, stream.Config{
+		Group: cfg.Stream.Group, Streams: []string{streams.Results}, Consumer: cfg.Stream.ConsumerName,
+		Concurrency: cfg.Stream.Concurrency, ShutdownGrace: 10 * time.Second, Logger: log, Metrics: streamMetrics,
+	}, p.Deployments.ResultsHandler())
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Stream.ObserveQueue {
+		p.Observer, err = stream.NewConsumer(d.Redis, stream.Config{
+			Group: cfg.Stream.Group, Streams: []string{streams.Queue}, Consumer: cfg.Stream.ConsumerName,
+			Concurrency: cfg.Stream.Concurrency, ShutdownGrace: 5 * time.Second, Logger: log, Metrics: streamMetrics,
+			// Only requests published from now on: older ones have results.
+			StartID: "$",
+			// The observer must never hold back infra's trimming for long.
+			TrimInterval: -1,
+		}, p.Deployments.ObserverHandler())
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	keys := auth.NewStore(d.DB)
+	authn := auth.NewAuthenticator(keys, cfg.API.KeyCacheTTL)
+	var secretFn func(string) string
+	if signingKey != nil {
+		secretFn = func(keyID string) string { return webhooks.DeriveSecret(signingKey, keyID) }
+	}
+	p.API, err = api.New(api.Config{
+		Addr: cfg.API.Addr, MaxBody: cfg.API.MaxBody, MaxWait: cfg.API.MaxWait, AuthFailureRate: cfg.API.AuthFailureRate,
+		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
+		ShutdownGrace: cfg.ShutdownGrace / 2,
+	}, api.Deps{
+		Deployments: p.Deployments, Keys: keys, Auth: authn, Forget: authn.Forget,
+		Limiter: auth.NewLimiter(d.Redis, "deployer:rate:", cfg.API.RateLimit, cfg.API.RateBurst),
+		Hub:     p.Hub, Logs: logs,
+		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
+			return webhooks.ListForDeployment(ctx, d.DB, id)
+		},
+		WebhookSecret: secretFn,
+		Fleet:         fleet.New(d.DB, fleet.Options{}),
+		Logger:        log, Registerer: d.Metrics,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("api: %w", err)
+	}
+	return p, nil
+}
+
+// Components lists the parts in start order (stopped in reverse).
+func (p *Parts) Components() []service.Component {
+	parts := []service.Component{
+		{Name: "notifier", Run: p.Notifier.Run},
+		{Name: "events", Run: p.Hub.Run},
+		{Name: "retention", Run: p.retention},
+	}
+	if p.Deliverer != nil {
+		parts = append(parts, service.Component{Name: "webhooks", Run: p.Deliverer.Run})
+	}
+	parts = append(parts,
+		service.Component{Name: "republisher", Run: func(ctx context.Context) error {
+			return p.Deployments.Run(ctx, deployments.RepublisherConfig{After: p.cfg.Stream.Republish})
+		}},
+		service.Component{Name: "results", Run: p.Results.Run},
+	)
+	if p.Observer != nil {
+		parts = append(parts, service.Component{Name: "observer", Run: p.Observer.Run})
+	}
+	parts = append(parts, service.Component{Name: "api", Run: p.API.Run, Drain: p.API.Shutdown})
+	return parts
+}
+
+// retention deletes run logs older than RUNLOG_RETENTION, hourly.
+func (p *Parts) retention(ctx context.Context) error {
+	keep := p.cfg.RunLog.Retention
+	if keep <= 0 {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		n, err := p.Logs.DeleteBefore(ctx, time.Now().Add(-keep))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			p.log.Warn().Err(err).Msg("run log retention")
+		case n > 0:
+			p.log.Info().Int("deleted", n).Dur("retention", keep).Msg("old run logs deleted")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

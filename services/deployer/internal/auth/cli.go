@@ -1,0 +1,124 @@
+package auth
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// CLIUsage is the help of `deployer keys`.
+const CLIUsage = `Usage:
+  deployer keys create --name NAME --scopes SCOPE[,SCOPE...] [--rate N] [--json]
+  deployer keys list [--json]
+  deployer keys revoke ID|NAME
+
+Scopes: deployments:read, deployments:write, servers:read, servers:write, admin
+(a write scope includes its read scope; admin includes every scope).
+The key is printed once, when it is created: only its hash is stored.
+`
+
+// CLI runs the `deployer keys` subcommands against store. webhookSecret
+// derives a key's webhook secret (nil when webhooks are disabled).
+func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(string) string, stdout io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, CLIUsage)
+		if len(args) == 0 {
+			return errors.New("keys: a subcommand is required (create, list, revoke)")
+		}
+		return nil
+	}
+	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	asJSON := fs.Bool("json", false, "print JSON")
+	switch args[0] {
+	case "create":
+		name := fs.String("name", "", "name of the key")
+		scopes := fs.String("scopes", "", "comma-separated scopes")
+		rate := fs.Int("rate", 0, "requests per second (0: the default)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return fmt.Errorf("keys create: %w\n%s", err, CLIUsage)
+		}
+		if fs.NArg() > 0 {
+			return fmt.Errorf("keys create: unexpected argument (see --help)")
+		}
+		sc, err := ParseScopes([]string{*scopes})
+		if err != nil {
+			return fmt.Errorf("keys create: --scopes: %w", err)
+		}
+		if !ValidName(*name) {
+			return fmt.Errorf("keys create: --name must match %s", NamePattern)
+		}
+		k, secret, err := store.Create(ctx, NewKey{Name: *name, Scopes: sc, RateLimit: *rate})
+		if err != nil {
+			return fmt.Errorf("keys create: %w", err)
+		}
+		var whsec string
+		if webhookSecret != nil {
+			whsec = webhookSecret(k.ID)
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(map[string]any{
+				"id": k.ID, "name": k.Name, "prefix": k.Prefix, "scopes": k.Scopes, "key": secret,
+				"webhook_secret": whsec, "created_at": k.CreatedAt,
+			})
+		}
+		fmt.Fprintf(stdout, "API key %q created (id %s, scopes %s)\n\n  %s\n\n", k.Name, k.ID, joinScopes(k.Scopes), secret)
+		if whsec != "" {
+			fmt.Fprintf(stdout, "Webhook secret (verifies the Autoprov-Signature of this key's webhooks):\n\n  %s\n\n", whsec)
+		}
+		fmt.Fprintln(stdout, "Store them now: they are not shown again. Use the key as: Authorization: Bearer <key>")
+		return nil
+	case "list":
+		if err := fs.Parse(args[1:]); err != nil {
+			return fmt.Errorf("keys list: %w", err)
+		}
+		keys, err := store.List(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(keys)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tNAME\tPREFIX\tSCOPES\tRATE\tCREATED\tLAST USED\tREVOKED")
+		for _, k := range keys {
+			rate := "default"
+			if k.RateLimit > 0 {
+				rate = fmt.Sprintf("%d/s", k.RateLimit)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Prefix, joinScopes(k.Scopes), rate,
+				when(k.CreatedAt), when(k.LastUsedAt), when(k.RevokedAt))
+		}
+		return tw.Flush()
+	case "revoke":
+		if err := fs.Parse(args[1:]); err != nil {
+			return fmt.Errorf("keys revoke: %w", err)
+		}
+		if fs.NArg() != 1 {
+			return fmt.Errorf("keys revoke: give the id or name of one key")
+		}
+		k, err := store.Revoke(ctx, fs.Arg(0))
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("keys revoke: no live key has this id or name")
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "API key %q (id %s) revoked\n", k.Name, k.ID)
+		return nil
+	}
+	return fmt.Errorf("keys: unknown subcommand %q (create, list, revoke)", truncate(strings.TrimSpace(args[0]), 20))
+}
+
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}

@@ -1,0 +1,147 @@
+// Package auth holds the deployer's API keys: how they are made, stored
+// (as SHA-256 hashes only), checked on each request (with a short cache),
+// limited per key (a rate shared by every replica through Redis), and
+// managed from the command line (`deployer keys ...`).
+package auth
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Scope is a permission an API key holds.
+type Scope string
+
+// The scopes. A write scope includes its read scope; admin includes all.
+const (
+	ScopeDeploymentsRead  Scope = "deployments:read"
+	ScopeDeploymentsWrite Scope = "deployments:write"
+	ScopeServersRead      Scope = "servers:read"
+	ScopeServersWrite     Scope = "servers:write"
+	ScopeAdmin            Scope = "admin"
+)
+
+// Scopes returns every scope.
+func Scopes() []Scope {
+	return []Scope{ScopeDeploymentsRead, ScopeDeploymentsWrite, ScopeServersRead, ScopeServersWrite, ScopeAdmin}
+}
+
+// ParseScopes parses a comma-separated list of scopes (or a list of
+// strings), rejecting unknown ones and removing duplicates.
+func ParseScopes(list []string) ([]Scope, error) {
+	var out []Scope
+	for _, item := range list {
+		for s := range strings.SplitSeq(item, ",") {
+			s = strings.TrimSpace(s)
+			if s == "" {
+				continue
+			}
+			if !slices.Contains(Scopes(), Scope(s)) {
+				return nil, fmt.Errorf("unknown scope %q (known: %s)", truncate(s, 40), joinScopes(Scopes()))
+			}
+			if !slices.Contains(out, Scope(s)) {
+				out = append(out, Scope(s))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("at least one scope is required (known: %s)", joinScopes(Scopes()))
+	}
+	return out, nil
+}
+
+func joinScopes(scopes []Scope) string {
+	s := make([]string, len(scopes))
+	for i, sc := range scopes {
+		s[i] = string(sc)
+	}
+	return strings.Join(s, ", ")
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// NamePattern is the shape of a key's name.
+const NamePattern = `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`
+
+var nameRE = regexp.MustCompile(NamePattern)
+
+// ValidName reports whether name is a valid key name.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
+// Key is a stored API key (never the key itself: only its hash is kept).
+type Key struct {
+	ID     string
+	Name   string
+	Prefix string // the key's first characters, to recognise it
+	Scopes []Scope
+	// RateLimit is the key's requests per second; 0 means the default.
+	RateLimit  int
+	CreatedAt  time.Time
+	LastUsedAt time.Time // zero: never used
+	RevokedAt  time.Time // zero: live
+}
+
+// Has reports whether the key grants scope: admin grants everything, and
+// a write scope grants its read scope.
+func (k *Key) Has(scope Scope) bool {
+	for _, s := range k.Scopes {
+		switch {
+		case s == scope, s == ScopeAdmin:
+			return true
+		case strings.HasSuffix(string(scope), ":read") && string(s) == strings.TrimSuffix(string(scope), ":read")+":write":
+			return true
+		}
+	}
+	return false
+}
+
+// KeyPrefix starts every key, so that secret scanners and people recognise
+// one ("autoprov API key").
+const KeyPrefix = "apk_"
+
+// keyRE is the shape of a key: the prefix and 52 base32 characters (256
+// random bits).
+var keyRE = regexp.MustCompile(`^apk_[a-z2-7]{52}$`)
+
+var keyEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
+
+// NewSecret returns a new random key.
+func NewSecret() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // never fails on Linux
+	}
+	return KeyPrefix + strings.ToLower(keyEncoding.EncodeToString(b[:]))
+}
+
+// WellFormed reports whether s has the shape of a key; malformed values are
+// refused without a database lookup.
+func WellFormed(s string) bool { return keyRE.MatchString(s) }
+
+// Hash returns the SHA-256 of a key, the only form in which keys are stored.
+// Keys carry 256 random bits, so a fast hash is enough: there is nothing to
+// guess from it.
+func Hash(secret string) []byte {
+	sum := sha256.Sum256([]byte(secret))
+	return sum[:]
+}
+
+// DisplayPrefix returns the part of a key shown in lists: the prefix and
+// the next 8 characters.
+func DisplayPrefix(secret string) string {
+	if len(secret) < len(KeyPrefix)+8 {
+		return secret
+	}
+	return secret[:len(KeyPrefix)+8]
+}

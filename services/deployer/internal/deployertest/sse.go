@@ -1,0 +1,90 @@
+package deployertest
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// SSEEvent is one event read from a stream.
+type SSEEvent struct {
+	ID, Event, Data string
+}
+
+// SSEStream is an open event stream.
+type SSEStream struct {
+	Resp   *http.Response
+	r      *bufio.Reader
+	Retry  string // the last retry: field seen
+	cancel context.CancelFunc
+}
+
+// OpenSSE opens path's event stream with key, resuming after lastID when
+// it is not "".
+func (e *Env) OpenSSE(t testing.TB, path, key, lastID string) *SSEStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", e.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Accept", "text/event-stream")
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	s := &SSEStream{Resp: resp, r: bufio.NewReader(resp.Body), cancel: cancel}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Close closes the stream.
+func (s *SSEStream) Close() {
+	s.cancel()
+	_ = s.Resp.Body.Close()
+}
+
+// Next reads the next event; ok is false at the end of the stream.
+func (s *SSEStream) Next() (ev SSEEvent, ok bool) {
+	for {
+		line, err := s.r.ReadString('\n')
+		if err != nil {
+			return SSEEvent{}, false
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case line == "":
+			if ev.Event != "" || ev.Data != "" {
+				return ev, true
+			}
+		case strings.HasPrefix(line, ":"):
+		case strings.HasPrefix(line, "id: "):
+			ev.ID = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			ev.Event = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			ev.Data += line[6:]
+		case strings.HasPrefix(line, "retry: "):
+			s.Retry = line[7:]
+		}
+	}
+}
+
+// All reads events until the stream ends.
+func (s *SSEStream) All() []SSEEvent {
+	var out []SSEEvent
+	for {
+		ev, ok := s.Next()
+		if !ok {
+			return out
+		}
+		out = append(out, ev)
+	}
+}

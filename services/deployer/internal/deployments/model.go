@@ -1,0 +1,200 @@
+// Package deployments holds the deployer's deployments: submitting one
+// (validated by the wire contract's rules, stored, published on
+// ansible:deploy:queue, with Idempotency-Key support), reading and listing
+// them with their progress, waiting for their end, cancelling them, and
+// the consumers that follow deploy:results and the requests other
+// producers put on the queue.
+package deployments
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+)
+
+// Status is a deployment's state. queued and running are transient; the
+// others are the wire contract's final statuses.
+type Status string
+
+// The statuses.
+const (
+	StatusQueued      Status = "queued"
+	StatusRunning     Status = "running"
+	StatusSucceeded   Status = "succeeded"
+	StatusFailed      Status = "failed"
+	StatusUnreachable Status = "unreachable"
+	StatusRejected    Status = "rejected"
+	StatusCancelled   Status = "cancelled"
+)
+
+// Statuses returns every status.
+func Statuses() []Status {
+	return []Status{StatusQueued, StatusRunning, StatusSucceeded, StatusFailed, StatusUnreachable, StatusRejected, StatusCancelled}
+}
+
+// Terminal reports whether s is final.
+func (s Status) Terminal() bool {
+	return s != StatusQueued && s != StatusRunning && s != ""
+}
+
+// Valid reports whether s is a known status.
+func (s Status) Valid() bool {
+	for _, k := range Statuses() {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Request is what a client asks for: the keys of an AnsibleDeployMessage
+// and the deployer's options.
+type Request struct {
+	ProjectID      string   `json:"project_id"`
+	RepoFullName   string   `json:"repo_full_name"`
+	Branch         string   `json:"branch,omitempty"`
+	ServerIP       string   `json:"server_ip"`
+	Port           int      `json:"port"`
+	Modules        []string `json:"modules,omitempty"`
+	GitHubTokenRef string   `json:"github_token_ref,omitempty"`
+	SecretsRef     string   `json:"secrets_ref,omitempty"`
+	CorrelationID  string   `json:"correlation_id,omitempty"`
+	Options        Options  `json:"options"`
+}
+
+// Options are the deployer's own settings of a deployment.
+type Options struct {
+	// TimeoutSeconds limits the run (1-86400); 0 means infra's own limit.
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+	// CallbackURL receives a signed POST when the deployment ends.
+	CallbackURL string `json:"callback_url,omitempty"`
+}
+
+// Deployment is a deployment as the API shows it.
+type Deployment struct {
+	ID     string `json:"id"`
+	JobID  string `json:"job_id"`
+	Source string `json:"source"` // "api" or "stream" (another producer)
+	Status Status `json:"status"`
+	// Request holds what was asked; callback_url is shown without its path
+	// and query, which often hold the receiver's tokens.
+	Request           Request    `json:"request"`
+	RequestID         string     `json:"request_id,omitempty"`
+	CreatedAt         time.Time  `json:"created_at"`
+	StartedAt         *time.Time `json:"started_at,omitempty"`
+	FinishedAt        *time.Time `json:"finished_at,omitempty"`
+	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
+	Progress          *Progress  `json:"progress,omitempty"`
+	Result            *Result    `json:"result,omitempty"`
+	Links             Links      `json:"links"`
+
+	apiKeyID    string
+	callbackURL string
+	publishedAt *time.Time
+}
+
+// APIKeyID returns the id of the key that made the deployment ("" for one
+// from another producer).
+func (d *Deployment) APIKeyID() string { return d.apiKeyID }
+
+// Links are the deployment's related resources.
+type Links struct {
+	Self     string `json:"self"`
+	Events   string `json:"events"`
+	Log      string `json:"log"`
+	Webhooks string `json:"webhooks"`
+}
+
+func linksFor(id string) Links {
+	base := "/api/v1/deployments/" + id
+	return Links{Self: base, Events: base + "/events", Log: base + "/log", Webhooks: base + "/webhooks"}
+}
+
+// Result is the job's result, from deploy:results.
+type Result struct {
+	Status     string               `json:"status"`
+	Error      *ResultError         `json:"error,omitempty"`
+	Hosts      map[string]HostRecap `json:"hosts,omitempty"`
+	FailedTask *FailedTask          `json:"failed_task,omitempty"`
+	Playbook   string               `json:"playbook,omitempty"`
+	StartedAt  string               `json:"started_at,omitempty"`
+	FinishedAt string               `json:"finished_at,omitempty"`
+	DurationMS int64                `json:"duration_ms,omitempty"`
+	Attempt    int                  `json:"attempt,omitempty"`
+	// OutputTail is kept in the database as a fallback log; the API
+	// leaves it out (GET .../log has the full output).
+	OutputTail string `json:"output_tail,omitempty"`
+}
+
+// ResultError is the error of a job that did not succeed.
+type ResultError struct {
+	Kind    string       `json:"kind"`
+	Message string       `json:"message,omitempty"`
+	Fields  []FieldError `json:"fields,omitempty"`
+}
+
+// FieldError names a bad key and what is wrong with it.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// HostRecap is the play recap of one host.
+type HostRecap struct {
+	OK          int `json:"ok"`
+	Changed     int `json:"changed"`
+	Failed      int `json:"failed"`
+	Unreachable int `json:"unreachable"`
+	Skipped     int `json:"skipped"`
+	Rescued     int `json:"rescued"`
+	Ignored     int `json:"ignored"`
+}
+
+// FailedTask is the task that failed the run.
+type FailedTask struct {
+	Name    string `json:"name,omitempty"`
+	Host    string `json:"host,omitempty"`
+	Play    string `json:"play,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// resultFrom converts a wire result.
+func resultFrom(r *messages.AnsibleDeployResult) *Result {
+	out := &Result{
+		Status: string(r.Status), Playbook: r.Playbook, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
+		DurationMS: r.DurationMS, Attempt: r.Attempt, OutputTail: r.OutputTail,
+	}
+	if r.Error != nil {
+		out.Error = &ResultError{Kind: string(r.Error.Kind), Message: r.Error.Message}
+		for _, f := range r.Error.Fields {
+			out.Error.Fields = append(out.Error.Fields, FieldError{Field: f.Field, Message: f.Message})
+		}
+	}
+	if len(r.Hosts) > 0 {
+		out.Hosts = make(map[string]HostRecap, len(r.Hosts))
+		for h, rc := range r.Hosts {
+			out.Hosts[h] = HostRecap{OK: rc.Ok, Changed: rc.Changed, Failed: rc.Failed, Unreachable: rc.Unreachable,
+				Skipped: rc.Skipped, Rescued: rc.Rescued, Ignored: rc.Ignored}
+		}
+	}
+	if r.FailedTask != nil {
+		out.FailedTask = &FailedTask{Name: r.FailedTask.Name, Host: r.FailedTask.Host, Play: r.FailedTask.Play, Message: r.FailedTask.Message}
+	}
+	return out
+}
+
+// WebhookBody is the JSON body of a deployment's webhook.
+type WebhookBody struct {
+	Event      string      `json:"event"`
+	SentFor    string      `json:"deployment_id"`
+	Deployment *Deployment `json:"deployment"`
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only plain data types are marshalled
+	}
+	return b
+}

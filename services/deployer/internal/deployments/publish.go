@@ -1,0 +1,218 @@
+package deployments
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+)
+
+// publishMarker records, in batches, that deployments were published (and
+// their entry ids), so that a submit costs one transaction, not two. A mark
+// lost in a crash only means the republisher publishes the request again,
+// which the job id makes harmless.
+type publishMarker struct {
+	db  *pgxpool.Pool
+	log zerolog.Logger
+
+	mu      sync.Mutex
+	ids     []string
+	entries []string
+	kick    chan struct{}
+}
+
+func newPublishMarker(db *pgxpool.Pool, log zerolog.Logger) *publishMarker {
+	return &publishMarker{db: db, log: log, kick: make(chan struct{}, 1)}
+}
+
+func (m *publishMarker) mark(id, entry string) {
+	m.mu.Lock()
+	m.ids = append(m.ids, id)
+	m.entries = append(m.entries, entry)
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run writes the marks until ctx is done, then writes what is left. A
+// write is never cut short by ctx (flush bounds it): marks taken for a
+// write that failed would be lost.
+func (m *publishMarker) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			m.flush(context.WithoutCancel(ctx))
+			return
+		case <-m.kick:
+		}
+		m.flush(context.WithoutCancel(ctx))
+	}
+}
+
+func (m *publishMarker) flush(ctx context.Context) {
+	m.mu.Lock()
+	ids, entries := m.ids, m.entries
+	m.ids, m.entries = nil, nil
+	m.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := m.db.Exec(ctx, `
+		UPDATE deployments d SET request_id = v.entry, published_at = now()
+		FROM (SELECT unnest($1::uuid[]) AS id, unnest($2::text[]) AS entry) v
+		WHERE d.id = v.id AND d.published_at IS NULL`, ids, entries)
+	if err != nil {
+		m.log.Warn().Err(err).Int("deployments", len(ids)).Msg("record published deployments (the republisher will publish them again)")
+	}
+}
+
+// RepublisherConfig configures the republisher.
+type RepublisherConfig struct {
+	// After is how long a deployment may stay unpublished before it is
+	// published again. Default 1m.
+	After time.Duration
+	// Interval is how often it looks. Default 15s.
+	Interval time.Duration
+}
+
+// Run runs the publish marker and the republisher until ctx is done. The
+// republisher publishes stored deployments that were never marked
+// published (Redis was down at submit, or the process died right after
+// storing one).
+func (s *Service) Run(ctx context.Context, cfg RepublisherConfig) error {
+	if cfg.After <= 0 {
+		cfg.After = time.Minute
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = 15 * time.Second
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { s.marker.run(ctx) })
+	defer wg.Wait()
+	t := time.NewTicker(cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if n, err := s.republish(ctx, cfg.After); err != nil && ctx.Err() == nil {
+			s.log.Warn().Err(err).Msg("republish deployments")
+		} else if n > 0 {
+			s.log.Info().Int("deployments", n).Msg("republished deployments that were not published")
+		}
+	}
+}
+
+func (s *Service) republish(ctx context.Context, after time.Duration) (int, error) {
+	rows, err := s.db.Query(ctx, selectDeployment+`
+		WHERE d.published_at IS NULL AND d.source = 'api' AND d.status = 'queued' AND d.created_at < now() - $1::interval
+		ORDER BY d.created_at LIMIT 500`, after)
+	if err != nil {
+		return 0, err
+	}
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Deployment, error) { return scanDeployment(r) })
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range items {
+		var callback string
+		if err := s.db.QueryRow(ctx, `SELECT COALESCE(callback_url, '') FROM deployments WHERE id = $1`, d.ID).Scan(&callback); err != nil {
+			return n, err
+		}
+		r := d.Request
+		msg := &messages.AnsibleDeployMessage{
+			RequestMeta: messages.RequestMeta{SchemaVersion: messages.SchemaVersion, JobID: d.JobID,
+				CorrelationID: r.CorrelationID, CreatedAt: messages.FormatTime(d.CreatedAt)},
+			ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP, Port: r.Port,
+			Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef, TimeoutSeconds: r.Options.TimeoutSeconds,
+		}
+		data, err := messages.Encode(msg)
+		if err != nil {
+			return n, err
+		}
+		entry, err := s.producer.Publish(ctx, s.cfg.Streams.Queue, data)
+		if err != nil {
+			return n, err
+		}
+		s.marker.mark(d.ID, entry)
+		n++
+	}
+	return n, nil
+}
+
+// ObserverHandler returns the stream handler that watches the request
+// queue (group "deployer" on ansible:deploy:queue): a request another
+// producer put there gets a deployment (source "stream") while it is
+// queued, so it shows in the API before its result; the deployer's own
+// requests are already there and change nothing.
+func (s *Service) ObserverHandler() stream.Handler {
+	return stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		m, err := messages.DecodeAnsibleDeployMessage(msg.Data())
+		if err != nil || m == nil {
+			return nil // infra rejects it; its result creates the deployment
+		}
+		jobID := m.JobIDOr(msg.ID)
+		if s.own.has(jobID) {
+			return nil // published by this replica: stored already
+		}
+		var timeout *int
+		if m.TimeoutSeconds > 0 {
+			timeout = &m.TimeoutSeconds
+		}
+		_, err = s.db.Exec(ctx, `
+			INSERT INTO deployments (id, job_id, source, project_id, repo_full_name, branch, server_ip, port, modules,
+				github_token_ref, secrets_ref, correlation_id, timeout_seconds, request_id, published_at)
+			SELECT gen_random_uuid(), $1, 'stream', $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), NULLIF($10, ''), $11, $12, now()
+			WHERE NOT EXISTS (SELECT 1 FROM deployments WHERE job_id = $1)
+			ON CONFLICT (job_id) DO NOTHING`,
+			jobID, m.ProjectID, m.RepoFullName, m.Branch, m.ServerIP, m.Port, m.Modules,
+			m.GitHubTokenRef, m.SecretsRef, m.CorrelationID, timeout, msg.ID)
+		if err != nil {
+			return err
+		}
+		return nil
+	})
+}
+
+// recentSet remembers the last n strings added.
+type recentSet struct {
+	mu   sync.Mutex
+	set  map[string]struct{}
+	ring []string
+	next int
+}
+
+func newRecentSet(n int) *recentSet {
+	return &recentSet{set: make(map[string]struct{}, n), ring: make([]string, n)}
+}
+
+func (r *recentSet) add(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old := r.ring[r.next]; old != "" {
+		delete(r.set, old)
+	}
+	r.ring[r.next] = s
+	r.set[s] = struct{}{}
+	r.next = (r.next + 1) % len(r.ring)
+}
+
+func (r *recentSet) has(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.set[s]
+	return ok
+}

@@ -1,0 +1,502 @@
+package deployments
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+)
+
+// Streams names the streams the deployer uses; tests give their own.
+type Streams struct {
+	Queue   string // AnsibleDeployMessage requests
+	Results string // AnsibleDeployResult results
+}
+
+// DefaultStreams are the wire contract's streams.
+func DefaultStreams() Streams {
+	return Streams{Queue: messages.StreamAnsibleDeployQueue, Results: messages.StreamDeployResults}
+}
+
+// Config configures a Service.
+type Config struct {
+	Streams Streams
+	// CancelTTL is the expiry of a cancel key. Default 24h.
+	CancelTTL time.Duration
+	// WebhookRetryFor bounds how long a webhook is retried. Default 24h.
+	WebhookRetryFor time.Duration
+	// CheckCallback validates a callback URL (webhooks.Guard.CheckURL);
+	// nil means webhooks are disabled and callback_url is refused.
+	CheckCallback func(string) error
+	// OnWebhook is called after a webhook was queued (to wake the
+	// deliverer).
+	OnWebhook func()
+	// PollInterval is how often waiters re-check the database besides
+	// notifications. Default 2s.
+	PollInterval time.Duration
+}
+
+// Service is the deployments' domain logic.
+type Service struct {
+	db       *pgxpool.Pool
+	rdb      redis.UniversalClient
+	producer *stream.Producer
+	notifier *Notifier
+	cfg      Config
+	log      zerolog.Logger
+	now      func() time.Time
+	marker   *publishMarker
+	metrics  *metrics
+	own      *recentSet // job ids this replica published lately (the observer skips them)
+	// committer stores and publishes submits without an Idempotency-Key in
+	// groups.
+	committer *committer
+}
+
+// New returns a Service.
+func New(db *pgxpool.Pool, rdb redis.UniversalClient, producer *stream.Producer, notifier *Notifier,
+	cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Service, error) {
+	if cfg.Streams == (Streams{}) {
+		cfg.Streams = DefaultStreams()
+	}
+	if cfg.CancelTTL <= 0 {
+		cfg.CancelTTL = 24 * time.Hour
+	}
+	if cfg.WebhookRetryFor <= 0 {
+		cfg.WebhookRetryFor = 24 * time.Hour
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 2 * time.Second
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{db: db, rdb: rdb, producer: producer, notifier: notifier, cfg: cfg,
+		log: log.With().Str("component", "deployments").Logger(), now: time.Now, metrics: m}
+	s.marker = newPublishMarker(db, s.log)
+	s.own = newRecentSet(100_000)
+	s.committer = &committer{s: s}
+	return s, nil
+}
+
+// Notifier returns the service's notifier.
+func (s *Service) Notifier() *Notifier { return s.notifier }
+
+// InvalidError lists the problems of a request.
+type InvalidError struct {
+	Fields []FieldError
+}
+
+func (e *InvalidError) Error() string {
+	if len(e.Fields) == 1 {
+		return "invalid request: " + e.Fields[0].Field + ": " + e.Fields[0].Message
+	}
+	return fmt.Sprintf("invalid request: %d problems", len(e.Fields))
+}
+
+// ErrIdempotencyMismatch: an Idempotency-Key was used before with another
+// request.
+var ErrIdempotencyMismatch = errors.New("this Idempotency-Key was used with a different request")
+
+// toMessage validates r by the wire contract's rules (through the wire
+// decoder itself, which also normalises: lower-case project id, canonical
+// address, default branch) and returns the message to publish.
+func (s *Service) toMessage(r *Request, jobID string, at time.Time) (*messages.AnsibleDeployMessage, error) {
+	m := &messages.AnsibleDeployMessage{
+		RequestMeta: messages.RequestMeta{
+			SchemaVersion: messages.SchemaVersion, JobID: jobID, CorrelationID: r.CorrelationID,
+			CreatedAt: messages.FormatTime(at),
+		},
+		ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP,
+		Port: r.Port, Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef,
+		TimeoutSeconds: r.Options.TimeoutSeconds,
+	}
+	var fields []FieldError
+	data, err := messages.Encode(m)
+	if err == nil {
+		m, err = messages.DecodeAnsibleDeployMessage(data)
+	}
+	if err != nil {
+		var ve *messages.ValidationError
+		var de *messages.DecodeError
+		switch {
+		case errors.As(err, &ve):
+			for _, f := range ve.Fields {
+				fields = append(fields, FieldError{Field: apiField(f.Field), Message: f.Message})
+			}
+		case errors.As(err, &de) && len(de.Fields) > 0:
+			for _, f := range de.Fields {
+				fields = append(fields, FieldError{Field: apiField(f.Field), Message: f.Message})
+			}
+		default:
+			return nil, &InvalidError{Fields: []FieldError{{Field: "", Message: "the request cannot be encoded as a wire message"}}}
+		}
+	}
+	if r.Options.CallbackURL != "" {
+		switch {
+		case s.cfg.CheckCallback == nil:
+			fields = append(fields, FieldError{Field: "options.callback_url",
+				Message: "webhooks are disabled on this deployer (WEBHOOK_SIGNING_KEY is not set)"})
+		default:
+			if err := s.cfg.CheckCallback(r.Options.CallbackURL); err != nil {
+				fields = append(fields, FieldError{Field: "options.callback_url", Message: err.Error()})
+			}
+		}
+	}
+	if len(fields) > 0 {
+		return nil, &InvalidError{Fields: fields}
+	}
+	return m, nil
+}
+
+// apiField maps a wire key to the request's JSON path.
+func apiField(wire string) string {
+	if wire == "timeout_seconds" {
+		return "options.timeout_seconds"
+	}
+	return wire
+}
+
+// Submission is what Submit did.
+type Submission struct {
+	Deployment *Deployment
+	// Replayed is true when an Idempotency-Key matched an earlier request:
+	// nothing new was stored or published.
+	Replayed bool
+}
+
+// insertDeployment stores a deployment submitted through the API.
+const insertDeployment = `
+	INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
+		modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at)
+	VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
+		$12, NULLIF($13, ''), $14)`
+
+// Submit validates, stores and publishes a deployment made with the API
+// key keyID. With an idempotencyKey, a request repeated with the same key
+// (also concurrently) returns the first one's deployment and publishes
+// nothing; the same key with a different request is ErrIdempotencyMismatch.
+func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempotencyKey string) (*Submission, error) {
+	id, err := uuid.NewV7FromReader(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("new deployment id: %w", err)
+	}
+	now := s.now()
+	msg, err := s.toMessage(&r, id.String(), now)
+	if err != nil {
+		return nil, err
+	}
+	// Store what the wire carries: normalised values.
+	r.ProjectID, r.Branch, r.ServerIP, r.Modules = msg.ProjectID, msg.Branch, msg.ServerIP, msg.Modules
+
+	var timeout *int
+	if r.Options.TimeoutSeconds > 0 {
+		timeout = &r.Options.TimeoutSeconds
+	}
+	args := []any{id.String(), nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
+		r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now, id.String()}
+	insert := func(q store.Querier) error {
+		_, err := q.Exec(ctx, insertDeployment, args...)
+		return err
+	}
+	var existing string
+	published := false
+	if idempotencyKey == "" {
+		// The common case: stored and published with the submits of the
+		// same moment (see committer).
+		data, eerr := messages.Encode(msg)
+		if eerr != nil {
+			return nil, fmt.Errorf("encode deployment request: %w", eerr)
+		}
+		err = s.committer.commit(&commitItem{id: id.String(), args: args, data: data})
+		published = true
+	} else {
+		hash := requestHash(&r)
+		err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+			// Concurrent retries with one key queue up on this lock; the
+			// first stores the deployment, the others find it.
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, idemLockKey(keyID, idempotencyKey)); err != nil {
+				return err
+			}
+			var prevHash []byte
+			err := tx.QueryRow(ctx, `SELECT request_hash, deployment_id::text FROM idempotency_keys WHERE api_key_id = $1 AND key = $2`,
+				keyID, idempotencyKey).Scan(&prevHash, &existing)
+			switch {
+			case err == nil:
+				if string(prevHash) != string(hash) {
+					return ErrIdempotencyMismatch
+				}
+				return nil
+			case !errors.Is(err, pgx.ErrNoRows):
+				return err
+			}
+			if err := insert(tx); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)`,
+				keyID, idempotencyKey, hash, id)
+			return err
+		})
+	}
+	if errors.Is(err, ErrIdempotencyMismatch) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store deployment: %w", err)
+	}
+	if existing != "" {
+		d, err := s.Get(ctx, existing)
+		if err != nil {
+			return nil, err
+		}
+		s.metrics.submitted.WithLabelValues("replayed").Inc()
+		return &Submission{Deployment: d, Replayed: true}, nil
+	}
+	if !published {
+		s.publish(ctx, id.String(), msg)
+	}
+	s.metrics.submitted.WithLabelValues("new").Inc()
+	d := &Deployment{ID: id.String(), JobID: id.String(), Source: "api", Status: StatusQueued, Request: r,
+		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id.String()), apiKeyID: keyID}
+	if r.Options.CallbackURL != "" {
+		d.Request.Options.CallbackURL = webhooks.RedactURL(r.Options.CallbackURL)
+	}
+	return &Submission{Deployment: d}, nil
+}
+
+// publish appends the request to the queue. A failure is logged, not
+// returned: the deployment is stored, and the republisher publishes it once
+// Redis answers again.
+func (s *Service) publish(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) {
+	data, err := messages.Encode(msg)
+	if err != nil {
+		s.log.Error().Err(err).Str("deployment_id", id).Msg("encode deployment request")
+		return
+	}
+	entry, err := s.producer.Publish(context.WithoutCancel(ctx), s.cfg.Streams.Queue, data)
+	if err != nil {
+		s.metrics.publishFailures.Inc()
+		s.log.Warn().Err(err).Str("deployment_id", id).Msg("publish deployment: will be retried by the republisher")
+		return
+	}
+	s.marker.mark(id, entry)
+	s.own.add(id)
+}
+
+func requestHash(r *Request) []byte {
+	sum := sha256.Sum256(mustJSON(r))
+	return sum[:]
+}
+
+func idemLockKey(keyID, idemKey string) int64 {
+	sum := sha256.Sum256([]byte("idempotency:" + keyID + ":" + idemKey))
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+func nullUUID(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// Get returns the deployment with id: its UUID, or else its job id (so
+// that a producer that knows only the job id it put on the queue finds it).
+func (s *Service) Get(ctx context.Context, id string) (*Deployment, error) {
+	if _, err := uuid.Parse(id); err == nil {
+		d, err := getDeployment(ctx, s.db, "d.id = $1", id)
+		if !errors.Is(err, ErrNotFound) {
+			return d, err
+		}
+	}
+	if !jobIDRE.MatchString(id) {
+		return nil, ErrNotFound
+	}
+	return getDeployment(ctx, s.db, "d.job_id = $1", id)
+}
+
+// jobIDRE is the wire contract's shape of a job id.
+var jobIDRE = regexp.MustCompile(`^[!-~]{1,255}$`)
+
+// GetWithProgress returns the deployment with its progress from the job's
+// event stream.
+func (s *Service) GetWithProgress(ctx context.Context, id string) (*Deployment, error) {
+	d, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	p, err := readProgress(ctx, s.rdb, d.JobID)
+	if err != nil {
+		s.log.Warn().Err(err).Str("deployment_id", id).Msg("read progress")
+	}
+	d.Progress = p
+	if d.StartedAt == nil && p != nil && p.Events > 0 && d.Status == StatusQueued {
+		d.Status = StatusRunning
+	}
+	return d, nil
+}
+
+// List returns a page of deployments, newest first.
+func (s *Service) List(ctx context.Context, f Filter) (*Page, error) {
+	return list(ctx, s.db, f)
+}
+
+// Wait waits until the deployment is final or ctx is done, and returns its
+// latest state (final or not).
+func (s *Service) Wait(ctx context.Context, id string) (*Deployment, error) {
+	d, err := s.Get(ctx, id)
+	if err != nil || d.Status.Terminal() {
+		return d, err
+	}
+	ch, stop := s.notifier.Watch(d.JobID)
+	defer stop()
+	t := time.NewTicker(s.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			latest, err := s.Get(context.WithoutCancel(ctx), id)
+			if err != nil {
+				return d, nil
+			}
+			return latest, nil
+		case <-ch:
+		case <-t.C:
+		}
+		latest, err := s.Get(ctx, id)
+		if err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			return nil, err
+		}
+		d = latest
+		if d.Status.Terminal() {
+			return d, nil
+		}
+	}
+}
+
+// ErrFinished: the deployment has already ended.
+var ErrFinished = errors.New("deployment already finished")
+
+// CancelOutcome says what Cancel did.
+type CancelOutcome int
+
+// The outcomes of Cancel.
+const (
+	// CancelledBeforeStart: the job had not started and never will.
+	CancelledBeforeStart CancelOutcome = iota + 1
+	// CancelRequested: the job runs; it was asked to stop and will end
+	// cancelled (or with the outcome it reached first).
+	CancelRequested
+)
+
+// Cancel cancels a deployment. A job that has not started is marked
+// cancelled at once, atomically with infra's run record (a done run with
+// a cancelled result, so infra publishes that result instead of running
+// it); a running job gets its cancel key set. A finished one is
+// ErrFinished, returned with the deployment.
+func (s *Service) Cancel(ctx context.Context, id string) (*Deployment, CancelOutcome, error) {
+	d, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	if d.Status.Terminal() {
+		return d, 0, ErrFinished
+	}
+	res := &messages.AnsibleDeployResult{
+		Outcome: messages.Outcome{
+			SchemaVersion: messages.SchemaVersion, JobID: d.JobID, RequestID: d.RequestID,
+			CorrelationID: d.Request.CorrelationID, Attempt: 1,
+		},
+		ProjectID: d.Request.ProjectID, ServerIP: d.Request.ServerIP, Port: d.Request.Port,
+	}
+	if res.RequestID == "" {
+		res.RequestID = "0-0" // never published: there is no entry
+	}
+	res.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled before it started")
+	now := s.now()
+	res.SetTimes(now, now)
+	data, err := messages.Encode(res)
+	if err != nil {
+		return nil, 0, fmt.Errorf("encode cancelled result: %w", err)
+	}
+	var inserted bool
+	var runState string
+	var runResult []byte
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO runs (job_id, kind, stream, request_id, target, state, status, error_kind, result, started_at, finished_at)
+			VALUES ($1, 'deploy', $2, $3, $4, 'done', 'cancelled', 'cancelled', $5, now(), now())
+			ON CONFLICT (job_id) DO NOTHING`,
+			d.JobID, s.cfg.Streams.Queue, res.RequestID, "address:"+d.Request.ServerIP, data)
+		if err != nil {
+			return err
+		}
+		if inserted = tag.RowsAffected() == 1; inserted {
+			_, err := s.recordResult(ctx, tx, res)
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT state, result FROM runs WHERE job_id = $1`, d.JobID).Scan(&runState, &runResult)
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("cancel deployment: %w", err)
+	}
+	switch {
+	case inserted:
+		s.afterRecord(ctx, d.JobID)
+		s.metrics.cancelled.WithLabelValues("before_start").Inc()
+		d, err = s.Get(ctx, id)
+		return d, CancelledBeforeStart, err
+	case runState == store.RunDone:
+		// Finished, but its result is not in yet: take it from the run.
+		if r, err := messages.DecodeAnsibleDeployResult(runResult); err == nil {
+			if err := s.Record(ctx, r); err != nil {
+				return nil, 0, err
+			}
+		}
+		d, err = s.Get(ctx, id)
+		if err != nil {
+			return nil, 0, err
+		}
+		return d, 0, ErrFinished
+	}
+	if err := s.rdb.Set(ctx, messages.CancelKey(d.JobID), "deployer", s.cfg.CancelTTL).Err(); err != nil {
+		return nil, 0, fmt.Errorf("set cancel key: %w", err)
+	}
+	if _, err := s.db.Exec(ctx, `UPDATE deployments SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now() WHERE id = $1`, id); err != nil {
+		return nil, 0, fmt.Errorf("record cancel request: %w", err)
+	}
+	s.metrics.cancelled.WithLabelValues("requested").Inc()
+	d, err = s.Get(ctx, id)
+	return d, CancelRequested, err
+}
+
+// OutputTail returns the output tail of the deployment's result ("" when
+// none), the fallback when no full log is stored.
+func (s *Service) OutputTail(ctx context.Context, id string) (string, error) {
+	var tail string
+	err := s.db.QueryRow(ctx, `SELECT COALESCE(result->>'output_tail', '') FROM deployments WHERE id = $1`, id).Scan(&tail)
+	if err != nil {
+		return "", fmt.Errorf("read output tail: %w", err)
+	}
+	return tail, nil
+}

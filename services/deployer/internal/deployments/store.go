@@ -1,0 +1,196 @@
+package deployments
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+)
+
+// ErrNotFound: no such deployment.
+var ErrNotFound = errors.New("deployment not found")
+
+// selectDeployment reads deployments with their run (infra's row of the
+// job), which says whether a queued deployment has started.
+const selectDeployment = `
+	SELECT d.id::text, d.job_id, d.source, COALESCE(d.api_key_id::text, ''), d.status,
+		COALESCE(d.project_id, ''), COALESCE(d.repo_full_name, ''), COALESCE(d.branch, ''), COALESCE(d.server_ip, ''),
+		COALESCE(d.port, 0), d.modules, COALESCE(d.github_token_ref, ''), COALESCE(d.secrets_ref, ''),
+		COALESCE(d.correlation_id, ''), COALESCE(d.timeout_seconds, 0), COALESCE(d.callback_url, ''),
+		COALESCE(d.request_id, ''), d.published_at, d.cancel_requested_at, d.result, d.created_at, d.finished_at,
+		COALESCE(r.state, ''), r.started_at
+	FROM deployments d LEFT JOIN runs r ON r.job_id = d.job_id`
+
+func scanDeployment(row pgx.Row) (*Deployment, error) {
+	var d Deployment
+	var status, runState string
+	var result []byte
+	var runStarted *time.Time
+	err := row.Scan(&d.ID, &d.JobID, &d.Source, &d.apiKeyID, &status,
+		&d.Request.ProjectID, &d.Request.RepoFullName, &d.Request.Branch, &d.Request.ServerIP,
+		&d.Request.Port, &d.Request.Modules, &d.Request.GitHubTokenRef, &d.Request.SecretsRef,
+		&d.Request.CorrelationID, &d.Request.Options.TimeoutSeconds, &d.callbackURL,
+		&d.RequestID, &d.publishedAt, &d.CancelRequestedAt, &result, &d.CreatedAt, &d.FinishedAt,
+		&runState, &runStarted)
+	if err != nil {
+		return nil, err
+	}
+	d.Status = Status(status)
+	if d.Status == StatusQueued && runState != "" {
+		d.Status = StatusRunning // infra has started it; its result is not in yet
+	}
+	if d.callbackURL != "" {
+		d.Request.Options.CallbackURL = webhooks.RedactURL(d.callbackURL)
+	}
+	if len(result) > 0 {
+		var r Result
+		if err := json.Unmarshal(result, &r); err != nil {
+			return nil, fmt.Errorf("stored result of %s: %w", d.ID, err)
+		}
+		r.OutputTail = ""
+		d.Result = &r
+	}
+	d.StartedAt = runStarted
+	if d.Result != nil && d.Result.StartedAt != "" {
+		if t, err := time.Parse(time.RFC3339Nano, d.Result.StartedAt); err == nil {
+			d.StartedAt = &t
+		}
+	}
+	d.Links = linksFor(d.ID)
+	return &d, nil
+}
+
+func getDeployment(ctx context.Context, q store.Querier, where string, arg any) (*Deployment, error) {
+	d, err := scanDeployment(q.QueryRow(ctx, selectDeployment+" WHERE "+where, arg))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read deployment: %w", err)
+	}
+	return d, nil
+}
+
+// Filter selects deployments for List. Zero fields do not filter.
+type Filter struct {
+	ProjectID     string
+	ServerIP      string // the deployment's server address
+	ServerHandle  string // a registered server, by its address
+	Status        Status
+	JobID         string
+	CorrelationID string
+	Source        string
+	Since, Until  time.Time // created_at in [Since, Until)
+	Limit         int       // 1-100, default 20
+	Cursor        string    // from Page.Next
+}
+
+// Page is one page of deployments, newest first.
+type Page struct {
+	Items []*Deployment
+	// Next is the cursor of the next page; "" on the last one.
+	Next string
+}
+
+// ErrBadCursor: the cursor is not one List returned.
+var ErrBadCursor = errors.New("invalid cursor")
+
+// encodeCursor makes an opaque cursor of the last item's sort key.
+func encodeCursor(d *Deployment) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(d.CreatedAt.UnixMicro(), 10) + "." + d.ID))
+}
+
+func decodeCursor(s string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) > 100 {
+		return time.Time{}, "", ErrBadCursor
+	}
+	ts, id, ok := strings.Cut(string(b), ".")
+	us, err := strconv.ParseInt(ts, 10, 64)
+	if !ok || err != nil || len(id) != 36 {
+		return time.Time{}, "", ErrBadCursor
+	}
+	return time.UnixMicro(us), id, nil
+}
+
+func list(ctx context.Context, q store.Querier, f Filter) (*Page, error) {
+	var where []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	if f.ProjectID != "" {
+		add("d.project_id = ?", strings.ToLower(f.ProjectID))
+	}
+	if f.ServerIP != "" {
+		add("d.server_ip = ?", f.ServerIP)
+	}
+	if f.ServerHandle != "" {
+		add("d.server_ip IN (SELECT address FROM servers WHERE handle = ?)", f.ServerHandle)
+	}
+	switch f.Status {
+	case "":
+	case StatusQueued:
+		where = append(where, "d.status = 'queued' AND r.job_id IS NULL")
+	case StatusRunning:
+		where = append(where, "d.status = 'queued' AND r.job_id IS NOT NULL")
+	default:
+		add("d.status = ?", string(f.Status))
+	}
+	if f.JobID != "" {
+		add("d.job_id = ?", f.JobID)
+	}
+	if f.CorrelationID != "" {
+		add("d.correlation_id = ?", f.CorrelationID)
+	}
+	if f.Source != "" {
+		add("d.source = ?", f.Source)
+	}
+	if !f.Since.IsZero() {
+		add("d.created_at >= ?", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add("d.created_at < ?", f.Until)
+	}
+	if f.Cursor != "" {
+		at, id, err := decodeCursor(f.Cursor)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, at, id)
+		where = append(where, fmt.Sprintf("(d.created_at, d.id) < ($%d, $%d::uuid)", len(args)-1, len(args)))
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 20
+	}
+	sql := selectDeployment
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	sql += fmt.Sprintf(" ORDER BY d.created_at DESC, d.id DESC LIMIT %d", limit+1)
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list deployments: %w", err)
+	}
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Deployment, error) { return scanDeployment(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list deployments: %w", err)
+	}
+	p := &Page{Items: items}
+	if len(items) > limit {
+		p.Items = items[:limit]
+		p.Next = encodeCursor(p.Items[limit-1])
+	}
+	return p, nil
+}

@@ -1,0 +1,402 @@
+// Package events serves the live progress of deployments as Server-Sent
+// Events. A Hub reads each followed job's event stream (job:<id>:events)
+// once per replica, with one blocking XREAD for all followed jobs, and
+// keeps the events read in memory while someone follows the job; each
+// subscriber walks that log at its own pace, so a slow client never holds
+// up the reader or the other clients, and a client that reconnects with
+// Last-Event-ID resumes after the last event it got.
+//
+// On Redis Cluster the job streams live in different hash slots, which one
+// XREAD cannot span (CROSSSLOT): there the Hub polls instead, every
+// HubConfig.Poll, with one non-blocking XREAD per followed job sent as a
+// pipeline (which the cluster client splits by node).
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+)
+
+// Event is one progress event as sent to clients.
+type Event struct {
+	// ID is the stream entry id: the SSE id, for Last-Event-ID.
+	ID string
+	// Type is the SSE event name: the progress event's type.
+	Type string
+	// Data is the event as JSON.
+	Data []byte
+	// Final marks run_finished, the last event of a run.
+	Final bool
+}
+
+// HubConfig configures a Hub. Zero values take the defaults.
+type HubConfig struct {
+	// Block is how long one read waits for new events; it bounds how long
+	// a newly followed job waits for its first live read. Default 250ms.
+	Block time.Duration
+	// MaxEvents bounds the events kept per job. Default 50,000.
+	MaxEvents int
+	// Poll is the interval of the reads on Redis Cluster (see the package
+	// documentation). Default 100ms.
+	Poll   time.Duration
+	Logger zerolog.Logger
+}
+
+// Hub follows the event streams of the jobs that have subscribers.
+type Hub struct {
+	rdb     redis.UniversalClient
+	cfg     HubConfig
+	cluster bool // streams in different slots: poll (see the package documentation)
+
+	mu   sync.Mutex
+	jobs map[string]*job
+	kick chan struct{}
+}
+
+// job is the in-memory log of one followed job.
+type job struct {
+	id     string
+	stream string
+
+	mu      sync.Mutex
+	loaded  bool
+	events  []Event
+	lastID  string
+	changed chan struct{} // closed when events grow
+	subs    int
+}
+
+// NewHub returns a Hub reading through rdb.
+func NewHub(rdb redis.UniversalClient, cfg HubConfig) *Hub {
+	if cfg.Block <= 0 {
+		cfg.Block = 250 * time.Millisecond
+	}
+	if cfg.MaxEvents <= 0 {
+		cfg.MaxEvents = 50_000
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 100 * time.Millisecond
+	}
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &Hub{rdb: rdb, cfg: cfg, cluster: cluster, jobs: map[string]*job{}, kick: make(chan struct{}, 1)}
+}
+
+// Subscription follows one job.
+type Subscription struct {
+	h    *Hub
+	j    *job
+	next int // index of the next event to deliver
+	once sync.Once
+}
+
+// Subscribe follows jobID from the event after lastEventID ("" for the
+// start). It loads the job's history before returning.
+func (h *Hub) Subscribe(ctx context.Context, jobID, lastEventID string) (*Subscription, error) {
+	h.mu.Lock()
+	j := h.jobs[jobID]
+	if j == nil {
+		j = &job{id: jobID, stream: messages.ProgressStream(jobID), changed: make(chan struct{}), lastID: "0-0"}
+		h.jobs[jobID] = j
+	}
+	j.subs++
+	h.mu.Unlock()
+	s := &Subscription{h: h, j: j}
+	if err := h.load(ctx, j); err != nil {
+		s.Close()
+		return nil, err
+	}
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+	j.mu.Lock()
+	s.next = j.indexAfter(lastEventID)
+	j.mu.Unlock()
+	return s, nil
+}
+
+// Close ends the subscription.
+func (s *Subscription) Close() {
+	s.once.Do(func() {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		s.j.subs--
+		if s.j.subs == 0 {
+			delete(s.h.jobs, s.j.id)
+		}
+	})
+}
+
+// Next returns the events not yet delivered (nil when none) and a channel
+// that is closed when more arrive.
+func (s *Subscription) Next() ([]Event, <-chan struct{}) {
+	s.j.mu.Lock()
+	defer s.j.mu.Unlock()
+	evs := s.j.events[s.next:]
+	s.next = len(s.j.events)
+	return evs, s.j.changed
+}
+
+// CatchUp reads what the stream holds beyond what was read (used before
+// ending a stream, so that no event published before the job's end is
+// missed).
+func (s *Subscription) CatchUp(ctx context.Context) error {
+	return s.h.readRange(ctx, s.j)
+}
+
+// indexAfter returns the index of the first event after id.
+func (j *job) indexAfter(id string) int {
+	if id == "" {
+		return 0
+	}
+	for i, e := range j.events {
+		if idLess(id, e.ID) {
+			return i
+		}
+	}
+	return len(j.events)
+}
+
+// load reads the job's history once.
+func (h *Hub) load(ctx context.Context, j *job) error {
+	j.mu.Lock()
+	loaded := j.loaded
+	j.mu.Unlock()
+	if loaded {
+		return nil
+	}
+	if err := h.readRange(ctx, j); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	j.loaded = true
+	j.mu.Unlock()
+	return nil
+}
+
+// readRange appends the entries after the job's last id.
+func (h *Hub) readRange(ctx context.Context, j *job) error {
+	j.mu.Lock()
+	from := "(" + j.lastID
+	j.mu.Unlock()
+	for {
+		entries, err := h.rdb.XRangeN(ctx, j.stream, from, "+", 1000).Result()
+		if err != nil {
+			return err
+		}
+		h.append(j, entries)
+		if len(entries) < 1000 {
+			return nil
+		}
+		from = "(" + entries[len(entries)-1].ID
+	}
+}
+
+// append adds entries (skipping any already read) and wakes subscribers.
+func (h *Hub) append(j *job, entries []redis.XMessage) {
+	if len(entries) == 0 {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	added := false
+	for _, e := range entries {
+		if !idLess(j.lastID, e.ID) {
+			continue
+		}
+		j.lastID = e.ID
+		if len(j.events) >= h.cfg.MaxEvents {
+			continue
+		}
+		data, _ := e.Values[messages.DataField].(string)
+		ev, err := messages.DecodeProgressEvent([]byte(data))
+		if err != nil {
+			h.cfg.Logger.Debug().Err(err).Str("job_id", j.id).Msg("undecodable progress event skipped")
+			continue
+		}
+		body, err := json.Marshal(jsonEvent(ev))
+		if err != nil {
+			continue
+		}
+		j.events = append(j.events, Event{ID: e.ID, Type: string(ev.Type), Data: body, Final: ev.Type == messages.EventRunFinished})
+		added = true
+	}
+	if added {
+		close(j.changed)
+		j.changed = make(chan struct{})
+	}
+}
+
+// Run reads the followed jobs' streams until ctx is done.
+func (h *Hub) Run(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		h.mu.Lock()
+		var jobs []*job
+		for _, j := range h.jobs {
+			j.mu.Lock()
+			if j.loaded {
+				jobs = append(jobs, j)
+			}
+			j.mu.Unlock()
+		}
+		h.mu.Unlock()
+		if len(jobs) == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-h.kick:
+			case <-time.After(h.cfg.Block):
+			}
+			continue
+		}
+		var err error
+		if h.cluster {
+			err = h.poll(ctx, jobs)
+		} else {
+			err = h.read(ctx, jobs)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			h.cfg.Logger.Warn().Err(err).Msg("read progress streams")
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+	}
+	return nil
+}
+
+// read waits up to Block for new entries of the jobs' streams, with one
+// XREAD for all of them.
+func (h *Hub) read(ctx context.Context, jobs []*job) error {
+	args := make([]string, 0, 2*len(jobs))
+	for _, j := range jobs {
+		args = append(args, j.stream)
+	}
+	for _, j := range jobs {
+		j.mu.Lock()
+		args = append(args, j.lastID)
+		j.mu.Unlock()
+	}
+	res, err := h.rdb.XRead(ctx, &redis.XReadArgs{Streams: args, Count: 1000, Block: h.cfg.Block}).Result()
+	if err == redis.Nil {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	byStream := make(map[string]*job, len(jobs))
+	for _, j := range jobs {
+		byStream[j.stream] = j
+	}
+	for _, s := range res {
+		if j := byStream[s.Stream]; j != nil {
+			h.append(j, s.Messages)
+		}
+	}
+	return nil
+}
+
+// poll reads the new entries of the jobs' streams with one non-blocking
+// XREAD each, in one pipeline, and waits for Poll when none came (a new
+// subscription cuts the wait short).
+func (h *Hub) poll(ctx context.Context, jobs []*job) error {
+	pipe := h.rdb.Pipeline()
+	cmds := make([]*redis.XStreamSliceCmd, len(jobs))
+	for i, j := range jobs {
+		j.mu.Lock()
+		last := j.lastID
+		j.mu.Unlock()
+		cmds[i] = pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{j.stream, last}, Count: 1000, Block: -1})
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && err != redis.Nil {
+		return err
+	}
+	got := false
+	for i, c := range cmds {
+		for _, s := range c.Val() {
+			if len(s.Messages) > 0 {
+				got = true
+				h.append(jobs[i], s.Messages)
+			}
+		}
+	}
+	if !got {
+		select {
+		case <-ctx.Done():
+		case <-h.kick:
+		case <-time.After(h.cfg.Poll):
+		}
+	}
+	return nil
+}
+
+// Followed returns how many jobs the hub follows (for metrics).
+func (h *Hub) Followed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.jobs)
+}
+
+// idLess compares stream entry ids.
+func idLess(a, b string) bool {
+	ams, aseq := splitID(a)
+	bms, bseq := splitID(b)
+	return ams < bms || (ams == bms && aseq < bseq)
+}
+
+func splitID(id string) (uint64, uint64) {
+	ms, seq, _ := strings.Cut(id, "-")
+	m, _ := strconv.ParseUint(ms, 10, 64)
+	s, _ := strconv.ParseUint(seq, 10, 64)
+	return m, s
+}
+
+// wireEvent is the JSON form of a progress event.
+type wireEvent struct {
+	JobID   string `json:"job_id"`
+	Seq     int64  `json:"seq"`
+	Time    string `json:"time"`
+	Type    string `json:"type"`
+	Play    string `json:"play,omitempty"`
+	Task    string `json:"task,omitempty"`
+	Host    string `json:"host,omitempty"`
+	Message string `json:"message,omitempty"`
+	Status  string `json:"status,omitempty"`
+	// Synthetic marks a run_finished made by the deployer for a job that
+	// ended without one (cancelled before it started, rejected).
+	Synthetic bool `json:"synthetic,omitempty"`
+}
+
+func jsonEvent(ev *messages.ProgressEvent) wireEvent {
+	return wireEvent{JobID: ev.JobID, Seq: ev.Seq, Time: ev.Time, Type: string(ev.Type), Play: ev.Play,
+		Task: ev.Task, Host: ev.Host, Message: ev.Message, Status: string(ev.Status)}
+}
+
+// FinalEvent makes the run_finished event of a job that ended without one.
+func FinalEvent(jobID, status, message string, at time.Time) Event {
+	body, _ := json.Marshal(wireEvent{JobID: jobID, Time: messages.FormatTime(at), Type: string(messages.EventRunFinished),
+		Status: status, Message: message, Synthetic: true})
+	return Event{ID: FinalID, Type: string(messages.EventRunFinished), Data: body, Final: true}
+}
+
+// FinalID is the SSE id of a synthetic final event; a client reconnecting
+// with it is told there is nothing more (204).
+const FinalID = "end"
