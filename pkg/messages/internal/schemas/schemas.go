@@ -36,10 +36,10 @@ const (
 	uuidPattern      = `^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`
 	repoPattern      = `^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$`
 	repoDotsPattern  = `/\.\.?$`
-	branchPattern    = `^[^\x00-\x20\x7f~^:?*\[\\]+$`
-	branchBadPattern = `^@$|^[-/]|[/.]$|\.\.|//|@\{|(^|/)\.|\.lock(/|$)`
+	branchPattern    = `^[A-Za-z0-9._/-]+$`
+	branchBadPattern = `^[-/]|[/.]$|\.\.|//|(^|/)\.|\.lock(/|$)`
 	ipPattern        = `^[0-9A-Fa-f:.]+$`
-	modulePattern    = `^[a-z0-9][a-z0-9_-]{0,63}$`
+	modulePattern    = `^[a-z0-9][a-z0-9_-]{0,62}$`
 	secretRefPattern = `^(vault|env|file):[!-~]+$`
 	entryIDPattern   = `^[0-9]{1,20}-[0-9]{1,20}$`
 	errorKindPattern = `^[a-z][a-z0-9_]{0,63}$`
