@@ -227,21 +227,21 @@ func lastAddr(n netip.Prefix) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
+// rule is a network that is never a deploy target, and why.
+type rule struct {
+	p      netip.Prefix
+	reason string
+}
+
 var (
-	never4 = []struct {
-		p      netip.Prefix
-		reason string
-	}{
+	never4 = []rule{
 		{netip.MustParsePrefix("0.0.0.0/8"), "an unspecified (this-network) address"},
 		{netip.MustParsePrefix("127.0.0.0/8"), "a loopback address"},
 		{netip.MustParsePrefix("169.254.0.0/16"), "a link-local address (cloud metadata lives there)"},
 		{netip.MustParsePrefix("224.0.0.0/4"), "a multicast address"},
 		{netip.MustParsePrefix("240.0.0.0/4"), "a reserved or the broadcast address"},
 	}
-	never6 = []struct {
-		p      netip.Prefix
-		reason string
-	}{
+	never6 = []rule{
 		{netip.MustParsePrefix("::/128"), "the unspecified address"},
 		{netip.MustParsePrefix("::1/128"), "the loopback address"},
 		{netip.MustParsePrefix("::/96"), "an IPv4-compatible address (deprecated)"},
