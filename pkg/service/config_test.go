@@ -417,3 +417,29 @@ func TestExitCode(t *testing.T) {
 		}
 	}
 }
+
+// TestLogConfigRedactsEveryCredentialForm: a password in a URL's query
+// (libpq's password= and sslpassword=), a token as an http URL's user and
+// a keyword/value DSN are masked in the logged configuration too.
+func TestLogConfigRedactsEveryCredentialForm(t *testing.T) {
+	cfg := newTestConfig()
+	environ := map[string]string{
+		"DATABASE_URL": "postgres://autoprov@db:5432/x?sslmode=disable&password=querypw&sslpassword=sslpw",
+		"CALLBACK_URL": "https://ghp_tokenasuser@example.com/x?token=querytoken",
+		"REDIS_URL":    "redis://:onlypw@10.0.0.1:6379/0",
+		"VAULT_ROLE":   "role",
+	}
+	if err := Load(getenv(environ), cfg); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	LogConfig(zerolog.New(&buf), cfg)
+	for _, secret := range []string{"querypw", "sslpw", "ghp_tokenasuser", "querytoken", "onlypw"} {
+		if strings.Contains(buf.String(), secret) {
+			t.Errorf("log shows %q:\n%s", secret, buf.String())
+		}
+	}
+	if !strings.Contains(buf.String(), "postgres://autoprov@db:5432/x?password=xxxxx") {
+		t.Errorf("DATABASE_URL not shown redacted:\n%s", buf.String())
+	}
+}
