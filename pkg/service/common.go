@@ -3,7 +3,9 @@ package service
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -25,7 +27,10 @@ type Common struct {
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" desc:"log level: debug, info, warn or error"`
 	LogFormat string `env:"LOG_FORMAT" envDefault:"auto" desc:"log format: json, console, or auto (console when stderr is a terminal, else json)"`
 
-	AdminAddr string `env:"ADMIN_ADDR" desc:"host:port of the admin HTTP server (/healthz, /readyz, /metrics)"`
+	AdminAddr string `env:"ADMIN_ADDR" desc:"host:port of the admin HTTP server (/healthz, /readyz, /metrics); a loopback address unless ADMIN_ALLOW_REMOTE is set"`
+	// AdminAllowRemote allows an ADMIN_ADDR that is not a loopback
+	// address: the admin endpoints have no authentication.
+	AdminAllowRemote bool `env:"ADMIN_ALLOW_REMOTE" desc:"allow a non-loopback ADMIN_ADDR (the admin endpoints are unauthenticated: expose them to a trusted network only)"`
 
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"30s" desc:"how long a graceful shutdown may take after SIGINT/SIGTERM"`
 }
@@ -45,13 +50,26 @@ func (c *Common) Validate() error {
 	}
 	if c.AdminAddr == "" {
 		errs = append(errs, Invalid("ADMIN_ADDR", "required but not set"))
-	} else if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+	} else if host, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
 		errs = append(errs, Invalid("ADMIN_ADDR", "%q is not host:port", c.AdminAddr))
+	} else if !IsLoopbackHost(host) && !c.AdminAllowRemote {
+		errs = append(errs, Invalid("ADMIN_ADDR", "%q is not a loopback address, and /metrics and /readyz need no authentication: "+
+			"listen on 127.0.0.1, or set ADMIN_ALLOW_REMOTE=true to serve them there anyway", c.AdminAddr))
 	}
 	if c.ShutdownGrace <= 0 {
 		errs = append(errs, Invalid("SHUTDOWN_GRACE", "must be positive, got %s", c.ShutdownGrace))
 	}
 	return errors.Join(errs...)
+}
+
+// IsLoopbackHost reports whether host (of a host:port) is a loopback
+// address or "localhost"; "" (every interface) and other names are not.
+func IsLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Zone() == "" && ip.Unmap().IsLoopback()
 }
 
 // validateDatabaseURL checks the URL without echoing it (it holds a password).

@@ -90,6 +90,7 @@ func TestLoadOverrides(t *testing.T) {
 		"LOG_LEVEL":               "debug",
 		"LOG_FORMAT":              "json",
 		"ADMIN_ADDR":              "0.0.0.0:9000",
+		"ADMIN_ALLOW_REMOTE":      "true",
 		"SHUTDOWN_GRACE":          "5s",
 		"TOKEN":                   "t0k",
 		"WORKERS":                 "9",
@@ -108,11 +109,12 @@ func TestLoadOverrides(t *testing.T) {
 			SentinelAddrs:    []string{"10.0.0.1:26379", "10.0.0.2:26379"},
 			SentinelPassword: "sentinel-pw",
 		},
-		DatabaseURL:   "postgres://u:p@db:5432/x",
-		LogLevel:      "debug",
-		LogFormat:     "json",
-		AdminAddr:     "0.0.0.0:9000",
-		ShutdownGrace: 5 * time.Second,
+		DatabaseURL:      "postgres://u:p@db:5432/x",
+		LogLevel:         "debug",
+		LogFormat:        "json",
+		AdminAddr:        "0.0.0.0:9000",
+		AdminAllowRemote: true,
+		ShutdownGrace:    5 * time.Second,
 	}
 	if diff := cmp.Diff(want, cfg.Common); diff != "" {
 		t.Errorf("Common (-want, +got):\n%s", diff)
@@ -357,6 +359,7 @@ func TestLogConfig(t *testing.T) {
 		"LOG_LEVEL":               "info",
 		"LOG_FORMAT":              "auto",
 		"ADMIN_ADDR":              "127.0.0.1:9199",
+		"ADMIN_ALLOW_REMOTE":      "false",
 		"SHUTDOWN_GRACE":          "30s",
 		"TOKEN":                   "[REDACTED]",
 		"WORKERS":                 "4",
@@ -441,5 +444,28 @@ func TestLogConfigRedactsEveryCredentialForm(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "postgres://autoprov@db:5432/x?password=xxxxx") {
 		t.Errorf("DATABASE_URL not shown redacted:\n%s", buf.String())
+	}
+}
+
+// TestAdminAddrLoopbackUnlessAllowed: the admin endpoints have no
+// authentication, so an ADMIN_ADDR beyond loopback is refused at start
+// unless ADMIN_ALLOW_REMOTE says so.
+func TestAdminAddrLoopbackUnlessAllowed(t *testing.T) {
+	for addr, loopback := range map[string]bool{
+		"127.0.0.1:9102": true, "127.9.9.9:1": true, "[::1]:9102": true, "localhost:9102": true,
+		"0.0.0.0:9102": false, ":9102": false, "[::]:9102": false, "192.0.2.10:9102": false,
+		"admin.example:9102": false, "[::ffff:127.0.0.1]:9102": true, "[fe80::1%eth0]:9102": false,
+	} {
+		for _, allow := range []string{"", "true"} {
+			environ := map[string]string{"ADMIN_ADDR": addr, "VAULT_ROLE": "role", "ADMIN_ALLOW_REMOTE": allow}
+			err := Load(getenv(environ), newTestConfig())
+			ok := loopback || allow == "true"
+			if ok && err != nil {
+				t.Errorf("ADMIN_ADDR=%s ADMIN_ALLOW_REMOTE=%q refused: %v", addr, allow, err)
+			}
+			if !ok && (err == nil || !strings.Contains(err.Error(), "ADMIN_ALLOW_REMOTE")) {
+				t.Errorf("ADMIN_ADDR=%s accepted without ADMIN_ALLOW_REMOTE: %v", addr, err)
+			}
+		}
 	}
 }
