@@ -24,6 +24,12 @@ cd "$ROOT"
 scripts/services.sh start dev
 eval "$(scripts/services.sh env dev)"
 export REDIS_URL DATABASE_URL
+# Each service logs in to Redis as the ACL user of its role
+# (deploy/redis/users.acl): it can touch only its own streams and keys.
+declare -A REDIS_USER_URL
+for svc in scheduler infra deployer; do
+	REDIS_USER_URL[$svc]=$(scripts/services.sh redis-url dev "$svc")
+done
 RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
@@ -94,9 +100,9 @@ for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
 	if [ "$svc" = infra ]; then
-		env "${INFRA_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		env "${INFRA_ENV[@]}" REDIS_URL="${REDIS_USER_URL[$svc]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	else
-		ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		REDIS_URL="${REDIS_USER_URL[$svc]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	fi
 	PIDS+=($!)
 done
@@ -122,7 +128,8 @@ INSERT INTO servers (handle, address, ssh_port, labels) VALUES ('local-target', 
 SQL
 	step "registered server local-target ($addr:$port)"
 	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
-	/usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
+	# The demo publishes as the scheduler would, with the scheduler's user.
+	REDIS_URL="${REDIS_USER_URL[scheduler]}" /usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
 	if [ "$status" -eq 0 ]; then
 		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
 			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"
