@@ -296,4 +296,3 @@ func emptyDatabase(t *testing.T) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
-
