@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -23,6 +24,10 @@ type Common struct {
 	Redis RedisConfig `envPrefix:"REDIS_"`
 
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://autoprov:autoprov@127.0.0.1:15432/autoprov?sslmode=disable" desc:"Postgres URL (postgres://user:password@host:port/db?sslmode=...)"`
+	// DatabaseURLFile names a file holding the Postgres URL: a password in
+	// DATABASE_URL stays readable in /proc/<pid>/environ for the life of
+	// the process, one in a file does not.
+	DatabaseURLFile string `env:"DATABASE_URL_FILE" desc:"file holding the Postgres URL, read at start instead of DATABASE_URL (keeps its password out of the process environment)"`
 
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" desc:"log level: debug, info, warn or error"`
 	LogFormat string `env:"LOG_FORMAT" envDefault:"auto" desc:"log format: json, console, or auto (console when stderr is a terminal, else json)"`
@@ -35,9 +40,16 @@ type Common struct {
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"30s" desc:"how long a graceful shutdown may take after SIGINT/SIGTERM"`
 }
 
-// Validate checks the common settings; Load calls it.
+// Validate checks the common settings; Load calls it. It first reads
+// DATABASE_URL_FILE and REDIS_URL_FILE, when set, into the URLs.
 func (c *Common) Validate() error {
 	var errs []error
+	if err := readSettingFile("DATABASE_URL_FILE", c.DatabaseURLFile, &c.DatabaseURL); err != nil {
+		errs = append(errs, err)
+	}
+	if err := readSettingFile("REDIS_URL_FILE", c.Redis.URLFile, &c.Redis.URL); err != nil {
+		errs = append(errs, err)
+	}
 	errs = append(errs, c.Redis.Validate())
 	if err := validateDatabaseURL(c.DatabaseURL); err != nil {
 		errs = append(errs, err)
@@ -60,6 +72,26 @@ func (c *Common) Validate() error {
 		errs = append(errs, Invalid("SHUTDOWN_GRACE", "must be positive, got %s", c.ShutdownGrace))
 	}
 	return errors.Join(errs...)
+}
+
+// readSettingFile sets *dst to the content of the file path (white space
+// around it trimmed), when path is set. Errors name the variable and the
+// file, never the content.
+func readSettingFile(name, path string, dst *string) error {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Invalid(name, "%v", err)
+	}
+	v := strings.TrimSpace(string(b))
+	clear(b)
+	if v == "" {
+		return Invalid(name, "%s is empty", path)
+	}
+	*dst = v
+	return nil
 }
 
 // IsLoopbackHost reports whether host (of a host:port) is a loopback

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -351,11 +353,13 @@ func TestLogConfig(t *testing.T) {
 	}
 	want := map[string]string{
 		"REDIS_URL":               "redis://user:xxxxx@10.0.0.1:6379/0",
+		"REDIS_URL_FILE":          "",
 		"REDIS_SENTINEL_MASTER":   "m",
 		"REDIS_SENTINEL_ADDRS":    "10.0.0.1:26379,10.0.0.2:26379",
 		"REDIS_SENTINEL_PASSWORD": "[REDACTED]",
 		"REDIS_CLUSTER_ADDRS":     "",
 		"DATABASE_URL":            "postgres://autoprov:xxxxx@db:5432/x?sslmode=disable",
+		"DATABASE_URL_FILE":       "",
 		"LOG_LEVEL":               "info",
 		"LOG_FORMAT":              "auto",
 		"ADMIN_ADDR":              "127.0.0.1:9199",
@@ -467,5 +471,42 @@ func TestAdminAddrLoopbackUnlessAllowed(t *testing.T) {
 				t.Errorf("ADMIN_ADDR=%s accepted without ADMIN_ALLOW_REMOTE: %v", addr, err)
 			}
 		}
+	}
+}
+
+// TestURLFiles: DATABASE_URL_FILE and REDIS_URL_FILE replace the URLs, so
+// that their passwords need not be in the process environment; errors name
+// the file, never its content.
+func TestURLFiles(t *testing.T) {
+	dir := t.TempDir()
+	db, rd := filepath.Join(dir, "db.url"), filepath.Join(dir, "redis.url")
+	if err := os.WriteFile(db, []byte("postgres://u:filepw@db:5432/x?sslmode=disable\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rd, []byte("redis://infra:redisfilepw@10.0.0.1:6379/1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := newTestConfig()
+	if err := Load(getenv(map[string]string{"DATABASE_URL_FILE": db, "REDIS_URL_FILE": rd, "VAULT_ROLE": "r"}), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DatabaseURL != "postgres://u:filepw@db:5432/x?sslmode=disable" || cfg.Redis.URL != "redis://infra:redisfilepw@10.0.0.1:6379/1" {
+		t.Fatalf("urls: %q %q", cfg.DatabaseURL, cfg.Redis.URL)
+	}
+	var buf bytes.Buffer
+	LogConfig(zerolog.New(&buf), cfg)
+	if strings.Contains(buf.String(), "filepw") {
+		t.Fatalf("logged: %s", buf.String())
+	}
+	if err := os.WriteFile(db, []byte("mysql://u:filepw@db/x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Load(getenv(map[string]string{"DATABASE_URL_FILE": db, "VAULT_ROLE": "r"}), newTestConfig())
+	if err == nil || strings.Contains(err.Error(), "filepw") {
+		t.Fatalf("bad URL in file: %v", err)
+	}
+	err = Load(getenv(map[string]string{"DATABASE_URL_FILE": filepath.Join(dir, "missing"), "VAULT_ROLE": "r"}), newTestConfig())
+	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL_FILE") {
+		t.Fatalf("missing file: %v", err)
 	}
 }
