@@ -24,15 +24,18 @@ cd "$ROOT"
 scripts/services.sh start dev
 eval "$(scripts/services.sh env dev)"
 export REDIS_URL DATABASE_URL
-# Each service logs in to Redis as the ACL user of its role
-# (deploy/redis/users.acl): it can touch only its own streams and keys.
-declare -A REDIS_USER_URL
-for svc in scheduler infra deployer; do
-	REDIS_USER_URL[$svc]=$(scripts/services.sh redis-url dev "$svc")
-done
 RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
+# Each service logs in to Redis as the ACL user of its role
+# (deploy/redis/users.acl): it can touch only its own streams and keys. Its
+# URL, password included, reaches it in a file (REDIS_URL_FILE), not in its
+# environment.
+declare -A REDIS_USER_URL
+for svc in scheduler infra deployer; do
+	REDIS_USER_URL[$svc]=$(scripts/services.sh redis-url dev "$svc")
+	(umask 077 && printf '%s\n' "${REDIS_USER_URL[$svc]}" >"$RUN/secrets/redis/$svc.url")
+done
 
 declare -A ADMIN=([scheduler]=127.0.0.1:9101 [infra]=127.0.0.1:9102 [deployer]=127.0.0.1:9103)
 PIDS=()
@@ -100,9 +103,9 @@ for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
 	if [ "$svc" = infra ]; then
-		env "${INFRA_ENV[@]}" REDIS_URL="${REDIS_USER_URL[$svc]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		env -u REDIS_URL "${INFRA_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	else
-		REDIS_URL="${REDIS_USER_URL[$svc]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		env -u REDIS_URL REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	fi
 	PIDS+=($!)
 done
