@@ -48,10 +48,10 @@ func Dumpable() (bool, error) {
 // variables in the re-executed image.
 const envFDVar = "AUTOPROV_SCRUBBED_ENV_FD"
 
-// ScrubEnv makes sure none of the variables names, nor any variable whose
-// name ends in one of suffixes (e.g. "_PASSWORD"), is in the process's
-// initial environment block, while the program still sees them with
-// os.Getenv. Call it first thing in main, before any goroutine matters:
+// ScrubEnv makes sure no variable whose name secret reports true for is in
+// the process's initial environment block, while the program still sees
+// them with os.Getenv. Call it first thing in main, before any goroutine
+// matters:
 //
 //   - when none is set, it does nothing;
 //   - when some are set, it writes them to a memory file (memfd, never on
@@ -63,27 +63,16 @@ const envFDVar = "AUTOPROV_SCRUBBED_ENV_FD"
 //
 // Children started with an explicit environment (never os.Environ()) do
 // not inherit them either way.
-func ScrubEnv(names []string, suffixes ...string) error {
+func ScrubEnv(secret func(name string) bool) error {
 	if fd := os.Getenv(envFDVar); fd != "" {
 		return restore(fd)
-	}
-	secret := func(kv string) bool {
-		name, _, _ := strings.Cut(kv, "=")
-		if slices.Contains(names, name) {
-			return true
-		}
-		for _, s := range suffixes {
-			if strings.HasSuffix(name, s) {
-				return true
-			}
-		}
-		return false
 	}
 	env := os.Environ()
 	var keep []string
 	var payload strings.Builder
 	for _, kv := range env {
-		if secret(kv) {
+		name, _, _ := strings.Cut(kv, "=")
+		if secret(name) {
 			payload.WriteString(kv)
 			payload.WriteByte(0)
 			continue
@@ -145,4 +134,20 @@ func restore(fdText string) error {
 		}
 	}
 	return nil
+}
+
+// Names returns a matcher for ScrubEnv: the variables named, and those
+// starting with one of prefixes.
+func Names(names []string, prefixes ...string) func(string) bool {
+	return func(name string) bool {
+		if slices.Contains(names, name) {
+			return true
+		}
+		for _, p := range prefixes {
+			if p != "" && strings.HasPrefix(name, p) {
+				return true
+			}
+		}
+		return false
+	}
 }

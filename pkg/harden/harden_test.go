@@ -36,7 +36,7 @@ type report struct {
 
 func child() int {
 	r := report{Pid: os.Getpid(), Args: os.Args[1:], Getenv: map[string]string{}}
-	if err := ScrubEnv([]string{"SECRET_TOKEN"}, "_PASSWORD"); err != nil {
+	if err := ScrubEnv(Names([]string{"SECRET_TOKEN"}, "DB_")); err != nil {
 		r.Err = err.Error()
 	}
 	if os.Getenv("HARDEN_TEST_NODUMPS") != "" {
