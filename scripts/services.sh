@@ -44,7 +44,19 @@ profile_ports() {
 	PG_DB=autoprov
 }
 
+# PLAY_USER runs the playbooks of `make run` and of the tests (PLAYBOOK_USER):
+# an unprivileged system user that cannot read the infra process's files.
+PLAY_USER=autoprov-play
+
+ensure_play_user() {
+	[ "$(id -u)" -eq 0 ] || return 0
+	id -u "$PLAY_USER" >/dev/null 2>&1 && return 0
+	step "creating the unprivileged system user $PLAY_USER (runs the playbooks)"
+	useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$PLAY_USER"
+}
+
 cmd_deps() {
+	ensure_play_user
 	local missing=()
 	for p in "${PACKAGES[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
