@@ -134,7 +134,11 @@ func (e *execution) start() error {
 		cmd.ExtraFiles = []*os.File{evW} // fd 3
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	}
-	cmd.Dir = r.cfg.AnsibleDir
+	// The run's own private directory, never the source tree: whatever the
+	// play leaves in its working directory (a core file, a retry file) goes
+	// when the run dir does. ansible.cfg resolves its relative paths against
+	// its own directory, not this one.
+	cmd.Dir = rd.tmpDir
 	cmd.Env = r.childEnv(rd, spec)
 	cmd.Stdout = outW
 	cmd.Stderr = outW

@@ -26,7 +26,8 @@
 // re-parented orphans), SIGKILL after -grace, and reaps them before exiting.
 // SIGTERM, SIGINT, SIGHUP and SIGQUIT sent to the group reach the program;
 // runguard itself catches and ignores them (caught signals are reset to their
-// default in the program, unlike ignored ones).
+// default in the program, unlike ignored ones). The program runs with a core
+// file size limit of 0: a crash leaves no core file holding its secrets.
 package main
 
 import (
@@ -74,6 +75,12 @@ func run() int {
 			return 2
 		}
 		syscall.Umask(int(m))
+	}
+	// No core files: a crashing program (or module) would leave one holding
+	// the secrets of its environment. The limit is inherited by the program.
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+		fmt.Fprintf(os.Stderr, "runguard: setrlimit RLIMIT_CORE: %v\n", err)
+		return 127
 	}
 	self := os.Getpid()
 	if syscall.Getpgrp() != self {
