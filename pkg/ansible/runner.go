@@ -212,16 +212,23 @@ func ensurePrivateDir(dir string) error {
 	return nil
 }
 
+// ErrInvalidSpec is wrapped by Run's error when the spec itself is refused
+// (a host alias, user or address the inventory cannot hold, a secret too
+// large for an environment variable, a playbook that is not there): running
+// it again cannot help.
+var ErrInvalidSpec = errors.New("invalid run spec")
+
 // Run runs spec.Playbook against spec.Host and returns when the process
 // group is gone and the run directory removed. It returns an error only when
-// the run could not start (invalid spec, run directory, agent, exec);
+// the run could not start (invalid spec, wrapping ErrInvalidSpec; run
+// directory, agent, exec);
 // everything after that is in the Result (ctx cancellation gives Outcome
 // cancelled).
 func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	called := monoNow()
 	key, err := r.validateSpec(&spec)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
 	}
 	log := r.log.With().Str("job_id", spec.JobID).Str("host", spec.Host.Alias).Str("playbook", spec.Playbook).Logger()
 	if err := ctx.Err(); err != nil {
