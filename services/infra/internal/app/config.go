@@ -10,10 +10,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/signing"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
@@ -35,6 +37,11 @@ type Config struct {
 	SSH      SSHConfig      `envPrefix:"SSH_"`
 	Jobs     JobsConfig
 	Secrets  secrets.Config
+	// Project holds the backends of the secret references requests carry
+	// (PROJECT_*), apart from the service's own (Secrets).
+	Project  secrets.ProjectConfig `envPrefix:"PROJECT_"`
+	Authz    authz.Config
+	Signing  signing.Config
 	Time4VPS time4vps.Config
 }
 
@@ -144,6 +151,15 @@ func (c *Config) Validate() error {
 		errs = append(errs, service.Invalid("SSH_HOST_KEY_POLICY", "must be tofu, strict or off"))
 	}
 	if err := c.Secrets.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(c.Project.Validate(), c.Project.Separate(c.Secrets)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Authz.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Signing.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
