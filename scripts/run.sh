@@ -65,10 +65,21 @@ if [ ${#RUN_ROOT} -gt 32 ]; then
 	step "repository path is long: playbook run directories go to $RUN_ROOT"
 fi
 
+# Request signing: the demo job signs its request as producer scheduler-1
+# with a key made once (run/dev/secrets/signing/, 0600); infra verifies every
+# signed request and dead-letters one that fails. (REQUEST_SIGNATURES=verify:
+# the services' own producers do not sign yet, so unsigned requests pass.)
+SIGNING_KEY_FILE="$RUN/secrets/signing/scheduler-1.key"
+if [ ! -s "$SIGNING_KEY_FILE" ]; then
+	mkdir -p "$(dirname "$SIGNING_KEY_FILE")"
+	(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$SIGNING_KEY_FILE")
+fi
 INFRA_ENV=(
 	"PLAYBOOK_DIR=$ROOT/ansible"
 	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
 	"PLAYBOOK_FACT_CACHE=$RUN/facts"
+	"REQUEST_SIGNATURES=verify"
+	"REQUEST_KEYS=scheduler-1@provisioner:queue=env:AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1"
 )
 
 demo=""
@@ -103,7 +114,10 @@ for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
 	if [ "$svc" = infra ]; then
-		env -u REDIS_URL "${INFRA_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		# The key goes in the environment, never in argv; infra scrubs it
+		# from /proc/<pid>/environ at start.
+		AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1=$(cat "$SIGNING_KEY_FILE") \
+			env -u REDIS_URL "${INFRA_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	else
 		env -u REDIS_URL REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	fi
@@ -132,7 +146,8 @@ SQL
 	step "registered server local-target ($addr:$port)"
 	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
 	# The demo publishes as the scheduler would, with the scheduler's user.
-	REDIS_URL="${REDIS_USER_URL[scheduler]}" /usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
+	REDIS_URL="${REDIS_USER_URL[scheduler]}" SIGNING_KEY_ID=scheduler-1 SIGNING_KEY_FILE="$SIGNING_KEY_FILE" \
+		/usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
 	if [ "$status" -eq 0 ]; then
 		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
 			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"
