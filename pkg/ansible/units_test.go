@@ -229,14 +229,14 @@ func TestValidateSpec(t *testing.T) {
 		"key options": func(s *Spec) {
 			s.Host.KnownHostsKey = `command="x" ` + strings.Fields(good.Host.KnownHostsKey)[0] + " " + strings.Fields(good.Host.KnownHostsKey)[1]
 		},
-		"key two lines":    func(s *Spec) { s.Host.KnownHostsKey = good.Host.KnownHostsKey + "\n" + good.Host.KnownHostsKey },
-		"env lower":        func(s *Spec) { s.SecretEnv = map[string]string{"token": "x"} },
-		"env reserved":     func(s *Spec) { s.SecretEnv = map[string]string{"PATH": "x"} },
-		"env ansible":      func(s *Spec) { s.SecretEnv = map[string]string{"ANSIBLE_BECOME_PASS": "x"} },
-		"env ld":           func(s *Spec) { s.SecretEnv = map[string]string{"LD_PRELOAD": "x"} },
-		"env bash":         func(s *Spec) { s.SecretEnv = map[string]string{"BASH_ENV": "x"} },
-		"env events path":  func(s *Spec) { s.SecretEnv = map[string]string{"AUTOPROV_EVENTS_PATH": "x"} },
-		"env nul":          func(s *Spec) { s.SecretEnv = map[string]string{"TOKEN": "a\x00b"} },
+		"key two lines":   func(s *Spec) { s.Host.KnownHostsKey = good.Host.KnownHostsKey + "\n" + good.Host.KnownHostsKey },
+		"env lower":       func(s *Spec) { s.SecretEnv = map[string]string{"token": "x"} },
+		"env reserved":    func(s *Spec) { s.SecretEnv = map[string]string{"PATH": "x"} },
+		"env ansible":     func(s *Spec) { s.SecretEnv = map[string]string{"ANSIBLE_BECOME_PASS": "x"} },
+		"env ld":          func(s *Spec) { s.SecretEnv = map[string]string{"LD_PRELOAD": "x"} },
+		"env bash":        func(s *Spec) { s.SecretEnv = map[string]string{"BASH_ENV": "x"} },
+		"env events path": func(s *Spec) { s.SecretEnv = map[string]string{"AUTOPROV_EVENTS_PATH": "x"} },
+		"env nul":         func(s *Spec) { s.SecretEnv = map[string]string{"TOKEN": "a\x00b"} },
 		"env too large": func(s *Spec) {
 			s.SecretEnv = map[string]string{"PROJECT_ENV": strings.Repeat("x", 128*1024)}
 		},
