@@ -62,6 +62,10 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		ownRefs = append(ownRefs, k.Ref)
 	}
 
+	runAs, err := cfg.Playbook.RunAs()
+	if err != nil {
+		return nil, err
+	}
 	runner, err := ansible.New(ansible.Config{
 		AnsibleDir:   cfg.Playbook.Dir,
 		PlaybookBin:  cfg.Playbook.Bin,
@@ -71,6 +75,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		Timeout:      cfg.Playbook.Timeout,
 		IdleTimeout:  cfg.Playbook.IdleTimeout,
 		FactCacheDir: cfg.Playbook.FactCache,
+		RunAs:        runAs,
 	}, log)
 	if err != nil {
 		return nil, err
@@ -174,7 +179,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		return nil, err
 	}
 	log.Info().Str("consumer", consumerName).Bool("runguard", runner.Guarded()).
-		Bool("time4vps", provider != nil).Str("request_signatures", cfg.Signing.Mode).Int("producer_keys", len(keySpecs)).
+		Bool("time4vps", provider != nil).Str("playbook_user", cfg.Playbook.User).Str("request_signatures", cfg.Signing.Mode).Int("producer_keys", len(keySpecs)).
 		Strs("deploy_allow_networks", cfg.Authz.AllowNetworks).Strs("deploy_secret_refs", authorizer.Templates()).
 		Msg("infra components ready")
 
