@@ -101,6 +101,9 @@ if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; th
  "system_tuning_swap_size_mb": 64, "system_tuning_swap_min_free_mb": 256}
 JSON
 	INFRA_ENV+=(
+		# The playbooks run as the unprivileged user scripts/services.sh
+		# created: they cannot read infra's files, memory or environment.
+		"PLAYBOOK_USER=autoprov-play"
 		"PLAYBOOK_VARS_FILE=$RUN/site-vars.json"
 		"SECRETS_FILE_ROOT=$(dirname "$keyfile")"
 		"SSH_KEY_REF=file:$(basename "$keyfile")"
