@@ -123,20 +123,7 @@ func (e *e2e) assertNowhere(t *testing.T, p *infraProc, secrets map[string]strin
 			scan("stream "+k, fmt.Sprint(m.Values))
 		}
 	}
-	for _, table := range []string{"servers", "runs", "host_keys"} {
-		rows, err := e.pool.Query(context.Background(), `SELECT row_to_json(t)::text FROM `+table+` t`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var row string
-			if err := rows.Scan(&row); err != nil {
-				t.Fatal(err)
-			}
-			scan("table "+table, row)
-		}
-		rows.Close()
-	}
+	e.scanRows(func(table, row string) { scan("table "+table, row) })
 	for _, pl := range places {
 		t.Error("secret leaked: " + pl)
 	}

@@ -235,20 +235,7 @@ func TestSecretsLeakNowhere(t *testing.T) {
 			scan("stream "+s, m.Values["data"].(string))
 		}
 	}
-	for _, table := range []string{"servers", "runs", "host_keys"} {
-		rows, err := e.pool.Query(context.Background(), `SELECT row_to_json(t)::text FROM `+table+` t`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var row string
-			if err := rows.Scan(&row); err != nil {
-				t.Fatal(err)
-			}
-			scan("postgres table "+table, row)
-		}
-		rows.Close()
-	}
+	e.scanRows(func(table, row string) { scan("postgres table "+table, row) })
 	for _, dir := range []string{e.runRoot, e.factCache} {
 		_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() {
