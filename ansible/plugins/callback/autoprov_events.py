@@ -27,6 +27,7 @@ requirements:
 import errno
 import json
 import os
+import re
 import stat
 import time
 from datetime import datetime, timezone
@@ -119,6 +120,12 @@ class CallbackModule(CallbackBase):
 
     def _open(self):
         path = self._path
+        # A descriptor the runner passed (/dev/fd/N): use it, do not reopen
+        # it. Reopening a pipe through /proc checks the pipe's owner, which
+        # is not the play's user when plays run as another user.
+        m = re.match(r"^/dev/fd/([0-9]+)$", path)
+        if m:
+            return os.fdopen(os.dup(int(m.group(1))), "ab", buffering=0)
         try:
             st = os.stat(path)
             is_fifo = stat.S_ISFIFO(st.st_mode)
