@@ -20,7 +20,8 @@ const playUser = "autoprov-play"
 // TestRunAsPlayUser runs a play as the unprivileged play user: the
 // controller side of the play runs with that uid and gid, a core limit of
 // 0 and the private run directory as working directory, and still reaches
-// the target (agent socket, inventory and known_hosts are readable to it).
+// the target (agent socket, inventory and known_hosts are readable to it)
+// and the runner (events through the inherited pipe).
 func TestRunAsPlayUser(t *testing.T) {
 	t.Parallel()
 	if os.Geteuid() != 0 {
@@ -57,7 +58,10 @@ func TestRunAsPlayUser(t *testing.T) {
 				t.Fatalf("guarded = %v", r.Guarded())
 			}
 			sp := watchSpawn(r)
-			res, err := r.Run(context.Background(), specFor(s, "whoami.yml", nil))
+			var events eventLog
+			spec := specFor(s, "whoami.yml", nil)
+			spec.OnEvent = events.add
+			res, err := r.Run(context.Background(), spec)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,6 +71,10 @@ func TestRunAsPlayUser(t *testing.T) {
 			want := fmt.Sprintf("controller uid=%d gid=%d core=0 cwd=", uid, gid)
 			if !strings.Contains(res.OutputTail, want) {
 				t.Errorf("output lacks %q:\n%s", want, res.OutputTail)
+			}
+			// The event pipe reaches the callback plugin of another user.
+			if types := events.types(); len(types) < 2 || types[len(types)-1] != EventStats {
+				t.Errorf("events %v: the callback could not write to the runner's pipe", types)
 			}
 			_, runDir := sp.get()
 			if !strings.Contains(res.OutputTail, "cwd="+runDir+"/tmp") {
