@@ -86,6 +86,9 @@ demo=""
 if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; then
 	TARGET="$RUN/target"
 	bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
+	# The overlay's writable layer outlives `down`: drop the last run's
+	# changes (setup_server.yml refuses root logins afterwards).
+	mountpoint -q "$TARGET/root" || rm -rf "$TARGET/upper" "$TARGET/work"
 	step "starting the local Debian target (the first time builds and caches its image: about a minute)"
 	info=$(bin/testtarget up --detach --dir "$TARGET" 2>"$LOGS/target.log") ||
 		{ cat "$LOGS/target.log" >&2; die "the local target did not start (see run/dev/logs/target.log)"; }
