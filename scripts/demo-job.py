@@ -7,10 +7,16 @@ job:<job_id>:events, then prints its result from provisioner:results.
 Exits 0 when the job succeeded.
 
     REDIS_URL=redis://127.0.0.1:16379/0 scripts/demo-job.py --server-handle local-target
+
+With SIGNING_KEY_ID and SIGNING_KEY_FILE the request is signed (the wire
+contract's "sig" field, as docs/examples/producer.py does).
 """
 
 import argparse
+import base64
 import datetime
+import hashlib
+import hmac
 import json
 import os
 import sys
@@ -46,6 +52,17 @@ def show(event):
         print(f"{kind}  {where} {msg}".rstrip(), flush=True)
 
 
+def signature(stream, data):
+    """The sig field for data appended to stream, or None without a key."""
+    key_id, key_file = os.environ.get("SIGNING_KEY_ID"), os.environ.get("SIGNING_KEY_FILE")
+    if not key_id or not key_file:
+        return None
+    with open(key_file, "rb") as f:
+        key = f.read().strip()
+    mac = hmac.new(key, b"autoprov-sig-v1\0" + stream.encode() + b"\0" + data, hashlib.sha256).digest()
+    return "v1:%s:%s" % (key_id, base64.urlsafe_b64encode(mac).rstrip(b"=").decode())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server-handle", required=True)
@@ -59,8 +76,14 @@ def main():
     results_from = last[0][0] if last else b"0-0"
 
     request = {"schema_version": 1, "job_id": job_id, "server_handle": args.server_handle, "created_at": now_rfc3339()}
-    entry = r.xadd("provisioner:queue", {"data": msgpack.packb(request)})
-    print(f"published ProvisionerMessage {json.dumps(request)} as entry {entry.decode()}", flush=True)
+    data = msgpack.packb(request)
+    fields = {"data": data}
+    sig = signature("provisioner:queue", data)
+    if sig:
+        fields["sig"] = sig
+    entry = r.xadd("provisioner:queue", fields)
+    signed = f" signed by {os.environ['SIGNING_KEY_ID']}" if sig else ""
+    print(f"published ProvisionerMessage {json.dumps(request)} as entry {entry.decode()}{signed}", flush=True)
 
     events_stream = f"job:{job_id}:events"
     events_from = b"0-0"

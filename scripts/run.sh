@@ -30,6 +30,15 @@ export REDIS_URL DATABASE_URL
 RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
+# Each service logs in to Redis as the ACL user of its role
+# (deploy/redis/users.acl): it can touch only its own streams and keys. Its
+# URL, password included, reaches it in a file (REDIS_URL_FILE), not in its
+# environment.
+declare -A REDIS_USER_URL
+for svc in scheduler infra deployer; do
+	REDIS_USER_URL[$svc]=$(scripts/services.sh redis-url dev "$svc")
+	(umask 077 && printf '%s\n' "${REDIS_USER_URL[$svc]}" >"$RUN/secrets/redis/$svc.url")
+done
 
 # Ports may be moved to run two checkouts side by side, e.g.
 #   REDIS_PORT=16391 PG_PORT=15441 SCHEDULER_ADMIN_ADDR=127.0.0.1:9111 INFRA_ADMIN_ADDR=127.0.0.1:9112 \
@@ -72,10 +81,21 @@ if [ ${#RUN_ROOT} -gt 32 ]; then
 	step "repository path is long: playbook run directories go to $RUN_ROOT"
 fi
 
+# Request signing: the demo job signs its request as producer scheduler-1
+# with a key made once (run/dev/secrets/signing/, 0600); infra verifies every
+# signed request and dead-letters one that fails. (REQUEST_SIGNATURES=verify:
+# the services' own producers do not sign yet, so unsigned requests pass.)
+SIGNING_KEY_FILE="$RUN/secrets/signing/scheduler-1.key"
+if [ ! -s "$SIGNING_KEY_FILE" ]; then
+	mkdir -p "$(dirname "$SIGNING_KEY_FILE")"
+	(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$SIGNING_KEY_FILE")
+fi
 INFRA_ENV=(
 	"PLAYBOOK_DIR=$ROOT/ansible"
 	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
 	"PLAYBOOK_FACT_CACHE=$RUN/facts"
+	"REQUEST_SIGNATURES=verify"
+	"REQUEST_KEYS=scheduler-1@provisioner:queue=env:AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1"
 )
 
 demo=""
@@ -106,6 +126,9 @@ if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; th
  "project_deploy_git_base_url": "http://$host_addr:$git_port", "project_deploy_wait_timeout": 30}
 JSON
 	INFRA_ENV+=(
+		# The playbooks run as the unprivileged user scripts/services.sh
+		# created: they cannot read infra's files, memory or environment.
+		"PLAYBOOK_USER=autoprov-play"
 		"PLAYBOOK_VARS_FILE=$RUN/site-vars.json"
 		"SECRETS_FILE_ROOT=$(dirname "$keyfile")"
 		"SSH_KEY_REF=file:$(basename "$keyfile")"
@@ -119,11 +142,14 @@ for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
 	if [ "$svc" = infra ]; then
-		env "${INFRA_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		# The key goes in the environment, never in argv; infra scrubs it
+		# from /proc/<pid>/environ at start.
+		AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1=$(cat "$SIGNING_KEY_FILE") \
+			env -u REDIS_URL "${INFRA_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	elif [ "$svc" = deployer ]; then
-		env "${DEPLOYER_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		env -u REDIS_URL "${DEPLOYER_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	else
-		ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		env -u REDIS_URL REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	fi
 	PIDS+=($!)
 done
@@ -149,7 +175,9 @@ INSERT INTO servers (handle, address, ssh_port, labels) VALUES ('local-target', 
 SQL
 	step "registered server local-target ($addr:$port)"
 	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
-	/usr/bin/python3 scripts/demo-job.py --server-handle local-target --timeout "${RUN_JOB_TIMEOUT:-1800}" || status=$?
+	# The demo publishes as the scheduler would, with the scheduler's user.
+	REDIS_URL="${REDIS_USER_URL[scheduler]}" SIGNING_KEY_ID=scheduler-1 SIGNING_KEY_FILE="$SIGNING_KEY_FILE" \
+		/usr/bin/python3 scripts/demo-job.py --server-handle local-target --timeout "${RUN_JOB_TIMEOUT:-1800}" || status=$?
 	if [ "$status" -eq 0 ]; then
 		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
 			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"

@@ -6,11 +6,18 @@
 #   scripts/services.sh start <profile>   start Redis and Postgres (idempotent)
 #   scripts/services.sh stop  <profile>   stop them
 #   scripts/services.sh env   <profile>   print the REDIS_URL / DATABASE_URL exports
+#   scripts/services.sh redis-url <profile> <user>   print the Redis URL of an ACL user
 #   scripts/services.sh status <profile>
 #
 # Profiles keep `make run` and `make test` apart: dev uses ports 16379/15432,
 # test uses 16380/15433. Nothing is changed outside run/ except installing
 # Debian packages; no system service is started or enabled.
+#
+# The dev profile runs Redis with the ACL users of deploy/redis/users.acl
+# (one per role; the default user is off): their passwords are made once in
+# run/dev/secrets/redis/ (0600), the ACL file is rendered with their hashes.
+# REDIS_URL (env dev) is the admin user's; each service gets its own user's
+# URL (redis-url). The test profile keeps Redis open to its default user.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,12 +36,27 @@ profile_ports() {
 	*) die "unknown profile '$1' (dev or test)" ;;
 	esac
 	RUN="$ROOT/run/$1"
+	REDIS_ACL=""
+	[ "$1" = dev ] && REDIS_ACL=1
+	REDIS_PASSWORDS="$RUN/secrets/redis"
 	PG_USER=autoprov
 	PG_PASS=autoprov
 	PG_DB=autoprov
 }
 
+# PLAY_USER runs the playbooks of `make run` and of the tests (PLAYBOOK_USER):
+# an unprivileged system user that cannot read the infra process's files.
+PLAY_USER=autoprov-play
+
+ensure_play_user() {
+	[ "$(id -u)" -eq 0 ] || return 0
+	id -u "$PLAY_USER" >/dev/null 2>&1 && return 0
+	step "creating the unprivileged system user $PLAY_USER (runs the playbooks)"
+	useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$PLAY_USER"
+}
+
 cmd_deps() {
+	ensure_play_user
 	local missing=()
 	for p in "${PACKAGES[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -75,18 +97,57 @@ as_pg() {
 	fi
 }
 
+# redis_users are the ACL users the dev profile turns on.
+REDIS_USERS=(admin scheduler deployer infra)
+
+# rcli runs redis-cli against the profile's Redis, as its admin user when
+# the profile has ACL users.
+rcli() {
+	if [ -n "$REDIS_ACL" ] && [ -s "$REDIS_PASSWORDS/admin.pass" ]; then
+		REDISCLI_AUTH=$(cat "$REDIS_PASSWORDS/admin.pass") redis-cli --user admin -p "$REDIS_PORT" "$@"
+	else
+		redis-cli -p "$REDIS_PORT" "$@"
+	fi
+}
+
 start_redis() {
-	local dir="$RUN/redis"
+	local dir="$RUN/redis" args=()
 	mkdir -p "$dir"
-	if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+	if [ -n "$REDIS_ACL" ]; then
+		"$ROOT/scripts/redis-acl.sh" passwords "$REDIS_PASSWORDS" "${REDIS_USERS[@]}"
+		(umask 077 && "$ROOT/scripts/redis-acl.sh" render "$ROOT/deploy/redis/users.acl" "$REDIS_PASSWORDS" >"$dir/users.acl")
+		args=(--aclfile "$dir/users.acl")
+		if redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
+			# Open to anyone: an instance started before ACL users existed.
+			step "redis on 127.0.0.1:$REDIS_PORT runs without ACL users: restarting it with them"
+			redis-cli -p "$REDIS_PORT" shutdown >/dev/null 2>&1 || true
+			wait_gone redis-cli -p "$REDIS_PORT" ping
+		elif rcli ping 2>/dev/null | grep -q PONG; then
+			rcli acl load >/dev/null || die "redis did not load $dir/users.acl"
+			step "redis already running on 127.0.0.1:$REDIS_PORT (ACL users reloaded)"
+			return 0
+		elif redis-cli -p "$REDIS_PORT" ping 2>&1 | grep -q NOAUTH; then
+			die "redis on 127.0.0.1:$REDIS_PORT wants a password that ${REDIS_PASSWORDS#"$ROOT"/} no longer holds: stop it (kill \$(cat ${dir#"$ROOT"/}/redis.pid)) and start again"
+		fi
+	elif redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
 		step "redis already running on 127.0.0.1:$REDIS_PORT"
 		return 0
 	fi
 	step "starting redis on 127.0.0.1:$REDIS_PORT (data in ${dir#"$ROOT"/})"
 	redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$dir" \
 		--appendonly yes --appendfsync everysec --save "" --databases 256 \
-		--daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
-	wait_for "redis" 50 redis-cli -p "$REDIS_PORT" ping
+		--daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "${args[@]}" >/dev/null
+	wait_for "redis" 50 rcli ping
+}
+
+# wait_gone CMD...: wait (up to 10 s) until CMD fails.
+wait_gone() {
+	local i
+	for ((i = 0; i < 100; i++)); do
+		"$@" >/dev/null 2>&1 || return 0
+		sleep 0.1
+	done
+	die "still running: $*"
 }
 
 # pg_dir prints the profile's Postgres directory: run/<profile>/postgres, or,
@@ -151,7 +212,7 @@ start_postgres() {
 stop_all() {
 	local bin
 	if [ -f "$RUN/redis/redis.pid" ]; then
-		redis-cli -p "$REDIS_PORT" shutdown >/dev/null 2>&1 || true
+		rcli shutdown >/dev/null 2>&1 || true
 		rm -f "$RUN/redis/redis.pid"
 		step "redis stopped"
 	fi
@@ -163,7 +224,11 @@ stop_all() {
 }
 
 print_env() {
-	echo "export REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+	if [ -n "$REDIS_ACL" ]; then
+		echo "export REDIS_URL=$("$ROOT/scripts/redis-acl.sh" url "$REDIS_PASSWORDS" admin "127.0.0.1:$REDIS_PORT/0")"
+	else
+		echo "export REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+	fi
 	echo "export DATABASE_URL=postgres://$PG_USER:$PG_PASS@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
 }
 
@@ -185,13 +250,22 @@ main() {
 		profile_ports "${2:-dev}"
 		print_env
 		;;
+	redis-url)
+		profile_ports "${2:-dev}"
+		[ -n "${3:-}" ] || die "usage: services.sh redis-url <profile> <user>"
+		if [ -n "$REDIS_ACL" ]; then
+			"$ROOT/scripts/redis-acl.sh" url "$REDIS_PASSWORDS" "$3" "127.0.0.1:$REDIS_PORT/0"
+		else
+			echo "redis://127.0.0.1:$REDIS_PORT/0"
+		fi
+		;;
 	status)
 		profile_ports "${2:-dev}"
-		redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && echo "redis: up ($REDIS_PORT)" || echo "redis: down"
+		rcli ping >/dev/null 2>&1 && echo "redis: up ($REDIS_PORT)" || echo "redis: down"
 		"$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" && echo "postgres: up ($PG_PORT)" || echo "postgres: down"
 		;;
 	*)
-		sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+		sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 		[ -z "$cmd" ] || exit 2
 		;;
 	esac

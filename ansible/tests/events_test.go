@@ -146,7 +146,7 @@ func TestEventsCallback(t *testing.T) {
 		if len(e.Line)+1 > 64*1024 {
 			t.Errorf("event %d: line of %d bytes", i, len(e.Line)+1)
 		}
-		if len(e.Msg) > 4*1024 {
+		if len(e.Msg) > 32*1024 {
 			t.Errorf("event %d (%s): msg of %d bytes", i, e.Task, len(e.Msg))
 		}
 		if strings.Contains(e.Line, secret) {
@@ -154,7 +154,7 @@ func TestEventsCallback(t *testing.T) {
 		}
 		for k := range e.JSON {
 			switch k {
-			case "v", "seq", "ts", "event", "playbook", "play", "task", "action", "host", "changed", "ignore_errors", "msg", "rc", "hosts":
+			case "v", "seq", "ts", "event", "playbook", "play", "task", "action", "host", "changed", "ignore_errors", "msg", "msg_cut_start", "msg_cut_end", "rc", "hosts":
 			default:
 				t.Errorf("event %d: unexpected key %q", i, k)
 			}
@@ -203,8 +203,9 @@ func TestEventsCallback(t *testing.T) {
 	if e := find("host_ok", "local", "A looped task"); e != nil && e.Changed {
 		t.Errorf("loop event: %s", e.Line)
 	}
-	if e := find("host_ok", "local", "A task with a huge output"); e != nil && (len(e.Msg) < 1000 || len(e.Msg) > 4096) {
-		t.Errorf("huge output msg length %d", len(e.Msg))
+	if e := find("host_ok", "local", "A task with a huge output"); e != nil && (len(e.Msg) < 4096 || len(e.Msg) > 32*1024 ||
+		!strings.Contains(e.Line, `"msg_cut_start":true`)) {
+		t.Errorf("huge output: msg of %d bytes, %s", len(e.Msg), e.Line[:min(len(e.Line), 200)])
 	}
 	find("handler_start", "", "A handler")
 	if e := find("host_unreachable", "gone", "An ok task"); e != nil && e.Msg == "" {

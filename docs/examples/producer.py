@@ -14,13 +14,19 @@ Needs redis-py and msgpack (Debian: python3-redis python3-msgpack):
 Environment: REDIS_URL (default redis://localhost:6379/0) and STREAM_PREFIX
 (prepended to every stream name, for tests; default empty). The Redis URL
 is read from the environment, not the command line, so that a password in
-it never shows in the process list.
+it never shows in the process list. With SIGNING_KEY_ID and SIGNING_KEY_FILE
+(a file holding the producer's key, at least 32 bytes, e.g. the output of
+`openssl rand -hex 32`) every request is signed (docs/wire-contract.md,
+"Signed requests").
 
 Prints one JSON line per request sent and per result received. Exits 0 when
 every awaited result arrived, 2 on timeout.
 """
 
 import argparse
+import base64
+import hashlib
+import hmac
 import json
 import os
 import sys
@@ -36,6 +42,7 @@ ANSIBLE_DEPLOY_QUEUE = "ansible:deploy:queue"
 PROVISIONER_RESULTS = "provisioner:results"
 DEPLOY_RESULTS = "deploy:results"
 DATA_FIELD = b"data"
+SIG_FIELD = b"sig"
 SCHEMA_VERSION = 1
 
 
@@ -53,12 +60,31 @@ def last_id(r, stream):
     return newest[0][0] if newest else b"0-0"
 
 
+def signature(stream, data):
+    """The sig field for data appended to stream, or None without a key.
+
+    HMAC-SHA256 under the producer's key of b"autoprov-sig-v1\\0", the
+    stream name, b"\\0" and the data, as "v1:<key id>:<base64url, no padding>".
+    """
+    key_id, key_file = os.environ.get("SIGNING_KEY_ID"), os.environ.get("SIGNING_KEY_FILE")
+    if not key_id or not key_file:
+        return None
+    with open(key_file, "rb") as f:
+        key = f.read().strip()
+    mac = hmac.new(key, b"autoprov-sig-v1\0" + stream.encode() + b"\0" + data, hashlib.sha256).digest()
+    return "v1:%s:%s" % (key_id, base64.urlsafe_b64encode(mac).rstrip(b"=").decode())
+
+
 def send(r, stream, message):
-    """XADD message to stream; return the entry id."""
+    """XADD message (signed, with a key) to stream; return the entry id."""
     # Leave out None values: the contract treats them as absent anyway.
     message = {k: v for k, v in message.items() if v is not None}
     data = msgpack.packb(message, use_bin_type=True)
-    return r.xadd(stream, {DATA_FIELD: data}).decode()
+    fields = {DATA_FIELD: data}
+    sig = signature(stream, data)
+    if sig:
+        fields[SIG_FIELD] = sig
+    return r.xadd(stream, fields).decode()
 
 
 def wait_results(r, pending, positions, timeout):

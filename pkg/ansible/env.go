@@ -6,7 +6,7 @@ import "path/filepath"
 var fixedEnvNames = map[string]struct{}{
 	"PATH": {}, "HOME": {}, "LANG": {}, "LC_ALL": {}, "TMPDIR": {},
 	"ANSIBLE_CONFIG": {}, "ANSIBLE_LOCAL_TEMP": {}, "ANSIBLE_SSH_CONTROL_PATH_DIR": {},
-	"ANSIBLE_CACHE_PLUGIN_CONNECTION": {}, "ANSIBLE_NOCOLOR": {}, "PYTHONUNBUFFERED": {},
+	"ANSIBLE_CACHE_PLUGIN_CONNECTION": {}, "ANSIBLE_NOCOLOR": {}, "PYTHONUNBUFFERED": {}, "PYTHONDONTWRITEBYTECODE": {},
 	"SSH_AUTH_SOCK": {}, "AUTOPROV_EVENTS_PATH": {},
 }
 
@@ -25,6 +25,9 @@ func (r *Runner) childEnv(d *runDir, spec *Spec) []string {
 		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + r.cfg.FactCacheDir,
 		"ANSIBLE_NOCOLOR=1",
 		"PYTHONUNBUFFERED=1",
+		// No __pycache__ in the source tree: plays write nothing there (a
+		// private cache dir left by one user breaks plays of another).
+		"PYTHONDONTWRITEBYTECODE=1",
 		"SSH_AUTH_SOCK=" + d.agentSock,
 		"AUTOPROV_EVENTS_PATH=/dev/fd/3",
 	}

@@ -124,7 +124,11 @@ func (e *execution) start() error {
 		e.ctrl = os.NewFile(uintptr(fds[0]), "runguard-control")
 		guardEnd = os.NewFile(uintptr(fds[1]), "runguard-control")
 		// umask 077: what Ansible writes in the run dir is private too.
-		args := append([]string{"-control-fd=4", "-pass-fd=3", "-grace=" + r.cfg.KillGrace.String(), "-umask=077", "--"}, argv...)
+		args := []string{"-control-fd=4", "-pass-fd=3", "-grace=" + r.cfg.KillGrace.String(), "-umask=077"}
+		if c := r.cfg.RunAs; c != nil {
+			args = append(args, fmt.Sprintf("-uid=%d", c.UID), fmt.Sprintf("-gid=%d", c.GID))
+		}
+		args = append(append(args, "--"), argv...)
 		cmd = exec.Command(r.guard, args...)
 		cmd.ExtraFiles = []*os.File{evW, guardEnd} // fd 3, fd 4
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -133,8 +137,15 @@ func (e *execution) start() error {
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.ExtraFiles = []*os.File{evW} // fd 3
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		if c := r.cfg.RunAs; c != nil {
+			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
+		}
 	}
-	cmd.Dir = r.cfg.AnsibleDir
+	// The run's own private directory, never the source tree: whatever the
+	// play leaves in its working directory (a core file, a retry file) goes
+	// when the run dir does. ansible.cfg resolves its relative paths against
+	// its own directory, not this one.
+	cmd.Dir = rd.tmpDir
 	cmd.Env = r.childEnv(rd, spec)
 	cmd.Stdout = outW
 	cmd.Stderr = outW

@@ -38,7 +38,19 @@ type runDir struct {
 	inventory  string
 	vars       string
 	knownHosts string
-	marker     *os.File // flocked while the run lives
+	marker     *os.File    // flocked while the run lives
+	owner      *Credential // the user plays run as (Config.RunAs); nil: this process's
+}
+
+// own hands path to the user plays run as (nothing without Config.RunAs).
+func (d *runDir) own(path string) error {
+	if d.owner == nil {
+		return nil
+	}
+	if err := os.Lchown(path, int(d.owner.UID), int(d.owner.GID)); err != nil {
+		return fmt.Errorf("run dir: %w", err)
+	}
+	return nil
 }
 
 // newRunDir creates a fresh run directory (0700) with its marker file.
@@ -79,7 +91,22 @@ func (r *Runner) newRunDir(jobID string) (*runDir, error) {
 			return fail(fmt.Errorf("run dir: %w", err))
 		}
 	}
+	d.owner = r.cfg.RunAs
+	for _, p := range []string{path, d.controlDir, d.tmpDir} {
+		if err := d.own(p); err != nil {
+			return fail(err)
+		}
+	}
 	return d, nil
+}
+
+// writeFile creates name (which must not exist) with mode 0600, owned by
+// the user plays run as.
+func (d *runDir) writeFile(path string, data []byte) error {
+	if err := writeFile(path, data); err != nil {
+		return err
+	}
+	return d.own(path)
 }
 
 // writeFile creates name (which must not exist) with mode 0600.
@@ -109,17 +136,17 @@ func (d *runDir) writeInputs(spec *Spec, key pinnedKey) error {
 	}, " ")
 	inv := fmt.Sprintf("all:\n  hosts:\n    %s:\n      ansible_host: !unsafe %s\n      ansible_port: %d\n      ansible_user: !unsafe %s\n      ansible_ssh_common_args: !unsafe %s\n",
 		quoted(h.Alias), quoted(h.Address), h.Port, quoted(h.User), quoted(sshArgs))
-	if err := writeFile(d.inventory, []byte(inv)); err != nil {
+	if err := d.writeFile(d.inventory, []byte(inv)); err != nil {
 		return fmt.Errorf("write inventory: %w", err)
 	}
-	if err := writeFile(d.knownHosts, []byte(knownHostsLine(h, key))); err != nil {
+	if err := d.writeFile(d.knownHosts, []byte(knownHostsLine(h, key))); err != nil {
 		return fmt.Errorf("write known_hosts: %w", err)
 	}
 	vars, err := unsafeYAML(spec.Vars)
 	if err != nil {
 		return err
 	}
-	if err := writeFile(d.vars, []byte(vars)); err != nil {
+	if err := d.writeFile(d.vars, []byte(vars)); err != nil {
 		return fmt.Errorf("write vars: %w", err)
 	}
 	return nil

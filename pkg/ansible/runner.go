@@ -83,6 +83,18 @@ type Config struct {
 	// Defaults 60 lines and 16 KiB.
 	OutputTailLines int
 	OutputTailBytes int
+	// RunAs, when set, runs ansible-playbook (and everything it starts)
+	// as this user and group instead of the service's, so that plays
+	// cannot read the service's files, memory or environment. The service
+	// must run as root. The run directories and FactCacheDir then belong
+	// to this user, RunRoot becomes 0711 (traversable, not listable), and
+	// AnsibleDir must be readable by the user.
+	RunAs *Credential
+}
+
+// Credential is a user and group id (see Config.RunAs).
+type Credential struct {
+	UID, GID uint32
 }
 
 // Defaults of Config.
@@ -147,7 +159,11 @@ func New(cfg Config, log zerolog.Logger) (*Runner, error) {
 	if cfg.FactCacheDir == "" {
 		cfg.FactCacheDir = filepath.Join(filepath.Dir(cfg.RunRoot), "autoprov-facts")
 	}
-	if err := ensurePrivateDir(cfg.FactCacheDir); err != nil {
+	if cfg.RunAs != nil {
+		if err := prepareRunAs(cfg); err != nil {
+			return nil, err
+		}
+	} else if err := ensurePrivateDir(cfg.FactCacheDir); err != nil {
 		return nil, fmt.Errorf("ansible runner: FactCacheDir: %w", err)
 	}
 	if cfg.OutputTailLines < 0 || cfg.OutputTailBytes < 0 {
@@ -190,6 +206,51 @@ func checkExecutable(path string) error {
 	return nil
 }
 
+// prepareRunAs readies the directories for runs as cfg.RunAs: RunRoot
+// traversable by it, FactCacheDir (and what it holds) its own.
+func prepareRunAs(cfg Config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("ansible runner: RunAs needs the service to run as root")
+	}
+	if cfg.RunAs.UID == 0 {
+		return errors.New("ansible runner: RunAs is root: name an unprivileged user")
+	}
+	if err := os.Chmod(cfg.RunRoot, 0o711); err != nil {
+		return fmt.Errorf("ansible runner: RunRoot: %w", err)
+	}
+	dir := cfg.FactCacheDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("ansible runner: FactCacheDir: %w", err)
+	}
+	if st, err := os.Lstat(dir); err != nil || !st.IsDir() {
+		return fmt.Errorf("ansible runner: FactCacheDir %s is not a directory (or is a symlink)", dir)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("ansible runner: FactCacheDir: %w", err)
+	}
+	err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(cfg.RunAs.UID), int(cfg.RunAs.GID))
+	})
+	if err != nil {
+		return fmt.Errorf("ansible runner: FactCacheDir: %w", err)
+	}
+	// Python caches that runs as another user left among the plugins
+	// (private directories) make Ansible refuse its plugin paths; plays
+	// write none now (PYTHONDONTWRITEBYTECODE).
+	return filepath.WalkDir(cfg.AnsibleDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || d.Name() != "__pycache__" {
+			return nil
+		}
+		if err := os.RemoveAll(path); err != nil {
+			return fmt.Errorf("ansible runner: remove the Python cache %s: %w", path, err)
+		}
+		return filepath.SkipDir
+	})
+}
+
 // ensurePrivateDir creates dir (0700) when missing and checks that it is a
 // real directory of this user that nobody else can write to.
 func ensurePrivateDir(dir string) error {
@@ -212,16 +273,23 @@ func ensurePrivateDir(dir string) error {
 	return nil
 }
 
+// ErrInvalidSpec is wrapped by Run's error when the spec itself is refused
+// (a host alias, user or address the inventory cannot hold, a secret too
+// large for an environment variable, a playbook that is not there): running
+// it again cannot help.
+var ErrInvalidSpec = errors.New("invalid run spec")
+
 // Run runs spec.Playbook against spec.Host and returns when the process
 // group is gone and the run directory removed. It returns an error only when
-// the run could not start (invalid spec, run directory, agent, exec);
+// the run could not start (invalid spec, wrapping ErrInvalidSpec; run
+// directory, agent, exec);
 // everything after that is in the Result (ctx cancellation gives Outcome
 // cancelled).
 func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	called := monoNow()
 	key, err := r.validateSpec(&spec)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
 	}
 	log := r.log.With().Str("job_id", spec.JobID).Str("host", spec.Host.Alias).Str("playbook", spec.Playbook).Logger()
 	if err := ctx.Err(); err != nil {
@@ -250,6 +318,10 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	}
 	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
 	if err != nil {
+		return nil, err
+	}
+	if err := rd.own(rd.agentSock); err != nil {
+		ag.close()
 		return nil, err
 	}
 	defer ag.close()

@@ -162,6 +162,11 @@ func knownHostsLine(h Host, key pinnedKey) string {
 }
 
 // validateSpec checks spec and fills its defaults; it returns the pinned key.
+// maxEnvString is the longest NAME=value string exec accepts (Linux's
+// MAX_ARG_STRLEN, 32 pages, less the terminating NUL): a longer secret
+// would fail every attempt with "argument list too long".
+const maxEnvString = 32*4096 - 1
+
 func (r *Runner) validateSpec(spec *Spec) (pinnedKey, error) {
 	if spec.JobID == "" {
 		return pinnedKey{}, errors.New("spec: empty job id")
@@ -186,6 +191,9 @@ func (r *Runner) validateSpec(spec *Spec) (pinnedKey, error) {
 		}
 		if strings.IndexByte(value, 0) >= 0 {
 			return pinnedKey{}, fmt.Errorf("spec: secret env %s: value holds a NUL byte", name)
+		}
+		if n := len(name) + 1 + len(value); n > maxEnvString {
+			return pinnedKey{}, fmt.Errorf("spec: secret env %s: %d bytes, more than the %d bytes an environment variable may hold", name, n, maxEnvString)
 		}
 	}
 	if spec.Timeout < 0 || spec.IdleTimeout < 0 {

@@ -202,7 +202,9 @@ func TestValidateSpec(t *testing.T) {
 		JobID: "j", Playbook: "ping.yml",
 		Host: Host{Alias: "srv-1", Address: "192.0.2.10", User: "root", KnownHostsKey: testHostKey(t) + " comment"},
 	}
-	good.SecretEnv = map[string]string{"GITHUB_TOKEN": "t", "AUTOPROV_DEPLOY_SSH_PUBKEY": "k", "PROJECT_ENV": "A=1\nB=2"}
+	// The largest value an environment variable holds is accepted.
+	good.SecretEnv = map[string]string{"GITHUB_TOKEN": "t", "AUTOPROV_DEPLOY_SSH_PUBKEY": "k",
+		"PROJECT_ENV": "A=1\nB=" + strings.Repeat("2", 32*4096-1-len("PROJECT_ENV=A=1\nB="))}
 	if _, err := r.validateSpec(&good); err != nil {
 		t.Fatalf("good spec: %v", err)
 	}
@@ -240,14 +242,17 @@ func TestValidateSpec(t *testing.T) {
 		"key options": func(s *Spec) {
 			s.Host.KnownHostsKey = `command="x" ` + strings.Fields(good.Host.KnownHostsKey)[0] + " " + strings.Fields(good.Host.KnownHostsKey)[1]
 		},
-		"key two lines":    func(s *Spec) { s.Host.KnownHostsKey = good.Host.KnownHostsKey + "\n" + good.Host.KnownHostsKey },
-		"env lower":        func(s *Spec) { s.SecretEnv = map[string]string{"token": "x"} },
-		"env reserved":     func(s *Spec) { s.SecretEnv = map[string]string{"PATH": "x"} },
-		"env ansible":      func(s *Spec) { s.SecretEnv = map[string]string{"ANSIBLE_BECOME_PASS": "x"} },
-		"env ld":           func(s *Spec) { s.SecretEnv = map[string]string{"LD_PRELOAD": "x"} },
-		"env bash":         func(s *Spec) { s.SecretEnv = map[string]string{"BASH_ENV": "x"} },
-		"env events path":  func(s *Spec) { s.SecretEnv = map[string]string{"AUTOPROV_EVENTS_PATH": "x"} },
-		"env nul":          func(s *Spec) { s.SecretEnv = map[string]string{"TOKEN": "a\x00b"} },
+		"key two lines":   func(s *Spec) { s.Host.KnownHostsKey = good.Host.KnownHostsKey + "\n" + good.Host.KnownHostsKey },
+		"env lower":       func(s *Spec) { s.SecretEnv = map[string]string{"token": "x"} },
+		"env reserved":    func(s *Spec) { s.SecretEnv = map[string]string{"PATH": "x"} },
+		"env ansible":     func(s *Spec) { s.SecretEnv = map[string]string{"ANSIBLE_BECOME_PASS": "x"} },
+		"env ld":          func(s *Spec) { s.SecretEnv = map[string]string{"LD_PRELOAD": "x"} },
+		"env bash":        func(s *Spec) { s.SecretEnv = map[string]string{"BASH_ENV": "x"} },
+		"env events path": func(s *Spec) { s.SecretEnv = map[string]string{"AUTOPROV_EVENTS_PATH": "x"} },
+		"env nul":         func(s *Spec) { s.SecretEnv = map[string]string{"TOKEN": "a\x00b"} },
+		"env too large": func(s *Spec) {
+			s.SecretEnv = map[string]string{"PROJECT_ENV": strings.Repeat("x", 128*1024)}
+		},
 		"negative timeout": func(s *Spec) { s.Timeout = -time.Second },
 	}
 	for name, mutate := range tests {

@@ -213,14 +213,25 @@ func decode(data []byte, out any) error {
 		return &DecodeError{Reason: fmt.Sprintf("%d trailing bytes after the map", r.Len())}
 	}
 	if len(d.errs) > 0 {
-		return &DecodeError{Fields: d.errs}
+		return &DecodeError{Fields: d.errs, Omitted: d.omitted}
 	}
 	return nil
 }
 
 type decoder struct {
-	dec  *msgpack.Decoder
-	errs []FieldError
+	dec     *msgpack.Decoder
+	errs    []FieldError
+	omitted int // field errors beyond MaxFieldErrors
+}
+
+// fieldError records a problem with one value: the first MaxFieldErrors
+// are kept, the others counted.
+func (d *decoder) fieldError(path, message string) {
+	if len(d.errs) >= MaxFieldErrors {
+		d.omitted++
+		return
+	}
+	d.errs = append(d.errs, FieldError{Field: path, Message: message})
 }
 
 // malformed turns an error of the msgpack reader into the *DecodeError that
@@ -237,7 +248,7 @@ func (d *decoder) malformed(err error) error {
 }
 
 func (d *decoder) typeError(path, want string, c byte) {
-	d.errs = append(d.errs, FieldError{Field: path, Message: "must be " + want + " (got " + codeType(c) + ")"})
+	d.fieldError(path, "must be "+want+" (got "+codeType(c)+")")
 }
 
 func joinPath(parent, key string) string {
@@ -283,7 +294,7 @@ func (d *decoder) structValue(v reflect.Value, path string, depth int) error {
 		}
 		fieldPath := joinPath(path, key)
 		if seen[i] {
-			d.errs = append(d.errs, FieldError{Field: fieldPath, Message: "duplicate key"})
+			d.fieldError(fieldPath, "duplicate key")
 			if err := d.skip(depth + 1); err != nil {
 				return err
 			}
@@ -328,7 +339,7 @@ func (d *decoder) value(v reflect.Value, path string, depth int) error {
 			return d.malformed(err)
 		}
 		if !utf8.ValidString(s) {
-			d.errs = append(d.errs, FieldError{Field: path, Message: "must be valid UTF-8"})
+			d.fieldError(path, "must be valid UTF-8")
 			return nil
 		}
 		v.SetString(s)
@@ -354,7 +365,7 @@ func (d *decoder) value(v reflect.Value, path string, depth int) error {
 				return d.malformed(err)
 			}
 			if u > math.MaxInt64 {
-				d.errs = append(d.errs, FieldError{Field: path, Message: "integer out of range"})
+				d.fieldError(path, "integer out of range")
 				return nil
 			}
 			n = int64(u)
@@ -362,7 +373,7 @@ func (d *decoder) value(v reflect.Value, path string, depth int) error {
 			return d.malformed(err)
 		}
 		if v.OverflowInt(n) {
-			d.errs = append(d.errs, FieldError{Field: path, Message: "integer out of range"})
+			d.fieldError(path, "integer out of range")
 			return nil
 		}
 		v.SetInt(n)
@@ -426,7 +437,7 @@ func (d *decoder) value(v reflect.Value, path string, depth int) error {
 			}
 			elemPath := path + "[" + key + "]"
 			if !utf8.ValidString(key) {
-				d.errs = append(d.errs, FieldError{Field: path, Message: "keys must be valid UTF-8"})
+				d.fieldError(path, "keys must be valid UTF-8")
 				if err := d.skip(depth + 1); err != nil {
 					return err
 				}
@@ -434,7 +445,7 @@ func (d *decoder) value(v reflect.Value, path string, depth int) error {
 			}
 			k := reflect.ValueOf(key).Convert(v.Type().Key())
 			if m.MapIndex(k).IsValid() {
-				d.errs = append(d.errs, FieldError{Field: elemPath, Message: "duplicate key"})
+				d.fieldError(elemPath, "duplicate key")
 				if err := d.skip(depth + 1); err != nil {
 					return err
 				}
@@ -465,7 +476,7 @@ func (d *decoder) element(v reflect.Value, path string, depth int) error {
 		if err := d.dec.DecodeNil(); err != nil {
 			return d.malformed(err)
 		}
-		d.errs = append(d.errs, FieldError{Field: path, Message: "must be " + wantName(v.Kind()) + " (got nil)"})
+		d.fieldError(path, "must be "+wantName(v.Kind())+" (got nil)")
 		return nil
 	}
 	return d.value(v, path, depth)

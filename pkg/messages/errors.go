@@ -2,6 +2,7 @@ package messages
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 )
 
@@ -27,18 +28,27 @@ func (f FieldError) String() string {
 	return f.Field + ": " + f.Message
 }
 
+// MaxFieldErrors is the most field errors a *ValidationError or
+// *DecodeError lists (and a rejection publishes); the others are only
+// counted, so that a small hostile message (thousands of wrong entries)
+// cannot produce a rejection larger than the limit of a message.
+const MaxFieldErrors = 20
+
 // ValidationError reports a message that decoded but breaks the contract's
 // rules: a required key missing, a value out of range or not matching its
 // pattern, an unsupported schema_version. Such a request is rejected, never
 // retried.
 type ValidationError struct {
-	// Fields lists every problem found, in the order of the message's keys.
+	// Fields lists the problems found, in the order of the message's keys:
+	// all of them, or the first MaxFieldErrors.
 	Fields []FieldError
+	// Omitted counts the problems found beyond MaxFieldErrors.
+	Omitted int
 }
 
 // Error lists the field errors.
 func (e *ValidationError) Error() string {
-	return "invalid message: " + joinFields(e.Fields)
+	return "invalid message: " + joinFields(e.Fields, e.Omitted)
 }
 
 // DecodeError reports input that is not a message at all: not msgpack, not a
@@ -50,8 +60,11 @@ type DecodeError struct {
 	// only the types of some values are wrong (see Fields).
 	Reason string
 	// Fields lists the keys whose values have the wrong msgpack type, or
-	// are duplicated, in the order they were met.
+	// are duplicated, in the order they were met: all of them, or the first
+	// MaxFieldErrors.
 	Fields []FieldError
+	// Omitted counts the problems found beyond MaxFieldErrors.
+	Omitted int
 	// Err is the underlying msgpack error, if any.
 	Err error
 }
@@ -66,7 +79,7 @@ func (e *DecodeError) Error() string {
 	}
 	if len(e.Fields) > 0 {
 		b.WriteString(": ")
-		b.WriteString(joinFields(e.Fields))
+		b.WriteString(joinFields(e.Fields, e.Omitted))
 	}
 	if e.Err != nil {
 		b.WriteString(": ")
@@ -102,10 +115,13 @@ func fieldErrors(err error) []FieldError {
 	return nil
 }
 
-func joinFields(fields []FieldError) string {
-	parts := make([]string, len(fields))
+func joinFields(fields []FieldError, omitted int) string {
+	parts := make([]string, len(fields), len(fields)+1)
 	for i, f := range fields {
 		parts[i] = f.String()
+	}
+	if omitted > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more", omitted))
 	}
 	return strings.Join(parts, "; ")
 }

@@ -5,8 +5,9 @@
 //
 // Producers may be written in any language, so the format is a documented
 // contract (docs/wire-contract.md, JSON Schemas in schema/), not a Go detail:
-// every stream entry has one field, "data", holding a msgpack map with
-// snake_case string keys. Readers accept keys in any order, integers of any
+// every stream entry has the field "data", holding a msgpack map with
+// snake_case string keys, and optionally "sig", the producer's signature
+// (see Sign). Readers accept keys in any order, integers of any
 // width, and ignore unknown keys; schema_version (1 when absent) lets the
 // format evolve.
 //
@@ -27,7 +28,8 @@ import (
 	"time"
 )
 
-// Stream names. Each entry of these streams has one field, DataField.
+// Stream names. Each entry of these streams has the field DataField, and
+// optionally SigField.
 const (
 	// StreamProvisionerQueue carries ProvisionerMessage requests.
 	StreamProvisionerQueue = "provisioner:queue"
@@ -39,7 +41,7 @@ const (
 	StreamDeployResults = "deploy:results"
 )
 
-// DataField is the one field of every stream entry; its value is the
+// DataField is the field of every stream entry whose value is the
 // msgpack-encoded message.
 const DataField = "data"
 

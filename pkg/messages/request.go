@@ -7,19 +7,20 @@ import (
 	"regexp"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // Limits and defaults of the request keys.
 const (
 	// DefaultBranch is the branch deployed when branch is absent.
 	DefaultBranch = "main"
-	// MaxBranchLen is the longest branch name, in bytes.
-	MaxBranchLen = 255
+	// MaxBranchLen is the longest branch name, in bytes (the limit of the
+	// deploy playbook's own check).
+	MaxBranchLen = 200
 	// MaxModules is the most entries modules may have.
 	MaxModules = 64
-	// MaxModuleLen is the longest module name, in bytes.
-	MaxModuleLen = 64
+	// MaxModuleLen is the longest module name, in bytes (the limit of the
+	// deploy playbook's own check).
+	MaxModuleLen = 63
 	// MaxSecretRefLen is the longest secret reference, in bytes.
 	MaxSecretRefLen = 512
 	// MaxTimeoutSeconds is the longest run a request may ask for: a day.
@@ -48,7 +49,8 @@ const (
 		"repo of 1-100 letters, digits, '.', '_' or '-' other than '.' and '..'"
 	msgIP        = "must be an IPv4 or IPv6 address literal without a zone"
 	msgPort      = "must be between 1 and 65535"
-	msgModule    = "must match ^[a-z0-9][a-z0-9_-]*$ and be at most 64 bytes"
+	msgModule    = "must match ^[a-z0-9][a-z0-9_-]*$ and be at most 63 bytes"
+	msgBranch    = "must use only ASCII letters, digits and . _ / -"
 	msgSecretRef = "must be a secret reference (vault:..., env:... or file:..., printable ASCII " +
 		"without spaces), never a secret value"
 )
@@ -151,10 +153,13 @@ type AnsibleDeployMessage struct {
 	ProjectID string `msgpack:"project_id"`
 	// GitHub repository of the project, "owner/repo".
 	RepoFullName string `msgpack:"repo_full_name"`
-	// Git branch to deploy; "main" when absent.
+	// Git branch to deploy; "main" when absent. ASCII letters, digits and
+	// . _ / - only, at most 200 bytes, within the rules of git
+	// check-ref-format (the deploy playbook checks the same).
 	Branch string `msgpack:"branch,omitempty"`
 	// Address of the target server: an IPv4 or IPv6 literal (read in any
-	// valid form, written in canonical form).
+	// valid form, written in canonical form: an IPv4-mapped IPv6 address
+	// becomes its IPv4 address).
 	ServerIP string `msgpack:"server_ip"`
 	// SSH port of the target server.
 	Port int `msgpack:"port"`
@@ -246,7 +251,7 @@ func (m *AnsibleDeployMessage) normalize() {
 		m.ProjectID = strings.ToLower(m.ProjectID)
 	}
 	if addr, err := netip.ParseAddr(m.ServerIP); err == nil && addr.Zone() == "" {
-		m.ServerIP = addr.String()
+		m.ServerIP = addr.Unmap().String()
 	}
 }
 
@@ -262,23 +267,18 @@ func validRepoFullName(s string) bool {
 	return ok && ownerRE.MatchString(owner) && repoRE.MatchString(repo) && repo != "." && repo != ".."
 }
 
-// branchProblem returns what makes b unsafe as a git branch name (the rules
-// of git check-ref-format, plus a length limit), or "".
+// branchProblem returns what makes b unusable as a branch to deploy, or "":
+// the rules of git check-ref-format within the character set and length the
+// deploy playbook's own check accepts (ansible/roles/project_deploy), so
+// that a request the playbook would refuse is rejected here instead.
 func branchProblem(b string) string {
 	if len(b) > MaxBranchLen {
 		return fmt.Sprintf("must be at most %d bytes", MaxBranchLen)
 	}
-	if !utf8.ValidString(b) {
-		return "must be valid UTF-8"
-	}
-	if strings.ContainsFunc(b, func(r rune) bool {
-		return r <= ' ' || r == 0x7f || strings.ContainsRune(`~^:?*[\`, r)
-	}) {
-		return `must not contain spaces, control characters or any of ~^:?*[\`
+	if strings.ContainsFunc(b, func(r rune) bool { return !branchChar(r) }) {
+		return msgBranch
 	}
 	switch {
-	case b == "@":
-		return `must not be "@"`
 	case strings.HasPrefix(b, "-"):
 		return "must not start with '-'"
 	case strings.HasPrefix(b, "/"):
@@ -291,8 +291,6 @@ func branchProblem(b string) string {
 		return `must not contain ".."`
 	case strings.Contains(b, "//"):
 		return `must not contain "//"`
-	case strings.Contains(b, "@{"):
-		return `must not contain "@{"`
 	}
 	for part := range strings.SplitSeq(b, "/") {
 		if strings.HasPrefix(part, ".") {
@@ -303,6 +301,10 @@ func branchProblem(b string) string {
 		}
 	}
 	return ""
+}
+
+func branchChar(r rune) bool {
+	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == '/' || r == '-'
 }
 
 // secretRef checks an optional secret reference. The message never repeats

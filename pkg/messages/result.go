@@ -2,6 +2,7 @@ package messages
 
 import (
 	"cmp"
+	"errors"
 	"maps"
 	"regexp"
 	"slices"
@@ -172,6 +173,19 @@ type FailedTask struct {
 // MaxOutputTail is the most bytes SetOutputTail keeps of a run's output.
 const MaxOutputTail = 32 << 10
 
+// MaxErrorMessage is the longest error message Fail and Reject keep, in
+// bytes; a longer one is cut at a character boundary and ends in
+// CutMarker. Redact before calling them: the cut comes after.
+const MaxErrorMessage = 8 << 10
+
+// MaxEcho is the longest request value a result echoes (server_handle,
+// project_id, server_ip); a longer one, which the request's own rules
+// refuse anyway, is not echoed.
+const MaxEcho = 255
+
+// CutMarker ends a text that was cut to its limit.
+const CutMarker = " …[cut]"
+
 // Outcome holds the keys every result carries.
 type Outcome struct {
 	// Version of the message format; absent or 0 means 1.
@@ -219,19 +233,52 @@ func (o *Outcome) Succeed() {
 	o.Error = nil
 }
 
-// Fail sets the status (any but succeeded) and the error.
+// Fail sets the status (any but succeeded) and the error. A message longer
+// than MaxErrorMessage is cut.
 func (o *Outcome) Fail(status Status, kind ErrorKind, message string) {
 	o.Status = status
-	o.Error = &ErrorInfo{Kind: kind, Message: message}
+	o.Error = &ErrorInfo{Kind: kind, Message: cutText(message, MaxErrorMessage)}
+}
+
+// cutText returns s as valid UTF-8 of at most limit bytes: s itself, or
+// its start cut at a character boundary followed by CutMarker.
+func cutText(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= limit {
+		return s
+	}
+	n := limit - len(CutMarker)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + CutMarker
+}
+
+// echo returns a request value to echo in a result: v, or "" when it is
+// longer than MaxEcho or not valid UTF-8.
+func echo(v string) string {
+	if len(v) > MaxEcho || !utf8.ValidString(v) {
+		return ""
+	}
+	return v
 }
 
 // Reject marks the result of a request that could not be decoded or was
 // invalid: status rejected, kind invalid_message, the error's text as
-// message and its field errors (from a *DecodeError or *ValidationError) as
-// fields.
+// message (cut to MaxErrorMessage) and its field errors (from a
+// *DecodeError or *ValidationError: at most MaxFieldErrors, the message
+// counts the others) as fields.
 func (o *Outcome) Reject(err error) {
 	o.Status = StatusRejected
-	o.Error = &ErrorInfo{Kind: KindInvalidMessage, Message: err.Error(), Fields: fieldErrors(err)}
+	fields := fieldErrors(err)
+	if len(fields) > MaxFieldErrors {
+		fields = fields[:MaxFieldErrors]
+	}
+	for i := range fields {
+		fields[i].Field = cutText(fields[i].Field, 256)
+		fields[i].Message = cutText(fields[i].Message, 512)
+	}
+	o.Error = &ErrorInfo{Kind: KindInvalidMessage, Message: cutText(err.Error(), MaxErrorMessage), Fields: fields}
 }
 
 // SetOutputTail stores the end of the (already redacted) output s: its last
@@ -316,7 +363,8 @@ var entryIDRE = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
 // StreamProvisionerResults.
 type ProvisionerResult struct {
 	Outcome
-	// server_handle of the request, echoed (as received, even when invalid).
+	// server_handle of the request, echoed (as received, even when invalid,
+	// unless longer than MaxEcho).
 	ServerHandle string `msgpack:"server_handle,omitempty"`
 }
 
@@ -328,7 +376,7 @@ func NewProvisionerResult(msg *ProvisionerMessage, requestID string) *Provisione
 	if msg == nil {
 		return &ProvisionerResult{Outcome: newOutcome(nil, requestID)}
 	}
-	return &ProvisionerResult{Outcome: newOutcome(&msg.RequestMeta, requestID), ServerHandle: msg.ServerHandle}
+	return &ProvisionerResult{Outcome: newOutcome(&msg.RequestMeta, requestID), ServerHandle: echo(msg.ServerHandle)}
 }
 
 // Validate checks r against the contract and returns a *ValidationError
@@ -368,8 +416,8 @@ func NewAnsibleDeployResult(msg *AnsibleDeployMessage, requestID string) *Ansibl
 	}
 	r := &AnsibleDeployResult{
 		Outcome:   newOutcome(&msg.RequestMeta, requestID),
-		ProjectID: msg.ProjectID,
-		ServerIP:  msg.ServerIP,
+		ProjectID: echo(msg.ProjectID),
+		ServerIP:  echo(msg.ServerIP),
 	}
 	// An out-of-range port (a rejected request) is not echoed: the result
 	// must stay valid.
@@ -414,4 +462,67 @@ func newOutcome(meta *RequestMeta, requestID string) Outcome {
 		o.CorrelationID = meta.CorrelationID
 	}
 	return o
+}
+
+// EncodeResult encodes a *ProvisionerResult or *AnsibleDeployResult like
+// Encode. When the result cannot be encoded as it is (larger than
+// MaxMessageSize, or a text that is not UTF-8), it encodes a minimal result
+// instead: the same job, request, status and error kind with a short
+// message, without hosts, failed task, output tail or field errors. So a
+// job's outcome always reaches its requester, even when its details cannot.
+func EncodeResult(result any) ([]byte, error) {
+	data, err := Encode(result)
+	if err == nil {
+		return data, nil
+	}
+	var min any
+	switch r := result.(type) {
+	case *ProvisionerResult:
+		if r == nil {
+			return nil, err
+		}
+		min = &ProvisionerResult{Outcome: r.Outcome.minimal(err), ServerHandle: echo(r.ServerHandle)}
+	case *AnsibleDeployResult:
+		if r == nil {
+			return nil, err
+		}
+		min = &AnsibleDeployResult{Outcome: r.Outcome.minimal(err), ProjectID: echo(r.ProjectID), ServerIP: echo(r.ServerIP), Port: r.Port}
+	default:
+		return nil, err
+	}
+	data, merr := Encode(min)
+	if merr != nil {
+		return nil, errors.Join(err, merr)
+	}
+	return data, nil
+}
+
+// minimal returns the parts of o that always fit in a message, with an
+// error saying why the details were left out.
+func (o *Outcome) minimal(cause error) Outcome {
+	m := Outcome{
+		SchemaVersion: o.SchemaVersion,
+		JobID:         o.JobID,
+		RequestID:     o.RequestID,
+		Status:        o.Status,
+		Playbook:      cutText(o.Playbook, 256),
+		StartedAt:     o.StartedAt,
+		FinishedAt:    o.FinishedAt,
+		DurationMS:    o.DurationMS,
+		Attempt:       o.Attempt,
+	}
+	if idRE.MatchString(o.CorrelationID) {
+		m.CorrelationID = o.CorrelationID
+	}
+	if !idRE.MatchString(m.JobID) {
+		m.JobID = m.RequestID
+	}
+	note := "result details left out: " + cause.Error()
+	switch {
+	case o.Error != nil:
+		m.Error = &ErrorInfo{Kind: o.Error.Kind, Message: cutText(o.Error.Message, 1024) + " (" + cutText(note, 512) + ")"}
+	case o.Status != StatusSucceeded:
+		m.Error = &ErrorInfo{Kind: KindInternal, Message: cutText(note, 1024)}
+	}
+	return m
 }

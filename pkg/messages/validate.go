@@ -17,12 +17,18 @@ const (
 // names.
 var idRE = regexp.MustCompile(`^[!-~]{1,255}$`)
 
-// checker collects the field errors of one message, in the order found.
+// checker collects the field errors of one message, in the order found:
+// the first MaxFieldErrors, and a count of the others.
 type checker struct {
-	fields []FieldError
+	fields  []FieldError
+	omitted int
 }
 
 func (c *checker) add(field, message string) {
+	if len(c.fields) >= MaxFieldErrors {
+		c.omitted++
+		return
+	}
 	c.fields = append(c.fields, FieldError{Field: field, Message: message})
 }
 
@@ -31,7 +37,7 @@ func (c *checker) err() error {
 	if len(c.fields) == 0 {
 		return nil
 	}
-	return &ValidationError{Fields: c.fields}
+	return &ValidationError{Fields: c.fields, Omitted: c.omitted}
 }
 
 // version checks schema_version: 0 (absent) or 1..SchemaVersion.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -15,7 +16,11 @@ import (
 type Config struct {
 	EnvPrefix string `env:"SECRETS_ENV_PREFIX" envDefault:"AUTOPROV_SECRET_" desc:"prefix an env: secret reference's variable name must have"`
 	FileRoot  string `env:"SECRETS_FILE_ROOT" desc:"absolute directory file: secret references are read from (empty disables file: references)"`
-	Vault     VaultConfig
+	// VaultPaths, when set, are the only KV v2 API paths the Vault client
+	// reads (the paths of its token's policy): others fail before any
+	// request is made.
+	VaultPaths []string `env:"VAULT_ALLOWED_PATHS" envSeparator:"," desc:"Vault policy paths this token may read, e.g. secret/data/infra/ssh/* (empty: no check before the request)"`
+	Vault      VaultConfig
 }
 
 // VaultConfig configures the vault: backend. An empty Addr disables it.
@@ -44,6 +49,11 @@ func (c Config) Validate() error {
 	if c.FileRoot != "" && !filepath.IsAbs(c.FileRoot) {
 		errs = append(errs, fmt.Errorf("SECRETS_FILE_ROOT: %q is not an absolute path", c.FileRoot))
 	}
+	for _, p := range c.VaultPaths {
+		if err := checkPolicyPath(p); err != nil {
+			errs = append(errs, fmt.Errorf("VAULT_ALLOWED_PATHS: %w", err))
+		}
+	}
 	if err := c.Vault.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -52,9 +62,14 @@ func (c Config) Validate() error {
 
 // Validate checks the Vault settings: all empty (Vault disabled), or an
 // address with exactly one way to authenticate.
-func (c VaultConfig) Validate() error {
+func (c VaultConfig) Validate() error { return c.validate("") }
+
+// validate is Validate for the variables of a prefix ("PROJECT_").
+func (c VaultConfig) validate(prefix string) error {
 	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf(strings.ReplaceAll(format, "VAULT_", prefix+"VAULT_"), args...))
+	}
 	hasToken := !c.Token.IsZero()
 	hasAppRole := c.RoleID != "" || !c.SecretID.IsZero() || c.SecretIDFile != ""
 	if c.Addr == "" {

@@ -49,7 +49,7 @@ func TestConfigTags(t *testing.T) {
 		"VAULT_ADDR": true, "VAULT_TOKEN": true, "VAULT_TOKEN_FILE": true, "VAULT_ROLE_ID": true,
 		"VAULT_SECRET_ID": true, "VAULT_SECRET_ID_FILE": true, "VAULT_APPROLE_MOUNT": true,
 		"VAULT_NAMESPACE": true, "VAULT_CACERT": true, "VAULT_TIMEOUT": true,
-		"SECRETS_ENV_PREFIX": true, "SECRETS_FILE_ROOT": true,
+		"SECRETS_ENV_PREFIX": true, "SECRETS_FILE_ROOT": true, "VAULT_ALLOWED_PATHS": true,
 	}
 	seen := map[string]bool{}
 	var walk func(reflect.Type)

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"strings"
+	"unicode/utf16"
 )
 
 // MinSecretLength is the shortest secret, line of a multi-line secret or
@@ -16,9 +18,10 @@ const MinSecretLength = 4
 // variants returns the byte strings to mask for secret: the secret itself,
 // its base64 forms (standard and URL alphabets, for each of the three byte
 // offsets at which it can sit in a longer base64-encoded stream), its URL
-// query, path and userinfo escapes, its JSON string escapes, and each line of a
-// multi-line secret (raw, URL- and JSON-escaped). Duplicates and forms
-// shorter than MinSecretLength are dropped.
+// escapes (see urlForms), its JSON string escapes (see jsonForms), each of
+// these encoded twice, and each line of a multi-line secret (raw, URL- and
+// JSON-escaped). Duplicates and forms shorter than MinSecretLength are
+// dropped.
 func variants(secret []byte) [][]byte {
 	seen := make(map[string]struct{})
 	var out [][]byte
@@ -34,11 +37,14 @@ func variants(secret []byte) [][]byte {
 	}
 	addText := func(s []byte) {
 		add(s)
-		add([]byte(url.QueryEscape(string(s))))
-		add([]byte(url.PathEscape(string(s))))
-		add([]byte(url.User(string(s)).String())) // userinfo (https://user:TOKEN@host)
-		for _, j := range jsonEscapes(s) {
+		for _, u := range urlForms(s) {
+			add(u)
+		}
+		for _, j := range jsonForms(s) {
 			add(j)
+		}
+		for _, d := range doubleForms(s) {
+			add(d)
 		}
 	}
 
@@ -85,19 +91,164 @@ func base64Forms(secret []byte) [][]byte {
 	return out
 }
 
-// jsonEscapes returns what json.Marshal writes between the quotes for s,
-// with and without HTML escaping of <, > and &.
-func jsonEscapes(s []byte) [][]byte {
-	var out [][]byte
-	for _, html := range []bool{true, false} {
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(html)
-		if err := enc.Encode(string(s)); err != nil {
-			continue
+// urlForms returns s percent-encoded the ways clients write it: Go's
+// url.QueryEscape (also Python's urllib.parse.quote_plus), url.PathEscape
+// and userinfo (https://user:TOKEN@host); Python's urllib.parse.quote with
+// its default safe="/" (Ansible's urlencode filter) and with safe=""; and
+// each of them with lower-case hex digits (%2f), as some encoders write.
+func urlForms(s []byte) [][]byte {
+	forms := []string{
+		url.QueryEscape(string(s)),
+		url.PathEscape(string(s)),
+		url.User(string(s)).String(),
+		pyQuote(s, "/"),
+		pyQuote(s, ""),
+	}
+	out := make([][]byte, 0, 2*len(forms))
+	for _, f := range forms {
+		out = append(out, []byte(f))
+		if lower := lowerHexEscapes(f); lower != f {
+			out = append(out, []byte(lower))
 		}
-		j := strings.TrimSuffix(buf.String(), "\n")
-		out = append(out, []byte(j[1:len(j)-1]))
 	}
 	return out
+}
+
+// pyQuote is Python's urllib.parse.quote(s, safe): every byte but ASCII
+// letters, digits, "_.-~" and the safe ones becomes %XX (upper case).
+func pyQuote(s []byte, safe string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for _, c := range s {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			strings.IndexByte("_.-~", c) >= 0, strings.IndexByte(safe, c) >= 0:
+			b.WriteByte(c)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
+	}
+	return b.String()
+}
+
+// lowerHexEscapes writes the hex digits of every %XX escape in lower case.
+func lowerHexEscapes(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	b := []byte(s)
+	for i := 0; i+2 < len(b); i++ {
+		if b[i] == '%' {
+			for j := i + 1; j <= i+2; j++ {
+				if 'A' <= b[j] && b[j] <= 'F' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			i += 2
+		}
+	}
+	return string(b)
+}
+
+// jsonForms returns what JSON encoders write between the quotes for s:
+// Go's json.Marshal with and without HTML escaping, Python's json.dumps
+// with ensure_ascii (its default, and what Ansible's to_json writes: every
+// non-ASCII character as \uXXXX) and without, the ASCII form with upper
+// case hex digits, and the ASCII form with "/" escaped as "\/".
+func jsonForms(s []byte) [][]byte {
+	out := [][]byte{goJSON(s, true), goJSON(s, false)}
+	ascii := pyJSON(s, true)
+	out = append(out, ascii, pyJSON(s, false), upperUnicodeEscapes(ascii),
+		bytes.ReplaceAll(ascii, []byte("/"), []byte(`\/`)))
+	return out
+}
+
+// pyJSON is what Python's json.dumps writes between the quotes for s:
+// \" \\ \n \r \t \b \f, \u00XX for other control characters and,
+// with ascii (ensure_ascii), \uXXXX (surrogate pairs above U+FFFF) for
+// everything outside space..~.
+func pyJSON(s []byte, ascii bool) []byte {
+	var b bytes.Buffer
+	for _, r := range string(s) {
+		switch r {
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\f':
+			b.WriteString(`\f`)
+		default:
+			switch {
+			case r < 0x20 || ascii && r > 0x7e && r <= 0xffff:
+				fmt.Fprintf(&b, `\u%04x`, r)
+			case ascii && r > 0xffff:
+				r1, r2 := utf16.EncodeRune(r)
+				fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+			default:
+				b.WriteRune(r)
+			}
+		}
+	}
+	return b.Bytes()
+}
+
+// upperUnicodeEscapes writes the hex digits of every \uXXXX in upper case.
+func upperUnicodeEscapes(j []byte) []byte {
+	out := bytes.Clone(j)
+	for i := 0; i+5 < len(out); i++ {
+		if out[i] == '\\' && out[i+1] == 'u' {
+			for k := i + 2; k < i+6; k++ {
+				if 'a' <= out[k] && out[k] <= 'f' {
+					out[k] -= 'a' - 'A'
+				}
+			}
+			i += 5
+		} else if out[i] == '\\' {
+			i++ // an escaped character: skip it
+		}
+	}
+	return out
+}
+
+// doubleForms returns s encoded twice by the same encoder: a URL inside a
+// URL's query (QueryEscape, PathEscape, Python's quote with safe "" and
+// "/"), and a JSON string holding JSON, as to_json of a to_json result or a
+// module result quoted in a message (Go and Python, ASCII or not).
+func doubleForms(s []byte) [][]byte {
+	str := string(s)
+	out := [][]byte{
+		[]byte(url.QueryEscape(url.QueryEscape(str))),
+		[]byte(url.PathEscape(url.PathEscape(str))),
+		[]byte(pyQuote([]byte(pyQuote(s, "")), "")),
+		[]byte(pyQuote([]byte(pyQuote(s, "/")), "/")),
+		pyJSON(pyJSON(s, true), true),
+		pyJSON(pyJSON(s, false), false),
+	}
+	for _, html := range []bool{true, false} {
+		out = append(out, goJSON(goJSON(s, html), html))
+	}
+	return out
+}
+
+// goJSON is what json.Marshal writes between the quotes for s, with or
+// without HTML escaping.
+func goJSON(s []byte, html bool) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(html)
+	if err := enc.Encode(string(s)); err != nil {
+		return nil
+	}
+	j := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	return j[1 : len(j)-1]
 }

@@ -26,6 +26,10 @@ var (
 	ErrUnavailable = errors.New("secret backend unavailable")
 	// ErrDisabled: the reference's backend is not configured.
 	ErrDisabled = errors.New("secret backend not configured")
+	// ErrTooLarge: the secret is larger than its consumer can take (a file
+	// over MaxFileSize, a value over ResolverOptions.MaxValueSize). Never
+	// retried: the same secret is as large next time.
+	ErrTooLarge = errors.New("secret too large")
 )
 
 // IsBadRef reports whether err is an input error that must not be retried.
@@ -42,7 +46,7 @@ type Error struct {
 	// the input did not parse.
 	Ref string
 	// Kind is one of ErrBadRef, ErrNotFound, ErrPermission,
-	// ErrUnavailable, ErrDisabled.
+	// ErrUnavailable, ErrDisabled, ErrTooLarge.
 	Kind error
 	// Detail says what went wrong, in words of this package.
 	Detail string

@@ -10,9 +10,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
-// MaxFileSize is the largest file a file: reference may read.
+// MaxFileSize is the largest file a file: reference may read. Only regular
+// files are read: a FIFO, a device, a socket or a directory is refused
+// before it is opened.
 const MaxFileSize = 1 << 20
 
 // FileBackend resolves file:<path>[#<field>] references to files under one
@@ -54,30 +57,34 @@ func (f *FileBackend) resolve(_ context.Context, ref Ref) (Value, [][]byte, erro
 	if ref.Scheme != SchemeFile {
 		return fail(ErrBadRef, "not a file: reference")
 	}
-	fh, err := f.root.Open(filepath.FromSlash(ref.Path))
+	name := filepath.FromSlash(ref.Path)
+	// Look before opening: opening a FIFO for reading blocks until a
+	// writer comes (for ever, holding the job's slot and the server's
+	// lock), and opening a device may have effects of its own.
+	st, err := f.root.Stat(name)
 	if err != nil {
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return fail(ErrNotFound, "no such file under the file root")
-		case errors.Is(err, fs.ErrPermission):
-			return fail(ErrPermission, "file not readable")
-		default:
-			// os.Root refuses paths that leave the root (through ".."
-			// or a symlink) with an unexported error; treat every other
-			// open failure as a refusal.
-			return fail(ErrBadRef, "path refused: it leaves the file root or is not a file")
-		}
+		return Value{}, nil, openFailure(ref, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fail(ErrBadRef, "not a regular file (refused without opening it)")
+	}
+	if st.Size() > MaxFileSize {
+		return fail(ErrTooLarge, fmt.Sprintf("file of %d bytes, more than the %d a file: reference may read", st.Size(), MaxFileSize))
+	}
+	// O_NONBLOCK: should the file be swapped for a FIFO between the look
+	// and the open, the open returns at once instead of blocking; the
+	// check below then refuses it.
+	fh, err := f.root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return Value{}, nil, openFailure(ref, err)
 	}
 	defer fh.Close()
-	st, err := fh.Stat()
+	fst, err := fh.Stat()
 	if err != nil {
 		return fail(ErrUnavailable, "stat failed")
 	}
-	if !st.Mode().IsRegular() {
-		return fail(ErrBadRef, "not a regular file")
-	}
-	if st.Size() > MaxFileSize {
-		return fail(ErrBadRef, fmt.Sprintf("file larger than %d bytes", MaxFileSize))
+	if !fst.Mode().IsRegular() || !os.SameFile(st, fst) {
+		return fail(ErrBadRef, "file replaced while it was being opened")
 	}
 	content, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
 	if err != nil {
@@ -86,7 +93,7 @@ func (f *FileBackend) resolve(_ context.Context, ref Ref) (Value, [][]byte, erro
 	}
 	if len(content) > MaxFileSize {
 		clear(content)
-		return fail(ErrBadRef, fmt.Sprintf("file larger than %d bytes", MaxFileSize))
+		return fail(ErrTooLarge, fmt.Sprintf("file larger than %d bytes", MaxFileSize))
 	}
 
 	fields, structured := parseFields(content)
@@ -109,6 +116,24 @@ func (f *FileBackend) resolve(_ context.Context, ref Ref) (Value, [][]byte, erro
 		return fail(ErrNotFound, "no such field in the file")
 	}
 	return ValueFromString(v), nil, nil
+}
+
+// openFailure maps an error of os.Root's Stat or Open to our error, with
+// a detail that names no value.
+func openFailure(ref Ref, err error) *Error {
+	e := &Error{Ref: ref.String()}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		e.Kind, e.Detail = ErrNotFound, "no such file under the file root"
+	case errors.Is(err, fs.ErrPermission):
+		e.Kind, e.Detail = ErrPermission, "file not readable"
+	default:
+		// os.Root refuses paths that leave the root (through ".." or a
+		// symlink) with an unexported error; treat every other failure
+		// as a refusal.
+		e.Kind, e.Detail = ErrBadRef, "path refused: it leaves the file root or is not a file"
+	}
+	return e
 }
 
 // parseFields parses content as a JSON object or, failing that, as dotenv

@@ -3,10 +3,13 @@ package secrets
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 type fileFixture struct {
@@ -74,7 +77,7 @@ func TestFileBackend(t *testing.T) {
 		{ref: "file:missing.txt", kind: ErrNotFound},
 		{ref: "file:notes.md#x", kind: ErrBadRef},
 		{ref: "file:projects", kind: ErrBadRef},
-		{ref: "file:big.bin", kind: ErrBadRef},
+		{ref: "file:big.bin", kind: ErrTooLarge},
 		{ref: "file:escape-link", kind: ErrBadRef},
 		{ref: "file:escape-dir/secret.txt", kind: ErrBadRef},
 		{ref: "file:projects/a/up/escape-dir/secret.txt", kind: ErrBadRef},
@@ -127,5 +130,82 @@ func TestFileBackendNeedsAbsoluteRoot(t *testing.T) {
 	}
 	if _, err := NewFileBackend(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("missing root accepted")
+	}
+}
+
+// TestFileBackendRefusesNonRegularFilesBeforeOpening: a FIFO (which would
+// block the open for ever), a device, a socket and a directory, also
+// behind a symlink inside the root, are refused at once and never opened.
+func TestFileBackendRefusesNonRegularFilesBeforeOpening(t *testing.T) {
+	f := setupFiles(t)
+	fifo := filepath.Join(f.root, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("fifo", filepath.Join(f.root, "fifo-link")); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(f.root, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	refs := []string{"file:fifo", "file:fifo-link", "file:fifo#field", "file:sock", "file:projects/a"}
+	if os.Geteuid() == 0 { // a character device like /dev/zero, made inside the root
+		if err := syscall.Mknod(filepath.Join(f.root, "zero"), syscall.S_IFCHR|0o600, 1<<8|5 /* makedev(1, 5) */); err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, "file:zero")
+	}
+	for _, r := range refs {
+		ref, err := ParseRef(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := f.backend.Resolve(context.Background(), ref)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrBadRef) || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("%s: err = %v, want a refusal of a non-regular file", r, err)
+			}
+		case <-time.After(10 * time.Second):
+			// Unblock the stuck open so the test can end.
+			if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				w.Close()
+			}
+			t.Fatalf("%s: Resolve blocked: the file was opened", r)
+		}
+	}
+}
+
+// TestFileTooLarge: a file over MaxFileSize fails with ErrTooLarge, and a
+// resolver with MaxValueSize refuses (and wipes) a larger value.
+func TestFileTooLarge(t *testing.T) {
+	f := setupFiles(t)
+	ref, _ := ParseRef("file:big.bin")
+	if _, err := f.backend.Resolve(context.Background(), ref); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("big file: err = %v, want ErrTooLarge", err)
+	}
+	red := NewRedactor()
+	res, err := NewResolver(ResolverOptions{File: f.backend, Redactor: red, MaxValueSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = res.Resolve(context.Background(), "file:plain.txt")
+	if !errors.Is(err, ErrTooLarge) || IsBadRef(err) || IsUnavailable(err) {
+		t.Fatalf("value over MaxValueSize: err = %v, want ErrTooLarge", err)
+	}
+	if !strings.Contains(err.Error(), "more than the 16 allowed") || strings.Contains(err.Error(), "Kanar1e") {
+		t.Fatalf("error text: %v", err)
+	}
+	if red.Len() != 0 {
+		t.Fatal("a refused value was registered (and kept) with the redactor")
+	}
+	if v, err := res.Resolve(context.Background(), "file:projects/a/app.env#API_TOKEN"); err != nil || v.Reveal() != "tok-123456" {
+		t.Fatalf("small value: %v %v", v.Reveal(), err)
 	}
 }

@@ -9,8 +9,6 @@ import (
 
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
-
-	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -20,7 +18,7 @@ func TestMain(m *testing.M) {
 // leakGuard collects every log line and error of a test and, when the test
 // ends, fails it if any of them holds a value that must never appear there.
 type leakGuard struct {
-	logs   *testenv.SafeBuffer
+	logs   *safeBuffer
 	log    zerolog.Logger
 	mu     sync.Mutex
 	errs   []string
@@ -28,7 +26,7 @@ type leakGuard struct {
 }
 
 func newLeakGuard(t *testing.T) *leakGuard {
-	g := &leakGuard{logs: &testenv.SafeBuffer{}}
+	g := &leakGuard{logs: &safeBuffer{}}
 	g.log = zerolog.New(g.logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
 	g.forbid(func() []string { return []string{canary, "Kanar1e"} })
 	t.Cleanup(func() {
@@ -75,4 +73,23 @@ func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// safeBuffer is a bytes.Buffer safe for concurrent writers (the package
+// cannot import testenv: testenv imports service, which imports secrets).
+type safeBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,6 +1,7 @@
 package secrets
 
 import (
+	"bytes"
 	"slices"
 )
 
@@ -23,9 +24,9 @@ type matcher struct {
 	edgeTo    []int32
 	fail      []int32
 	out       []int32 // length of the longest pattern ending in the state, 0 if none
+	depth     []int32 // length of the pattern prefix the state stands for
 
-	maxLen        int // longest pattern
-	maxSingleLine int // longest pattern without a newline
+	maxLen int // longest pattern
 }
 
 // maxDenseRows caps the full transition rows (1 KiB each) of a matcher.
@@ -71,9 +72,6 @@ func newMatcher(patterns [][]byte) *matcher {
 		if len(p) > m.maxLen {
 			m.maxLen = len(p)
 		}
-		if !slices.Contains(p, '\n') && len(p) > m.maxSingleLine {
-			m.maxSingleLine = len(p)
-		}
 		s := int32(0)
 		for _, b := range p {
 			t, ok := nodes[s].child(b)
@@ -106,6 +104,7 @@ func newMatcher(patterns [][]byte) *matcher {
 	m.edgeCount = make([]int32, n)
 	m.fail = make([]int32, n)
 	m.out = make([]int32, n)
+	m.depth = make([]int32, n)
 	m.edgeByte = make([]byte, 0, n-1)
 	m.edgeTo = make([]int32, 0, n-1)
 	for s, old := range order {
@@ -117,6 +116,7 @@ func newMatcher(patterns [][]byte) *matcher {
 			m.edgeTo = append(m.edgeTo, id[e.to])
 		}
 		m.out[s] = int32(nd.out)
+		m.depth[s] = int32(nd.depth)
 	}
 
 	// Failure links and outputs, in id (breadth-first) order: they depend
@@ -211,29 +211,62 @@ func (m *matcher) step(s int32, b byte) int32 {
 // find appends to spans the merged ranges of text covered by pattern
 // occurrences (overlapping and adjacent occurrences merged), in order. The
 // spans already in the slice are left alone.
-func (m *matcher) find(text []byte, spans []span) []span {
+//
+// Line breaks ("\n" or "\r\n" and the blanks after them) are skipped as if
+// they were not there (see lineView): an occurrence split by one is found,
+// and its range covers the break. find also returns where the end of text
+// that may be the start of an occurrence continued after text begins
+// (len(text) when no end of text can be).
+func (m *matcher) find(text []byte, spans []span) ([]span, int) {
 	if m == nil || m.maxLen == 0 {
-		return spans
+		return spans, len(text)
 	}
 	base := len(spans)
 	var s int32
+	var jumps []viewJump // where line breaks were skipped
+	skip := 0            // bytes skipped so far
 	nDense, dense, out := m.nDense, m.dense, m.out
-	for i, b := range text {
-		if s < nDense {
-			t := dense[int(s)<<8|int(b)]
-			s = t & stateMask
-			if t >= 0 {
-				continue
-			}
-		} else {
-			s = m.step(s, b)
-			if out[s] == 0 {
-				continue
+	for i := 0; i < len(text); {
+		end := len(text)
+		if nl := bytes.IndexByte(text[i:], '\n'); nl >= 0 {
+			end = i + nl
+			if end > i && text[end-1] == '\r' {
+				end--
 			}
 		}
-		spans = addSpan(spans, base, span{start: i + 1 - int(out[s]), end: i + 1})
+		for ; i < end; i++ {
+			b := text[i]
+			if s < nDense {
+				t := dense[int(s)<<8|int(b)]
+				s = t & stateMask
+				if t >= 0 {
+					continue
+				}
+			} else {
+				s = m.step(s, b)
+				if out[s] == 0 {
+					continue
+				}
+			}
+			start := i - skip + 1 - int(out[s]) // in the view
+			if len(jumps) > 0 {
+				start = viewToText(jumps, start)
+			}
+			spans = addSpan(spans, base, span{start: start, end: i + 1})
+		}
+		if end == len(text) {
+			break
+		}
+		n := lineBreakLen(text, end)
+		skip += n
+		i = end + n
+		jumps = append(jumps, viewJump{at: i - skip, skip: skip})
 	}
-	return spans
+	tail := len(text)
+	if d := int(m.depth[s]); d > 0 {
+		tail = viewToText(jumps, len(text)-skip-d)
+	}
+	return spans, tail
 }
 
 // addSpan appends sp to spans, whose ends from index base on are all

@@ -1,6 +1,7 @@
 package secrets
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -10,9 +11,11 @@ import (
 // For every secret it masks the secret itself and its encodings: base64
 // (standard and URL alphabets, padded or not, at the three byte offsets at
 // which the secret can sit in a longer encoded stream, as GitHub's runner
-// does), URL query and path escapes, JSON string escapes, and each line of a
-// multi-line secret. Secrets, lines and encoded forms shorter than
-// [MinSecretLength] are not registered.
+// does), the URL escapes of Go and Python, the JSON string escapes of Go
+// and Python (ensure_ascii too), each of these applied twice, and each line
+// of a multi-line secret; and it finds them also when line breaks split
+// them. Secrets, lines and encoded forms shorter than [MinSecretLength] are
+// not registered.
 //
 // A child Redactor ([Redactor.Child]), one per run, masks its parent's
 // secrets (including those the parent learns later) and its own; its own are
@@ -24,6 +27,7 @@ type Redactor struct {
 	secrets  map[string]int // registered secret -> number of Add calls
 	released bool
 	m        atomic.Pointer[matcher] // nil when secrets changed since the last build
+	rm       atomic.Pointer[matcher] // the patterns reversed (RedactTruncated); nil likewise
 }
 
 // NewRedactor returns an empty root Redactor.
@@ -51,7 +55,7 @@ func (r *Redactor) Add(secret []byte) bool {
 		return false
 	}
 	r.secrets[string(secret)]++
-	r.m.Store(nil)
+	r.invalidate()
 	return true
 }
 
@@ -75,7 +79,13 @@ func (r *Redactor) Remove(secret []byte) {
 	} else {
 		r.secrets[string(secret)] = n - 1
 	}
+	r.invalidate()
+}
+
+// invalidate drops the built matchers; r.mu is held.
+func (r *Redactor) invalidate() {
 	r.m.Store(nil)
+	r.rm.Store(nil)
 }
 
 // Len returns the number of secrets registered with r and its parents.
@@ -97,57 +107,99 @@ func (r *Redactor) Release() {
 	defer r.mu.Unlock()
 	r.released = true
 	clear(r.secrets)
-	r.m.Store(nil)
+	r.invalidate()
 }
 
 // matcher returns r's own matcher (nil when r holds no secret), building it
 // when the secrets changed.
-func (r *Redactor) matcher() *matcher {
-	if m := r.m.Load(); m != nil {
+func (r *Redactor) matcher() *matcher { return r.build(&r.m, false) }
+
+// reverseMatcher is matcher for the patterns written backwards.
+func (r *Redactor) reverseMatcher() *matcher { return r.build(&r.rm, true) }
+
+func (r *Redactor) build(slot *atomic.Pointer[matcher], reverse bool) *matcher {
+	if m := slot.Load(); m != nil {
 		return m
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if m := r.m.Load(); m != nil {
+	if m := slot.Load(); m != nil {
 		return m
 	}
 	var patterns [][]byte
 	for s := range r.secrets {
-		patterns = append(patterns, variants([]byte(s))...)
+		for _, p := range variants([]byte(s)) {
+			// Patterns are matched against text without its line
+			// breaks (lineView), so they are joined the same way.
+			p = joinLines(p)
+			if len(p) < MinSecretLength {
+				continue
+			}
+			if reverse {
+				p = slices.Clone(p)
+				slices.Reverse(p)
+			}
+			patterns = append(patterns, p)
+		}
 	}
 	m := newMatcher(patterns)
-	r.m.Store(m)
+	slot.Store(m)
 	return m
 }
 
-// spans returns the merged ranges of text to mask, from r and its parents.
-func (r *Redactor) spans(text []byte) []span {
+// scan returns the merged ranges of text to mask, from r and its parents,
+// and the index from which the end of text may be the start of a secret
+// that continues after it (len(text) when no end of text can be).
+//
+// Text is matched without its line breaks (see lineView): a secret split
+// over two lines is masked with the break, as is one whose lines are
+// indented differently than they were registered.
+func (r *Redactor) scan(text []byte) ([]span, int) {
 	var spans []span
-	levels := 0
+	levels, tail := 0, len(text)
 	for x := r; x != nil; x = x.parent {
 		m := x.matcher()
 		if m.maxLen == 0 {
 			continue
 		}
-		spans = m.find(text, spans)
+		var t int
+		spans, t = m.find(text, spans)
+		tail = min(tail, t)
 		levels++
 	}
 	if levels > 1 {
 		spans = mergeSpans(spans)
 	}
+	return spans, tail
+}
+
+// spans returns the merged ranges of text to mask.
+func (r *Redactor) spans(text []byte) []span {
+	spans, _ := r.scan(text)
 	return spans
 }
 
-// holdback returns how many trailing bytes a stream must keep back so that
-// no single-line pattern can straddle two writes.
-func (r *Redactor) holdback() int {
-	h := 0
+// headPartial returns how many bytes at the start of text may be the end
+// of a secret that began before it (0 when none can).
+func (r *Redactor) headPartial(text []byte) int {
+	v := newLineView(text)
+	longest := 0
 	for x := r; x != nil; x = x.parent {
-		if m := x.matcher(); m.maxSingleLine-1 > h {
-			h = m.maxSingleLine - 1
+		m := x.reverseMatcher()
+		if m.maxLen == 0 {
+			continue
 		}
+		// The final state after the reversed start of text is the longest
+		// prefix of text that is a pattern's end.
+		head := slices.Clone(v.text[:min(len(v.text), m.maxLen)])
+		slices.Reverse(head)
+		_, t := m.find(head, nil)
+		longest = max(longest, len(head)-t)
 	}
-	return h
+	if longest == 0 {
+		return 0
+	}
+	return v.orig(longest-1) + 1
 }
 
 // Redact returns text with every registered secret (and encoding) replaced
@@ -158,6 +210,30 @@ func (r *Redactor) Redact(text []byte) []byte {
 		return text
 	}
 	return applySpans(make([]byte, 0, len(text)), text, spans)
+}
+
+// RedactTruncated is [Redactor.RedactString] for text cut out of a longer
+// one (a message shortened by a producer that knows no secrets): besides
+// every registered secret it masks a secret cut in two at the edges, that
+// is a start of text that may be the end of a secret (cutStart: text's
+// start was cut off) and an end that may be the start of one (cutEnd: its
+// end was cut off). Redact first, then shorten further: a cut made after
+// redaction cannot leave part of a secret behind.
+func (r *Redactor) RedactTruncated(text string, cutStart, cutEnd bool) string {
+	b := []byte(text)
+	spans, tail := r.scan(b)
+	if cutEnd && tail < len(b) {
+		spans = mergeSpans(append(spans, span{start: tail, end: len(b)}))
+	}
+	if cutStart {
+		if h := r.headPartial(b); h > 0 {
+			spans = mergeSpans(append(spans, span{start: 0, end: h}))
+		}
+	}
+	if len(spans) == 0 {
+		return text
+	}
+	return string(applySpans(make([]byte, 0, len(b)), b, spans))
 }
 
 // RedactString is [Redactor.Redact] for strings.

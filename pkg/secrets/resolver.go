@@ -22,6 +22,10 @@ type ResolverOptions struct {
 	// Logger gets one debug line per resolution (reference and backend,
 	// never the value) and a warning for refused references.
 	Logger zerolog.Logger
+	// MaxValueSize, when positive, is the largest value Resolve returns:
+	// a larger one fails with ErrTooLarge (and is wiped), e.g. a secret
+	// meant for an environment variable, which holds at most 128 KiB.
+	MaxValueSize int
 }
 
 // Resolver turns secret references into values and registers every value
@@ -32,6 +36,7 @@ type Resolver struct {
 	vault *Vault
 	red   *Redactor
 	log   zerolog.Logger
+	max   int
 }
 
 // NewResolver returns a Resolver over the given backends.
@@ -45,6 +50,7 @@ func NewResolver(o ResolverOptions) (*Resolver, error) {
 		vault: o.Vault,
 		red:   o.Redactor,
 		log:   o.Logger.With().Str("component", "secrets").Logger(),
+		max:   o.MaxValueSize,
 	}, nil
 }
 
@@ -62,6 +68,12 @@ type Deps struct {
 	HTTPClient *http.Client
 	// OnVaultEvent is passed to VaultOptions.OnEvent.
 	OnVaultEvent func(VaultEvent)
+	// MaxValueSize is passed to ResolverOptions.MaxValueSize.
+	MaxValueSize int
+	// ReservedEnv are the variables the service reads itself (its whole
+	// configuration): env: references never reach them, and an env prefix
+	// that would is refused.
+	ReservedEnv []string
 }
 
 // Open validates cfg and builds a Resolver with the configured backends,
@@ -71,37 +83,50 @@ func Open(ctx context.Context, cfg Config, deps Deps) (*Resolver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("secrets config: %w", err)
 	}
+	return open(ctx, backendsConfig{envPrefix: cfg.EnvPrefix, fileRoot: cfg.FileRoot, vault: cfg.Vault, vaultPaths: cfg.VaultPaths}, deps, "secrets")
+}
+
+// backendsConfig is what Open and OpenProject build backends from.
+type backendsConfig struct {
+	envPrefix  string // "" disables env:
+	fileRoot   string // "" disables file:
+	vault      VaultConfig
+	vaultPaths []string
+}
+
+func open(ctx context.Context, cfg backendsConfig, deps Deps, what string) (*Resolver, error) {
 	if deps.Redactor == nil {
 		return nil, errors.New("secrets: Open needs a Redactor")
 	}
-	o := ResolverOptions{Redactor: deps.Redactor, Logger: deps.Logger}
-	if deps.LookupEnv != nil {
-		env, err := NewEnvBackend(cfg.EnvPrefix, deps.LookupEnv)
+	o := ResolverOptions{Redactor: deps.Redactor, Logger: deps.Logger.With().Str("resolver", what).Logger(), MaxValueSize: deps.MaxValueSize}
+	if deps.LookupEnv != nil && cfg.envPrefix != "" {
+		env, err := NewEnvBackend(cfg.envPrefix, deps.LookupEnv, deps.ReservedEnv...)
 		if err != nil {
-			return nil, fmt.Errorf("secrets: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		o.Env = env
 	}
-	if cfg.FileRoot != "" {
-		f, err := NewFileBackend(cfg.FileRoot)
+	if cfg.fileRoot != "" {
+		f, err := NewFileBackend(cfg.fileRoot)
 		if err != nil {
-			return nil, fmt.Errorf("secrets: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		o.File = f
 	}
-	if cfg.Vault.Addr != "" {
-		v, err := NewVault(ctx, cfg.Vault, VaultOptions{
-			Logger:     deps.Logger,
-			Clock:      deps.Clock,
-			HTTPClient: deps.HTTPClient,
-			Redactor:   deps.Redactor,
-			OnEvent:    deps.OnVaultEvent,
+	if cfg.vault.Addr != "" {
+		v, err := NewVault(ctx, cfg.vault, VaultOptions{
+			Logger:       deps.Logger.With().Str("resolver", what).Logger(),
+			Clock:        deps.Clock,
+			HTTPClient:   deps.HTTPClient,
+			Redactor:     deps.Redactor,
+			OnEvent:      deps.OnVaultEvent,
+			AllowedPaths: cfg.vaultPaths,
 		})
 		if err != nil {
 			if o.File != nil {
 				_ = o.File.Close()
 			}
-			return nil, fmt.Errorf("secrets: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		o.Vault = v
 	}
@@ -194,6 +219,16 @@ func (r *Resolver) ResolveRef(ctx context.Context, ref Ref) (Value, error) {
 			ev = r.log.Warn()
 		}
 		ev.Str("ref", ref.String()).Err(err).Msg("secret not resolved")
+		return Value{}, err
+	}
+	if r.max > 0 && v.Len() > r.max {
+		n := v.Len()
+		v.Wipe()
+		for _, p := range parts {
+			clear(p)
+		}
+		err := &Error{Ref: ref.String(), Kind: ErrTooLarge, Detail: fmt.Sprintf("secret of %d bytes, more than the %d allowed", n, r.max)}
+		r.log.Warn().Str("ref", ref.String()).Err(err).Msg("secret not resolved")
 		return Value{}, err
 	}
 	r.red.AddValue(v)

@@ -83,6 +83,11 @@ type VaultOptions struct {
 	// RetryInterval is the longest wait after a failed renewal or login
 	// before the next attempt; 0 means 10s.
 	RetryInterval time.Duration
+	// AllowedPaths, when not empty, are the only KV v2 API paths
+	// ("secret/data/projects/a") this client reads, written as the paths
+	// of the Vault policy its token has (see PathAllowed): a reference
+	// outside them fails with ErrPermission before any request is made.
+	AllowedPaths []string
 }
 
 type authMethod int
@@ -110,6 +115,7 @@ type Vault struct {
 	red           *Redactor
 	onEvent       func(VaultEvent)
 	retryInterval time.Duration
+	allowed       []string
 
 	authMu sync.Mutex // serialises logins and renewals
 
@@ -149,6 +155,12 @@ func NewVault(ctx context.Context, cfg VaultConfig, opts VaultOptions) (*Vault, 
 		red:           opts.Redactor,
 		onEvent:       opts.OnEvent,
 		retryInterval: cmp.Or(max(opts.RetryInterval, 0), 10*time.Second),
+		allowed:       opts.AllowedPaths,
+	}
+	for _, p := range v.allowed {
+		if err := checkPolicyPath(p); err != nil {
+			return nil, err
+		}
 	}
 	switch {
 	case cfg.RoleID != "":
@@ -627,6 +639,10 @@ func (v *Vault) read(ctx context.Context, ref Ref) (map[string]any, error) {
 	for i, s := range segs {
 		segs[i] = url.PathEscape(s)
 	}
+	op := "read " + ref.Mount + "/data/" + ref.Path
+	if len(v.allowed) > 0 && !PathAllowed(v.allowed, ref.Mount+"/data/"+ref.Path) {
+		return nil, &Error{Kind: ErrPermission, Detail: "vault " + op + ": outside the paths this client may read (its policy); no request made"}
+	}
 	p := "/" + url.PathEscape(ref.Mount) + "/data/" + strings.Join(segs, "/")
 	var ropts []vault.RequestOption
 	if ref.Version > 0 {
@@ -637,7 +653,6 @@ func (v *Vault) read(ctx context.Context, ref Ref) (map[string]any, error) {
 	if err != nil && vault.IsErrorStatus(err, http.StatusForbidden) && v.reloginAfterDenied(ctx, gen) {
 		resp, err = v.client.Read(ctx, p, ropts...)
 	}
-	op := "read " + ref.Mount + "/data/" + ref.Path
 	if err != nil {
 		return nil, vaultFailure(op, err, false)
 	}
@@ -649,6 +664,56 @@ func (v *Vault) read(ctx context.Context, ref Ref) (map[string]any, error) {
 		return nil, &Error{Kind: ErrNotFound, Detail: "vault " + op + ": no data (deleted or destroyed version, or not a KV v2 mount)"}
 	}
 	return data, nil
+}
+
+// PathAllowed reports whether a Vault policy made of the path patterns
+// allowed covers the API path p, with Vault's rules: a pattern matches p
+// exactly; "+" stands for one whole path segment; a "*" at the end of a
+// pattern matches any rest (also across segments).
+func PathAllowed(allowed []string, p string) bool {
+	for _, a := range allowed {
+		if policyMatch(a, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func policyMatch(pattern, p string) bool {
+	glob := strings.HasSuffix(pattern, "*")
+	pattern = strings.TrimSuffix(pattern, "*")
+	ps, xs := strings.Split(pattern, "/"), strings.Split(p, "/")
+	for i, seg := range ps {
+		last := i == len(ps)-1
+		if i >= len(xs) {
+			return false
+		}
+		switch {
+		case last && glob:
+			// The rest of p must start with what the pattern's last
+			// segment holds before the "*" ("+" is not a glob here).
+			if seg == "+" {
+				return len(xs) > i // "+*": any segment, then anything
+			}
+			return strings.HasPrefix(strings.Join(xs[i:], "/"), seg)
+		case seg == "+":
+			if xs[i] == "" {
+				return false
+			}
+		case seg != xs[i]:
+			return false
+		}
+	}
+	return len(xs) == len(ps) // no glob: every segment matched
+}
+
+// checkPolicyPath refuses a path pattern that is not one PathAllowed can
+// read: empty, with a leading slash, or with "*" anywhere but at the end.
+func checkPolicyPath(p string) error {
+	if p == "" || strings.HasPrefix(p, "/") || strings.Contains(strings.TrimSuffix(p, "*"), "*") {
+		return fmt.Errorf("vault allowed path %q: want a Vault policy path such as secret/data/projects/* (\"*\" only at the end)", p)
+	}
+	return nil
 }
 
 // vaultFailure turns an error from vault-client-go into one of ours, built

@@ -1,7 +1,6 @@
 package secrets
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"sync"
@@ -14,12 +13,11 @@ var ErrWriterClosed = errors.New("secrets: write to closed redacting writer")
 // through it before passing it on to w, even when a secret is split across
 // two Write calls.
 //
-// Complete lines are passed on at once; of an unfinished line the writer
-// keeps back at most the length of the longest registered single-line form
-// minus one byte, until more data or Close decides it. A multi-line secret
-// split across writes is masked line by line (each line of it is registered
-// on its own). Close flushes what is kept back; it does not close w. The
-// writer is safe for concurrent use.
+// The writer passes everything on at once except the end that may be the
+// start of a secret (of one of its encodings, or of one split by a line
+// break): that end is kept back until more data or Close decides it. Close
+// flushes what is kept back; it does not close w. The writer is safe for
+// concurrent use.
 func (r *Redactor) NewWriter(w io.Writer) io.WriteCloser {
 	return &redactWriter{r: r, w: w}
 }
@@ -72,18 +70,13 @@ func (rw *redactWriter) Close() error {
 // it when final) to w, redacted, and keeps the rest.
 func (rw *redactWriter) flush(final bool) error {
 	buf := rw.pending
-	spans := rw.r.spans(buf)
+	spans, tail := rw.r.scan(buf)
 	cut := len(buf)
 	if !final {
-		cut = len(buf) - rw.r.holdback()
-		// A single-line form cannot span a newline: whole lines are final.
-		if nl := bytes.LastIndexByte(buf, '\n'); nl+1 > cut {
-			cut = nl + 1
-		}
-		if cut < 0 {
-			cut = 0
-		}
-		// Keep back a known occurrence that crosses the cut, whole.
+		// Keep back the end that may begin a secret (also one that a
+		// line break splits), and a known occurrence that crosses the
+		// cut, whole: it may be part of a longer secret.
+		cut = tail
 		for _, sp := range spans {
 			if sp.start < cut && sp.end > cut {
 				cut = sp.start

@@ -173,6 +173,9 @@ func (a *Admin) Start(ctx context.Context) error {
 		}
 	}()
 	a.logger.Info().Str("addr", a.addr).Msg("admin server listening")
+	if host, _, err := net.SplitHostPort(a.addr); err == nil && !IsLoopbackHost(host) {
+		a.logger.Warn().Str("addr", a.addr).Msg("admin server listens beyond loopback: /metrics and /readyz are unauthenticated")
+	}
 	return nil
 }
 

@@ -3,7 +3,10 @@ package service
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"net/url"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -21,18 +24,32 @@ type Common struct {
 	Redis RedisConfig `envPrefix:"REDIS_"`
 
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://autoprov:autoprov@127.0.0.1:15432/autoprov?sslmode=disable" desc:"Postgres URL (postgres://user:password@host:port/db?sslmode=...)"`
+	// DatabaseURLFile names a file holding the Postgres URL: a password in
+	// DATABASE_URL stays readable in /proc/<pid>/environ for the life of
+	// the process, one in a file does not.
+	DatabaseURLFile string `env:"DATABASE_URL_FILE" desc:"file holding the Postgres URL, read at start instead of DATABASE_URL (keeps its password out of the process environment)"`
 
 	LogLevel  string `env:"LOG_LEVEL" envDefault:"info" desc:"log level: debug, info, warn or error"`
 	LogFormat string `env:"LOG_FORMAT" envDefault:"auto" desc:"log format: json, console, or auto (console when stderr is a terminal, else json)"`
 
-	AdminAddr string `env:"ADMIN_ADDR" desc:"host:port of the admin HTTP server (/healthz, /readyz, /metrics)"`
+	AdminAddr string `env:"ADMIN_ADDR" desc:"host:port of the admin HTTP server (/healthz, /readyz, /metrics); a loopback address unless ADMIN_ALLOW_REMOTE is set"`
+	// AdminAllowRemote allows an ADMIN_ADDR that is not a loopback
+	// address: the admin endpoints have no authentication.
+	AdminAllowRemote bool `env:"ADMIN_ALLOW_REMOTE" desc:"allow a non-loopback ADMIN_ADDR (the admin endpoints are unauthenticated: expose them to a trusted network only)"`
 
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"30s" desc:"how long a graceful shutdown may take after SIGINT/SIGTERM"`
 }
 
-// Validate checks the common settings; Load calls it.
+// Validate checks the common settings; Load calls it. It first reads
+// DATABASE_URL_FILE and REDIS_URL_FILE, when set, into the URLs.
 func (c *Common) Validate() error {
 	var errs []error
+	if err := readSettingFile("DATABASE_URL_FILE", c.DatabaseURLFile, &c.DatabaseURL); err != nil {
+		errs = append(errs, err)
+	}
+	if err := readSettingFile("REDIS_URL_FILE", c.Redis.URLFile, &c.Redis.URL); err != nil {
+		errs = append(errs, err)
+	}
 	errs = append(errs, c.Redis.Validate())
 	if err := validateDatabaseURL(c.DatabaseURL); err != nil {
 		errs = append(errs, err)
@@ -45,13 +62,46 @@ func (c *Common) Validate() error {
 	}
 	if c.AdminAddr == "" {
 		errs = append(errs, Invalid("ADMIN_ADDR", "required but not set"))
-	} else if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+	} else if host, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
 		errs = append(errs, Invalid("ADMIN_ADDR", "%q is not host:port", c.AdminAddr))
+	} else if !IsLoopbackHost(host) && !c.AdminAllowRemote {
+		errs = append(errs, Invalid("ADMIN_ADDR", "%q is not a loopback address, and /metrics and /readyz need no authentication: "+
+			"listen on 127.0.0.1, or set ADMIN_ALLOW_REMOTE=true to serve them there anyway", c.AdminAddr))
 	}
 	if c.ShutdownGrace <= 0 {
 		errs = append(errs, Invalid("SHUTDOWN_GRACE", "must be positive, got %s", c.ShutdownGrace))
 	}
 	return errors.Join(errs...)
+}
+
+// readSettingFile sets *dst to the content of the file path (white space
+// around it trimmed), when path is set. Errors name the variable and the
+// file, never the content.
+func readSettingFile(name, path string, dst *string) error {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Invalid(name, "%v", err)
+	}
+	v := strings.TrimSpace(string(b))
+	clear(b)
+	if v == "" {
+		return Invalid(name, "%s is empty", path)
+	}
+	*dst = v
+	return nil
+}
+
+// IsLoopbackHost reports whether host (of a host:port) is a loopback
+// address or "localhost"; "" (every interface) and other names are not.
+func IsLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Zone() == "" && ip.Unmap().IsLoopback()
 }
 
 // validateDatabaseURL checks the URL without echoing it (it holds a password).

@@ -12,6 +12,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 )
 
 // Struct tags read by Load, Usage and LogConfig, next to caarlos0/env's own
@@ -345,11 +347,11 @@ func displayValue(v reflect.Value, sep string) string {
 		return ""
 	}
 	if r, ok := v.Interface().(redacter); ok {
-		return r.Redacted()
+		return RedactURL(r.Redacted())
 	}
 	if v.CanAddr() {
 		if r, ok := v.Addr().Interface().(redacter); ok {
-			return r.Redacted()
+			return RedactURL(r.Redacted())
 		}
 	}
 	if v.Kind() == reflect.Slice {
@@ -362,19 +364,11 @@ func displayValue(v reflect.Value, sep string) string {
 	return RedactURL(format(v, sep))
 }
 
-// RedactURL returns s with the password of a URL replaced by "xxxxx"
-// (url.URL.Redacted); a string that is not a URL with a password is returned
-// unchanged.
-func RedactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	if _, ok := u.User.Password(); !ok {
-		return s
-	}
-	return u.Redacted()
-}
+// RedactURL returns s with every credential a URL or DSN can hold replaced
+// by "xxxxx": the userinfo password, credential query parameters
+// (password=, sslpassword=, token=, ...), keyword/value DSN passwords (see
+// secrets.RedactCredentials). Anything else is returned unchanged.
+func RedactURL(s string) string { return secrets.RedactCredentials(s) }
 
 // Usage writes the --help text for a service: its name and summary, then a
 // table of every environment variable of cfg (a pointer to a config struct,

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -90,6 +92,7 @@ func TestLoadOverrides(t *testing.T) {
 		"LOG_LEVEL":               "debug",
 		"LOG_FORMAT":              "json",
 		"ADMIN_ADDR":              "0.0.0.0:9000",
+		"ADMIN_ALLOW_REMOTE":      "true",
 		"SHUTDOWN_GRACE":          "5s",
 		"TOKEN":                   "t0k",
 		"WORKERS":                 "9",
@@ -108,11 +111,12 @@ func TestLoadOverrides(t *testing.T) {
 			SentinelAddrs:    []string{"10.0.0.1:26379", "10.0.0.2:26379"},
 			SentinelPassword: "sentinel-pw",
 		},
-		DatabaseURL:   "postgres://u:p@db:5432/x",
-		LogLevel:      "debug",
-		LogFormat:     "json",
-		AdminAddr:     "0.0.0.0:9000",
-		ShutdownGrace: 5 * time.Second,
+		DatabaseURL:      "postgres://u:p@db:5432/x",
+		LogLevel:         "debug",
+		LogFormat:        "json",
+		AdminAddr:        "0.0.0.0:9000",
+		AdminAllowRemote: true,
+		ShutdownGrace:    5 * time.Second,
 	}
 	if diff := cmp.Diff(want, cfg.Common); diff != "" {
 		t.Errorf("Common (-want, +got):\n%s", diff)
@@ -349,14 +353,17 @@ func TestLogConfig(t *testing.T) {
 	}
 	want := map[string]string{
 		"REDIS_URL":               "redis://user:xxxxx@10.0.0.1:6379/0",
+		"REDIS_URL_FILE":          "",
 		"REDIS_SENTINEL_MASTER":   "m",
 		"REDIS_SENTINEL_ADDRS":    "10.0.0.1:26379,10.0.0.2:26379",
 		"REDIS_SENTINEL_PASSWORD": "[REDACTED]",
 		"REDIS_CLUSTER_ADDRS":     "",
 		"DATABASE_URL":            "postgres://autoprov:xxxxx@db:5432/x?sslmode=disable",
+		"DATABASE_URL_FILE":       "",
 		"LOG_LEVEL":               "info",
 		"LOG_FORMAT":              "auto",
 		"ADMIN_ADDR":              "127.0.0.1:9199",
+		"ADMIN_ALLOW_REMOTE":      "false",
 		"SHUTDOWN_GRACE":          "30s",
 		"TOKEN":                   "[REDACTED]",
 		"WORKERS":                 "4",
@@ -415,5 +422,91 @@ func TestExitCode(t *testing.T) {
 		if got := ExitCode(tt.err); got != tt.want {
 			t.Errorf("ExitCode(%v) = %d, want %d", tt.err, got, tt.want)
 		}
+	}
+}
+
+// TestLogConfigRedactsEveryCredentialForm: a password in a URL's query
+// (libpq's password= and sslpassword=), a token as an http URL's user and
+// a keyword/value DSN are masked in the logged configuration too.
+func TestLogConfigRedactsEveryCredentialForm(t *testing.T) {
+	cfg := newTestConfig()
+	environ := map[string]string{
+		"DATABASE_URL": "postgres://autoprov@db:5432/x?sslmode=disable&password=querypw&sslpassword=sslpw",
+		"CALLBACK_URL": "https://ghp_tokenasuser@example.com/x?token=querytoken",
+		"REDIS_URL":    "redis://:onlypw@10.0.0.1:6379/0",
+		"VAULT_ROLE":   "role",
+	}
+	if err := Load(getenv(environ), cfg); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	LogConfig(zerolog.New(&buf), cfg)
+	for _, secret := range []string{"querypw", "sslpw", "ghp_tokenasuser", "querytoken", "onlypw"} {
+		if strings.Contains(buf.String(), secret) {
+			t.Errorf("log shows %q:\n%s", secret, buf.String())
+		}
+	}
+	if !strings.Contains(buf.String(), "postgres://autoprov@db:5432/x?password=xxxxx") {
+		t.Errorf("DATABASE_URL not shown redacted:\n%s", buf.String())
+	}
+}
+
+// TestAdminAddrLoopbackUnlessAllowed: the admin endpoints have no
+// authentication, so an ADMIN_ADDR beyond loopback is refused at start
+// unless ADMIN_ALLOW_REMOTE says so.
+func TestAdminAddrLoopbackUnlessAllowed(t *testing.T) {
+	for addr, loopback := range map[string]bool{
+		"127.0.0.1:9102": true, "127.9.9.9:1": true, "[::1]:9102": true, "localhost:9102": true,
+		"0.0.0.0:9102": false, ":9102": false, "[::]:9102": false, "192.0.2.10:9102": false,
+		"admin.example:9102": false, "[::ffff:127.0.0.1]:9102": true, "[fe80::1%eth0]:9102": false,
+	} {
+		for _, allow := range []string{"", "true"} {
+			environ := map[string]string{"ADMIN_ADDR": addr, "VAULT_ROLE": "role", "ADMIN_ALLOW_REMOTE": allow}
+			err := Load(getenv(environ), newTestConfig())
+			ok := loopback || allow == "true"
+			if ok && err != nil {
+				t.Errorf("ADMIN_ADDR=%s ADMIN_ALLOW_REMOTE=%q refused: %v", addr, allow, err)
+			}
+			if !ok && (err == nil || !strings.Contains(err.Error(), "ADMIN_ALLOW_REMOTE")) {
+				t.Errorf("ADMIN_ADDR=%s accepted without ADMIN_ALLOW_REMOTE: %v", addr, err)
+			}
+		}
+	}
+}
+
+// TestURLFiles: DATABASE_URL_FILE and REDIS_URL_FILE replace the URLs, so
+// that their passwords need not be in the process environment; errors name
+// the file, never its content.
+func TestURLFiles(t *testing.T) {
+	dir := t.TempDir()
+	db, rd := filepath.Join(dir, "db.url"), filepath.Join(dir, "redis.url")
+	if err := os.WriteFile(db, []byte("postgres://u:filepw@db:5432/x?sslmode=disable\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rd, []byte("redis://infra:redisfilepw@10.0.0.1:6379/1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := newTestConfig()
+	if err := Load(getenv(map[string]string{"DATABASE_URL_FILE": db, "REDIS_URL_FILE": rd, "VAULT_ROLE": "r"}), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DatabaseURL != "postgres://u:filepw@db:5432/x?sslmode=disable" || cfg.Redis.URL != "redis://infra:redisfilepw@10.0.0.1:6379/1" {
+		t.Fatalf("urls: %q %q", cfg.DatabaseURL, cfg.Redis.URL)
+	}
+	var buf bytes.Buffer
+	LogConfig(zerolog.New(&buf), cfg)
+	if strings.Contains(buf.String(), "filepw") {
+		t.Fatalf("logged: %s", buf.String())
+	}
+	if err := os.WriteFile(db, []byte("mysql://u:filepw@db/x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Load(getenv(map[string]string{"DATABASE_URL_FILE": db, "VAULT_ROLE": "r"}), newTestConfig())
+	if err == nil || strings.Contains(err.Error(), "filepw") {
+		t.Fatalf("bad URL in file: %v", err)
+	}
+	err = Load(getenv(map[string]string{"DATABASE_URL_FILE": filepath.Join(dir, "missing"), "VAULT_ROLE": "r"}), newTestConfig())
+	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL_FILE") {
+		t.Fatalf("missing file: %v", err)
 	}
 }

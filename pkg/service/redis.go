@@ -18,6 +18,9 @@ import (
 // host is the server only in single mode.
 type RedisConfig struct {
 	URL string `env:"URL" envDefault:"redis://127.0.0.1:16379/0" desc:"Redis URL redis[s]://[user:password@]host:port/db[?options]; with Sentinel or Cluster only its credentials, TLS, db and options count"`
+	// URLFile names a file holding the URL, read at start instead of URL
+	// (keeps its password out of the process environment).
+	URLFile string `env:"URL_FILE" desc:"file holding the Redis URL, read at start instead of REDIS_URL (keeps its password out of the process environment)"`
 
 	SentinelMaster   string   `env:"SENTINEL_MASTER" desc:"Sentinel: name of the monitored primary (set with REDIS_SENTINEL_ADDRS)"`
 	SentinelAddrs    []string `env:"SENTINEL_ADDRS" envSeparator:"," desc:"Sentinel: comma-separated host:port of the sentinels"`

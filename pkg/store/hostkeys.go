@@ -13,11 +13,16 @@ import (
 
 // PinHostKey pins key (authorized_keys format) as the SSH host key of the
 // unregistered deploy target address:port if none is pinned yet (trust on
-// first use) and returns the key pinned now: key itself, or the one pinned
+// first use) and returns the key pinned now (the address is kept in its
+// canonical form, see CanonicalAddress): key itself, or the one pinned
 // before (maybe a moment ago by another instance). A caller whose key
 // differs from the returned one must not trust the host. Registered
 // servers pin theirs with PinServerHostKey.
 func PinHostKey(ctx context.Context, q Querier, address string, port int, key string) (pinned string, err error) {
+	address, err = CanonicalAddress(address)
+	if err != nil {
+		return "", fmt.Errorf("pin host key: %w", err)
+	}
 	target := net.JoinHostPort(address, strconv.Itoa(port))
 	key = strings.TrimSpace(key)
 	if key == "" {
@@ -45,10 +50,15 @@ func PinHostKey(ctx context.Context, q Querier, address string, port int, key st
 }
 
 // GetHostKey returns the host key pinned for the unregistered deploy
-// target address:port, or "" when none is pinned.
+// target address:port, or "" when none is pinned. Every spelling of an
+// address finds the same pin (CanonicalAddress).
 func GetHostKey(ctx context.Context, q Querier, address string, port int) (string, error) {
+	address, err := CanonicalAddress(address)
+	if err != nil {
+		return "", fmt.Errorf("read host key: %w", err)
+	}
 	var key string
-	err := q.QueryRow(ctx, `SELECT host_key FROM host_keys WHERE address = $1 AND ssh_port = $2`, address, port).Scan(&key)
+	err = q.QueryRow(ctx, `SELECT host_key FROM host_keys WHERE address = $1 AND ssh_port = $2`, address, port).Scan(&key)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
@@ -61,6 +71,10 @@ func GetHostKey(ctx context.Context, q Querier, address string, port int) (strin
 // ClearHostKey forgets the host key pinned for address:port (after the host
 // was reinstalled); removed says whether one was pinned.
 func ClearHostKey(ctx context.Context, q Querier, address string, port int) (removed bool, err error) {
+	address, err = CanonicalAddress(address)
+	if err != nil {
+		return false, fmt.Errorf("clear host key: %w", err)
+	}
 	tag, err := q.Exec(ctx, `DELETE FROM host_keys WHERE address = $1 AND ssh_port = $2`, address, port)
 	if err != nil {
 		return false, fmt.Errorf("clear host key of %s: %w", net.JoinHostPort(address, strconv.Itoa(port)), err)

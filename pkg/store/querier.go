@@ -41,4 +41,7 @@ var (
 	// ErrRunDone: the run is already finished; it cannot be finished again
 	// or given a checkpoint.
 	ErrRunDone = errors.New("run already finished")
+	// ErrJobKindConflict: the job id is already the id of a job of another
+	// kind (provision or deploy); a job id names one job of one kind.
+	ErrJobKindConflict = errors.New("job id already used by a job of another kind")
 )

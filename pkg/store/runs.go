@@ -114,7 +114,10 @@ type RunStart struct {
 //     caller takes it over: owner is replaced, attempt incremented; started
 //     is true and the returned Checkpoint says what the dead owner did;
 //   - a done row: it is returned unchanged with started false; the caller
-//     re-publishes the stored Result instead of running again.
+//     re-publishes the stored Result instead of running again;
+//   - a row of another kind (the job id was used by a provision request and
+//     is now reused by a deploy, or the other way round): ErrJobKindConflict
+//     with the row; nothing changes. A job id names one job of one kind.
 //
 // The other fields of an existing row are kept as first recorded.
 func StartRun(ctx context.Context, q Querier, s RunStart) (run *Run, started bool, err error) {
@@ -123,7 +126,7 @@ func StartRun(ctx context.Context, q Querier, s RunStart) (run *Run, started boo
 		VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), NULLIF($7, ''), NULLIF($8, ''), now())
 		ON CONFLICT (job_id) DO UPDATE
 			SET owner = EXCLUDED.owner, attempt = runs.attempt + 1, updated_at = now()
-			WHERE runs.state = 'running'
+			WHERE runs.state = 'running' AND runs.kind = EXCLUDED.kind
 		RETURNING `+runColumns,
 		s.JobID, s.Kind, s.Stream, s.RequestID, s.Target, s.ServerHandle, s.Playbook, s.Owner))
 	if err == nil {
@@ -132,10 +135,14 @@ func StartRun(ctx context.Context, q Querier, s RunStart) (run *Run, started boo
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, fmt.Errorf("start run %s: %w", s.JobID, err)
 	}
-	// The row exists and is done (done rows never go back to running).
+	// The row exists and is done (done rows never go back to running), or
+	// it belongs to a job of another kind.
 	run, err = GetRun(ctx, q, s.JobID)
 	if err != nil {
 		return nil, false, fmt.Errorf("start run %s: %w", s.JobID, err)
+	}
+	if run.Kind != s.Kind {
+		return run, false, fmt.Errorf("start %s run %s: %w (a %s job)", s.Kind, s.JobID, ErrJobKindConflict, run.Kind)
 	}
 	return run, false, nil
 }

@@ -135,3 +135,38 @@ func TestSaveCheckpointMerges(t *testing.T) {
 		t.Fatalf("deploy run without server/playbook = %+v", r)
 	}
 }
+
+// TestStartRunJobKindConflict: a job id used by a provision job cannot be
+// reused by a deploy (or the other way round), running or done: the caller
+// gets ErrJobKindConflict and the row is left as it was, so a deploy never
+// republishes a provisioning result.
+func TestStartRunJobKindConflict(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	addServer(t, pool, "web-1", "192.0.2.10")
+	deploy := store.RunStart{JobID: "job-x", Kind: store.RunDeploy, Stream: "ansible:deploy:queue",
+		RequestID: "2-0", Target: "address:192.0.2.99", Owner: "infra-b"}
+
+	r, _ := startRun(t, pool, "job-x", "infra-a")
+	for _, state := range []string{store.RunRunning, store.RunDone} {
+		if state == store.RunDone {
+			if err := store.FinishRun(ctx, pool, "job-x", 1, store.RunSucceeded, "", []byte("provision result")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, started, err := store.StartRun(ctx, pool, deploy)
+		if !errors.Is(err, store.ErrJobKindConflict) || started {
+			t.Fatalf("%s provision run: deploy start = started %v, err %v; want ErrJobKindConflict", state, started, err)
+		}
+		if got == nil || got.Kind != store.RunProvision {
+			t.Fatalf("%s: conflicting run = %+v", state, got)
+		}
+		now, err := store.GetRun(ctx, pool, "job-x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.Attempt != r.Attempt || now.Owner != "infra-a" || now.Kind != store.RunProvision || now.State != state {
+			t.Fatalf("%s: the conflicting start changed the row: %+v", state, now)
+		}
+	}
+}

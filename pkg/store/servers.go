@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -108,26 +107,28 @@ func (e *AmbiguousAddressError) Error() string {
 
 // FindServerByAddress returns the registered server with address, for
 // deploy requests that target an address. It matches the address only: a
-// deploy's port is the service's port, not SSH's. An IP address also
-// matches its canonical spelling ("2001:DB8::0:1" finds "2001:db8::1").
+// deploy's port is the service's port, not SSH's. Addresses are compared in
+// their canonical form (CanonicalAddress): "2001:DB8::0:1" finds
+// "2001:db8::1" and "::ffff:192.0.2.1" finds "192.0.2.1".
 // ErrServerNotFound when no server has the address (the target is then an
-// unregistered host); *AmbiguousAddressError when several have it.
+// unregistered host); *AmbiguousAddressError when several have it;
+// ErrInvalidAddress when address is not an address at all.
 func FindServerByAddress(ctx context.Context, q Querier, address string) (*Server, error) {
-	forms := []string{address}
-	if ip, err := netip.ParseAddr(address); err == nil && ip.String() != address {
-		forms = append(forms, ip.String())
-	}
-	rows, err := q.Query(ctx, `SELECT `+serverColumns+` FROM servers WHERE address = ANY($1) ORDER BY handle`, forms)
+	canonical, err := CanonicalAddress(address)
 	if err != nil {
-		return nil, fmt.Errorf("find server by address %s: %w", address, err)
+		return nil, fmt.Errorf("find server by address: %w", err)
+	}
+	rows, err := q.Query(ctx, `SELECT `+serverColumns+` FROM servers WHERE address = $1 ORDER BY handle`, canonical)
+	if err != nil {
+		return nil, fmt.Errorf("find server by address %s: %w", canonical, err)
 	}
 	servers, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Server, error) { return scanServer(r) })
 	if err != nil {
-		return nil, fmt.Errorf("find server by address %s: %w", address, err)
+		return nil, fmt.Errorf("find server by address %s: %w", canonical, err)
 	}
 	switch len(servers) {
 	case 0:
-		return nil, fmt.Errorf("find server by address %s: %w", address, ErrServerNotFound)
+		return nil, fmt.Errorf("find server by address %s: %w", canonical, ErrServerNotFound)
 	case 1:
 		return servers[0], nil
 	}
@@ -135,7 +136,22 @@ func FindServerByAddress(ctx context.Context, q Querier, address string) (*Serve
 	for i, s := range servers {
 		handles[i] = s.Handle
 	}
-	return nil, &AmbiguousAddressError{Address: address, Handles: handles}
+	return nil, &AmbiguousAddressError{Address: canonical, Handles: handles}
+}
+
+// SSHKeyRefs returns the distinct SSH key references (servers.ssh_key_ref)
+// of the registered servers: the service's own credentials, which no
+// request may ask to resolve.
+func SSHKeyRefs(ctx context.Context, q Querier) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT ssh_key_ref FROM servers WHERE ssh_key_ref IS NOT NULL ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("list ssh key refs: %w", err)
+	}
+	refs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list ssh key refs: %w", err)
+	}
+	return refs, nil
 }
 
 // UpdateServerStatus sets the status of the server with handle if its
@@ -240,11 +256,16 @@ func ResetAttempts(ctx context.Context, q Querier, handle string) error {
 		`UPDATE servers SET attempts = 0 WHERE handle = $1 AND attempts <> 0`)
 }
 
-// SetServerAddress records the server's address as its provider reports it.
-// It writes (and bumps the version) only when the address differs; changed
-// says whether it did.
+// SetServerAddress records the server's address as its provider reports it,
+// in canonical form (CanonicalAddress; ErrInvalidAddress for anything
+// else). It writes (and bumps the version) only when the address differs;
+// changed says whether it did.
 func SetServerAddress(ctx context.Context, q Querier, handle, address string) (changed bool, err error) {
-	return setServerText(ctx, q, handle, "address", address)
+	canonical, err := CanonicalAddress(address)
+	if err != nil {
+		return false, fmt.Errorf("set address of server %s: %w", handle, err)
+	}
+	return setServerText(ctx, q, handle, "address", canonical)
 }
 
 // SetServerSSHUser sets the user the server is reached as over SSH (after

@@ -74,6 +74,11 @@ type Config struct {
 	StatsInterval time.Duration
 	// Logger receives the consumer's logs. The zero value logs nothing.
 	Logger zerolog.Logger
+	// Redact, when set, masks secrets in the text of handler errors and
+	// panics before the consumer logs them or writes them to a
+	// dead-letter entry (e.g. secrets.Redactor.RedactString): a handler's
+	// error may quote what it resolved.
+	Redact func(string) string
 	// Metrics records the consumer's metrics; nil records nothing.
 	Metrics *Metrics
 	// Hook, when set, is called with every Event the consumer reports, from

@@ -225,9 +225,9 @@ func (c *Consumer) releaseUnstarted(ds []*delivery) {
 func (c *Consumer) call(d *delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panic: %v", r)
-			c.log.Error().Str("stream", d.st.name).Str("msg_id", d.msg.ID).Str("panic", fmt.Sprint(r)).
-				Bytes("stack", debug.Stack()).Msg("handler panicked")
+			err = errors.New(c.redact(fmt.Sprintf("handler panic: %v", r)))
+			c.log.Error().Str("stream", d.st.name).Str("msg_id", d.msg.ID).Str("panic", c.redact(fmt.Sprint(r))).
+				Str("stack", c.redact(string(debug.Stack()))).Msg("handler panicked")
 		}
 	}()
 	return c.handler.Handle(d.ctx, d.msg)
@@ -237,7 +237,7 @@ func (c *Consumer) call(d *delivery) (err error) {
 func (c *Consumer) settle(d *delivery, err error) {
 	if c.isLost(d) {
 		log := c.entryLog(d)
-		log.Warn().AnErr("handler_error", err).Msg("lease lost: entry left to its new owner")
+		log.Warn().Str("handler_error", c.errText(err)).Msg("lease lost: entry left to its new owner")
 		c.forget(d)
 		c.emit(EventLeft, d.st.name, d.msg.ID)
 		return
@@ -251,19 +251,35 @@ func (c *Consumer) settle(d *delivery, err error) {
 	var perm *PermanentError
 	switch {
 	case errors.As(err, &perm):
-		log.Warn().Err(err).Msg("permanent failure: dead-lettering")
+		log.Warn().Str("error", c.errText(err)).Msg("permanent failure: dead-lettering")
 		c.deadLetter(d, perm.Reason, err)
 	case errors.Is(context.Cause(d.ctx), ErrShutdown):
-		log.Info().Err(err).Msg("interrupted by shutdown: releasing entry to other consumers")
+		log.Info().Str("error", c.errText(err)).Msg("interrupted by shutdown: releasing entry to other consumers")
 		c.release(d.st, []*delivery{d}, releaseIdle, true, EventReleased)
 	case d.msg.Deliveries >= c.cfg.MaxDeliveries:
-		log.Warn().Err(err).Msg("delivery limit reached: dead-lettering")
+		log.Warn().Str("error", c.errText(err)).Msg("delivery limit reached: dead-lettering")
 		c.deadLetter(d, "max_deliveries", fmt.Errorf("failed on delivery %d of %d: %w", d.msg.Deliveries, c.cfg.MaxDeliveries, err))
 	default:
 		delay := c.retryDelay(d.msg.Deliveries)
-		log.Warn().Err(err).Dur("retry_in", delay).Msg("handler failed: entry will be redelivered")
+		log.Warn().Str("error", c.errText(err)).Dur("retry_in", delay).Msg("handler failed: entry will be redelivered")
 		c.release(d.st, []*delivery{d}, c.cfg.Lease-delay, false, EventRetry)
 	}
+}
+
+// redact masks secrets in text with Config.Redact.
+func (c *Consumer) redact(text string) string {
+	if c.cfg.Redact == nil {
+		return text
+	}
+	return c.cfg.Redact(text)
+}
+
+// errText is the redacted text of a handler's error ("" for nil).
+func (c *Consumer) errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return c.redact(err.Error())
 }
 
 // entryLog returns a logger carrying the entry's identifiers.
@@ -364,7 +380,7 @@ func (c *Consumer) deadLetter(d *delivery, reason string, cause error) {
 		values[k] = v
 	}
 	values[DeadFieldReason] = reason
-	values[DeadFieldError] = cause.Error()
+	values[DeadFieldError] = c.errText(cause)
 	values[DeadFieldStream] = d.st.name
 	values[DeadFieldID] = d.msg.ID
 	values[DeadFieldGroup] = c.cfg.Group

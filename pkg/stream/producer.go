@@ -23,13 +23,22 @@ type ProducerOptions struct {
 	SafetyMaxLen int64
 	// Metrics records published entries; nil records nothing.
 	Metrics *Metrics
+	// Sign, when set, signs the data of every entry published with Publish
+	// or PublishBatch for its stream (messages.Sign with the producer's
+	// key); the signature goes into the SigField of the entry.
+	Sign func(stream string, data []byte) (string, error)
 }
+
+// SigField is the field of an entry that holds its producer's signature
+// (the wire contract's "sig").
+const SigField = "sig"
 
 // Producer appends entries to streams.
 type Producer struct {
 	rdb     redis.UniversalClient
 	maxLen  int64
 	metrics *Metrics
+	sign    func(stream string, data []byte) (string, error)
 }
 
 // NewProducer returns a Producer that appends through rdb.
@@ -41,7 +50,7 @@ func NewProducer(rdb redis.UniversalClient, opts ProducerOptions) *Producer {
 	case maxLen < 0:
 		maxLen = 0
 	}
-	return &Producer{rdb: rdb, maxLen: maxLen, metrics: opts.Metrics}
+	return &Producer{rdb: rdb, maxLen: maxLen, metrics: opts.Metrics, sign: opts.Sign}
 }
 
 // Publish appends an entry whose DataField is data and returns its id.
@@ -49,7 +58,25 @@ func NewProducer(rdb redis.UniversalClient, opts ProducerOptions) *Producer {
 // go-redis retries a command whose connection broke, so an entry can be
 // appended twice; consumers deduplicate by job id.
 func (p *Producer) Publish(ctx context.Context, stream string, data []byte) (string, error) {
-	return p.PublishValues(ctx, stream, map[string]any{DataField: data})
+	values, err := p.values(stream, data)
+	if err != nil {
+		return "", err
+	}
+	return p.PublishValues(ctx, stream, values)
+}
+
+// values are the fields of an entry holding data: DataField, and the
+// signature when the producer signs.
+func (p *Producer) values(stream string, data []byte) (map[string]any, error) {
+	values := map[string]any{DataField: data}
+	if p.sign != nil {
+		sig, err := p.sign(stream, data)
+		if err != nil {
+			return nil, fmt.Errorf("sign entry for %s: %w", stream, err)
+		}
+		values[SigField] = sig
+	}
+	return values, nil
 }
 
 // PublishValues appends an entry with the given fields and returns its id.
@@ -68,7 +95,11 @@ func (p *Producer) PublishBatch(ctx context.Context, stream string, data [][]byt
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.StringCmd, len(data))
 	for i, d := range data {
-		cmds[i] = pipe.XAdd(ctx, p.args(stream, map[string]any{DataField: d}))
+		values, err := p.values(stream, d)
+		if err != nil {
+			return nil, err
+		}
+		cmds[i] = pipe.XAdd(ctx, p.args(stream, values))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("xadd batch of %d to %s: %w", len(data), stream, err)

@@ -2,6 +2,7 @@ package stream_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -103,5 +104,41 @@ func TestProducerSafetyMaxLen(t *testing.T) {
 	// Approximate trimming keeps at least 100 and removes whole nodes only.
 	if n < 100 || n >= 1000 {
 		t.Fatalf("length %d with safety MAXLEN ~100 after 1000 entries", n)
+	}
+}
+
+// TestProducerSignsEntries: with Sign set, every entry carries the
+// signature of its own data for its stream; a failing signer publishes
+// nothing.
+func TestProducerSignsEntries(t *testing.T) {
+	rdb := testenv.Redis(t)
+	s, _ := names()
+	ctx := context.Background()
+	p := stream.NewProducer(rdb, stream.ProducerOptions{Sign: func(st string, data []byte) (string, error) {
+		return "sig(" + st + "," + string(data) + ")", nil
+	}})
+	if _, err := p.Publish(ctx, s, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.PublishBatch(ctx, s, [][]byte{[]byte("two"), []byte("three")}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := rdb.XRange(ctx, s, "-", "+").Result()
+	if err != nil || len(msgs) != 3 {
+		t.Fatalf("entries: %v %v", msgs, err)
+	}
+	for _, m := range msgs {
+		if want := "sig(" + s + "," + m.Values[stream.DataField].(string) + ")"; m.Values[stream.SigField] != want {
+			t.Errorf("entry %s: sig %v, want %s", m.ID, m.Values[stream.SigField], want)
+		}
+	}
+	bad := stream.NewProducer(rdb, stream.ProducerOptions{Sign: func(string, []byte) (string, error) {
+		return "", errors.New("no key")
+	}})
+	if _, err := bad.Publish(ctx, s, []byte("x")); err == nil {
+		t.Fatal("published without its signature")
+	}
+	if n, _ := rdb.XLen(ctx, s).Result(); n != 3 {
+		t.Fatalf("stream has %d entries, want 3", n)
 	}
 }

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -24,8 +25,10 @@ type RedisServer struct {
 	Addr  string
 	Dir   string
 	Fsync string
-	cmd   *exec.Cmd
-	done  chan struct{}
+	// Args are added to redis-server's command line (e.g. --aclfile).
+	Args []string
+	cmd  *exec.Cmd
+	done chan struct{}
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -41,8 +44,9 @@ func FreePort(t testing.TB) int {
 
 // StartRedisServer starts redis-server with AOF persistence on a free
 // loopback port; appendfsync is "always" so that even kill -9 keeps every
-// acknowledged write. It is stopped when the test ends.
-func StartRedisServer(t testing.TB) *RedisServer {
+// acknowledged write. args are added to its command line (for example
+// "--aclfile", path). It is stopped when the test ends.
+func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not found (install Debian's redis-server, or run `make test`): %v", err)
@@ -52,6 +56,7 @@ func StartRedisServer(t testing.TB) *RedisServer {
 		Addr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t))),
 		Dir:   t.TempDir(),
 		Fsync: "always",
+		Args:  args,
 	}
 	s.Start()
 	t.Cleanup(func() { s.Kill() })
@@ -81,10 +86,10 @@ func (s *RedisServer) Start() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.cmd = exec.Command("redis-server",
+	s.cmd = exec.Command("redis-server", append([]string{
 		"--bind", "127.0.0.1", "--port", port, "--dir", s.Dir,
 		"--appendonly", "yes", "--appendfsync", s.Fsync, "--save", "",
-		"--daemonize", "no")
+		"--daemonize", "no"}, s.Args...)...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
@@ -102,8 +107,9 @@ func (s *RedisServer) Start() {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
-			return
+		var reply redis.Error
+		if err == nil || errors.As(err, &reply) {
+			return // it answers (maybe "NOAUTH": its ACL wants a user)
 		}
 		if time.Now().After(deadline) {
 			s.t.Fatalf("redis-server on %s did not come up: %v", s.Addr, err)

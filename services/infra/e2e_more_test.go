@@ -120,19 +120,26 @@ func TestSecretsLeakNowhere(t *testing.T) {
 
 	canaryToken := "ghp_CANARY" + testenv.Unique("tok")
 	canaryEnv := map[string]string{"API_KEY": "canary-api-" + testenv.Unique("k"), "DB_PASSWORD": "canary pw with spaces " + testenv.Unique("p")}
+	const project = "3f1c9f2e-8a57-4d6b-9a0e-2b1f4c5d6e7f"
 	vault := vaulttest.New(t)
 	vault.Put("", "secret", "infra/ssh", map[string]any{"private_key": string(sshd.ClientKey)})
-	vault.Put("", "secret", "gh", map[string]any{"token": canaryToken})
+	vault.Put("", "secret", "projects/"+project+"/gh", map[string]any{"token": canaryToken})
 	envData := map[string]any{}
 	for k, v := range canaryEnv {
 		envData[k] = v
 	}
-	vault.Put("", "secret", "projects/p1", envData)
-	vaultToken := vault.CreateToken("", vaulttest.TokenSpec{TTL: time.Hour, Renewable: true})
+	vault.Put("", "secret", "projects/"+project+"/env", envData)
+	// Two logins with the shipped policies' paths: the service's reads the
+	// SSH keys, the projects' reads project paths only.
+	vaultToken := vault.CreateToken("", vaulttest.TokenSpec{TTL: time.Hour, Renewable: true,
+		ReadPaths: []string{"secret/data/infra/ssh", "secret/data/infra/ssh/*"}})
+	projectToken := vault.CreateToken("", vaulttest.TokenSpec{TTL: time.Hour, Renewable: true,
+		ReadPaths: []string{"secret/data/projects/*"}})
 	e.sshKey = nil // only Vault has the key
-	p := e.infra("VAULT_ADDR="+vault.URL(), "VAULT_TOKEN="+vaultToken, "SSH_KEY_REF=vault:secret/infra/ssh#private_key")
+	p := e.infra("VAULT_ADDR="+vault.URL(), "VAULT_TOKEN="+vaultToken, "SSH_KEY_REF=vault:secret/infra/ssh#private_key",
+		"PROJECT_VAULT_ADDR="+vault.URL(), "PROJECT_VAULT_TOKEN="+projectToken)
 
-	canaries := map[string]string{"github token": canaryToken, "vault token": vaultToken}
+	canaries := map[string]string{"github token": canaryToken, "vault token": vaultToken, "project vault token": projectToken}
 	for k, v := range canaryEnv {
 		canaries["env "+k] = v
 	}
@@ -167,11 +174,10 @@ func TestSecretsLeakNowhere(t *testing.T) {
 		}
 	})
 
-	const project = "3f1c9f2e-8a57-4d6b-9a0e-2b1f4c5d6e7f"
 	e.publish(messages.StreamAnsibleDeployQueue, &messages.AnsibleDeployMessage{
 		RequestMeta: messages.RequestMeta{JobID: "deploy-1"}, ProjectID: project, RepoFullName: "acme/shop",
 		Branch: "release/1.2", ServerIP: sshd.Host, Port: 8080, Modules: []string{"web", "worker"},
-		GitHubTokenRef: "vault:secret/gh#token", SecretsRef: "vault:secret/projects/p1",
+		GitHubTokenRef: "vault:secret/projects/" + project + "/gh#token", SecretsRef: "vault:secret/projects/" + project + "/env",
 	})
 	var r *messages.AnsibleDeployResult
 	testenv.WaitFor(t, time.Minute, "the deploy result", func() bool {
@@ -248,20 +254,7 @@ func TestSecretsLeakNowhere(t *testing.T) {
 			scan("stream "+s, m.Values["data"].(string))
 		}
 	}
-	for _, table := range []string{"servers", "runs", "host_keys"} {
-		rows, err := e.pool.Query(context.Background(), `SELECT row_to_json(t)::text FROM `+table+` t`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var row string
-			if err := rows.Scan(&row); err != nil {
-				t.Fatal(err)
-			}
-			scan("postgres table "+table, row)
-		}
-		rows.Close()
-	}
+	e.scanRows(func(table, row string) { scan("postgres table "+table, row) })
 	for _, dir := range []string{e.runRoot, e.factCache} {
 		_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() {

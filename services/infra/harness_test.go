@@ -418,3 +418,23 @@ func processesMentioning(s string) []int {
 	}
 	return pids
 }
+
+// scanRows calls f with every row (as JSON) of the tables that could hold
+// what a job handled: servers, runs, host_keys.
+func (e *e2e) scanRows(f func(table, row string)) {
+	e.t.Helper()
+	for _, table := range []string{"servers", "runs", "host_keys"} {
+		rows, err := e.pool.Query(context.Background(), `SELECT row_to_json(t)::text FROM `+table+` t`)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for rows.Next() {
+			var row string
+			if err := rows.Scan(&row); err != nil {
+				e.t.Fatal(err)
+			}
+			f(table, row)
+		}
+		rows.Close()
+	}
+}

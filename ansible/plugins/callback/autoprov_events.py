@@ -27,6 +27,7 @@ requirements:
 import errno
 import json
 import os
+import re
 import stat
 import time
 from datetime import datetime, timezone
@@ -35,7 +36,12 @@ from ansible.plugins.callback import CallbackBase
 
 VERSION = 1
 MAX_LINE = 64 * 1024
-MAX_MSG = 4 * 1024
+# The plugin knows no secrets, so it must not cut a message to the short
+# length readers show: a secret straddling the cut would leave a piece no
+# redactor recognises. It keeps up to MAX_MSG and says which end it cut
+# (msg_cut_start, msg_cut_end); the reader redacts the whole text, masks a
+# piece of a secret at a cut end, and only then shortens it further.
+MAX_MSG = 32 * 1024
 FIFO_OPEN_TIMEOUT = 10.0
 CENSORED_KEY = "censored"
 
@@ -74,15 +80,23 @@ def _head(text, limit):
 
 
 def _short_msg(result):
-    """The short text of a (censored) result: msg, else stderr/stdout tail."""
+    """The text of a (censored) result: msg, else the stderr/stdout tail.
+
+    Returns (text, cut_start, cut_end): whether the start or the end of the
+    text was cut off to keep it within MAX_MSG.
+    """
     msg = _text(result.get("msg")).strip()
     if msg:
-        return _head(msg, MAX_MSG)
+        head = _head(msg, MAX_MSG)
+        return head, False, head != msg
     for key in ("stderr", "stdout"):
         out = _text(result.get(key)).strip()
         if out:
-            return _tail(out, MAX_MSG)
-    return _head(_text(result.get(CENSORED_KEY)), MAX_MSG)
+            tail = _tail(out, MAX_MSG)
+            return tail, tail != out, False
+    censored = _text(result.get(CENSORED_KEY))
+    head = _head(censored, MAX_MSG)
+    return head, False, head != censored
 
 
 class CallbackModule(CallbackBase):
@@ -106,6 +120,12 @@ class CallbackModule(CallbackBase):
 
     def _open(self):
         path = self._path
+        # A descriptor the runner passed (/dev/fd/N): use it, do not reopen
+        # it. Reopening a pipe through /proc checks the pipe's owner, which
+        # is not the play's user when plays run as another user.
+        m = re.match(r"^/dev/fd/([0-9]+)$", path)
+        if m:
+            return os.fdopen(os.dup(int(m.group(1))), "ab", buffering=0)
         try:
             st = os.stat(path)
             is_fifo = stat.S_ISFIFO(st.st_mode)
@@ -162,7 +182,8 @@ class CallbackModule(CallbackBase):
         over = len(line) - MAX_LINE
         if record.get("msg"):
             msg = record["msg"].encode("utf-8")
-            record["msg"] = msg[: max(0, len(msg) - over - 16)].decode("utf-8", "ignore")
+            record["msg"] = msg[: max(0, len(msg) - over - 64)].decode("utf-8", "ignore")
+            record["msg_cut_end"] = True
             line = dump(record)
         for key in ("task", "play", "playbook", "action", "host"):
             if len(line) <= MAX_LINE:
@@ -190,9 +211,13 @@ class CallbackModule(CallbackBase):
         fields = self._task_fields(result._task)
         fields["host"] = result._host.get_name()
         fields["changed"] = bool(res.get("changed", False))
-        msg = _short_msg(res)
+        msg, cut_start, cut_end = _short_msg(res)
         if msg:
             fields["msg"] = msg
+            if cut_start:
+                fields["msg_cut_start"] = True
+            if cut_end:
+                fields["msg_cut_end"] = True
         rc = res.get("rc")
         if isinstance(rc, int) and not isinstance(rc, bool):
             fields["rc"] = rc
@@ -238,7 +263,8 @@ class CallbackModule(CallbackBase):
         except Exception:  # pylint: disable=broad-except
             fields = {}
         if event == "host_skipped":
-            fields.pop("msg", None)
+            for key in ("msg", "msg_cut_start", "msg_cut_end"):
+                fields.pop(key, None)
         fields.update(extra)
         self._emit(event, **fields)
 

@@ -79,6 +79,20 @@ REF = "refs/autoprov/deploy"
 SHA_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 
+# Variables that make git trace its HTTP traffic (GIT_CURL_VERBOSE turns
+# curl's tracing on whatever its value, "0" included), skip TLS checks or
+# inject configuration. They are removed from the module's environment (which
+# git inherits), never set: the token travels in a header.
+_UNSAFE_GIT_ENV = ("GIT_CURL_VERBOSE", "GIT_SSL_NO_VERIFY", "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_GLOBAL",
+                   "GIT_CONFIG_SYSTEM", "GIT_ASKPASS", "GIT_SSH_COMMAND", "GIT_PROXY_COMMAND")
+
+
+def _scrub_environ():
+    for name in list(os.environ):
+        if name in _UNSAFE_GIT_ENV or name.startswith("GIT_TRACE"):
+            del os.environ[name]
+
+
 def _git_env(token):
     env = {
         "GIT_TERMINAL_PROMPT": "0",
@@ -87,8 +101,9 @@ def _git_env(token):
         "GCM_INTERACTIVE": "never",
         "GIT_TRACE": "0",
         "GIT_TRACE_CURL": "0",
-        "GIT_CURL_VERBOSE": "0",
         "GIT_CONFIG_NOSYSTEM": "1",
+        # No user configuration either (a credential helper, sslVerify=false).
+        "GIT_CONFIG_GLOBAL": "/dev/null",
         "LC_ALL": "C",
     }
     if token:
@@ -167,6 +182,7 @@ def main():
         ),
         supports_check_mode=False,
     )
+    _scrub_environ()
     p = module.params
     url, branch = p["url"], p["branch"]
     if not re.match(r"^https?://[^\s@]+$", url):

@@ -44,10 +44,10 @@ const (
 	uuidPattern      = `^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`
 	repoPattern      = `^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$`
 	repoDotsPattern  = `/\.\.?$`
-	branchPattern    = `^[^\x00-\x20\x7f~^:?*\[\\]+$`
-	branchBadPattern = `^@$|^[-/]|[/.]$|\.\.|//|@\{|(^|/)\.|\.lock(/|$)`
+	branchPattern    = `^[A-Za-z0-9._/-]+$`
+	branchBadPattern = `^[-/]|[/.]$|\.\.|//|(^|/)\.|\.lock(/|$)`
 	ipPattern        = `^[0-9A-Fa-f:.]+$`
-	modulePattern    = `^[a-z0-9][a-z0-9_-]{0,63}$`
+	modulePattern    = `^[a-z0-9][a-z0-9_-]{0,62}$`
 	secretRefPattern = `^(vault|env|file):[!-~]+$`
 	entryIDPattern   = `^[0-9]{1,20}-[0-9]{1,20}$`
 	errorKindPattern = `^[a-z][a-z0-9_]{0,63}$`
@@ -78,6 +78,7 @@ func Generate(srcDir string) ([]File, error) {
 		{"provisioner_result", &messages.ProvisionerResult{}, result},
 		{"ansible_deploy_result", &messages.AnsibleDeployResult{}, result},
 		{"progress_event", &messages.ProgressEvent{}, progressEvent},
+		{"stream_entry", &messages.StreamEntry{}, streamEntry},
 	}
 	var files []File
 	for _, root := range roots {
@@ -97,7 +98,11 @@ func Generate(srcDir string) ([]File, error) {
 		s.ID = jsonschema.ID(BaseID + root.name + ".schema.json")
 		s.Title = reflect.TypeOf(root.v).Elem().Name()
 		s.Comments = "Generated from the Go types of " + ImportPath + " by `go generate`; do not edit."
-		s.Description += " Each stream entry's \"data\" field holds it as a msgpack map; see docs/wire-contract.md."
+		if root.name == "stream_entry" {
+			s.Description += " The fields of a stream entry (XADD), not a msgpack map; see docs/wire-contract.md."
+		} else {
+			s.Description += " Each stream entry's \"data\" field holds it as a msgpack map; see docs/wire-contract.md."
+		}
 		applyRules(s, s.Title)
 		for name, def := range s.Definitions {
 			applyRules(def, name)
@@ -284,6 +289,13 @@ func progressEvent(s *jsonschema.Schema) {
 }
 
 // withProps sets the properties of s from m, in key order, and returns s.
+// streamEntry describes the signature's form.
+func streamEntry(s *jsonschema.Schema) {
+	if p, ok := s.Properties.Get("sig"); ok {
+		p.Pattern = messages.SignaturePattern
+	}
+}
+
 func withProps(s *jsonschema.Schema, m map[string]*jsonschema.Schema) *jsonschema.Schema {
 	s.Properties = jsonschema.NewProperties()
 	for _, k := range slices.Sorted(maps.Keys(m)) {

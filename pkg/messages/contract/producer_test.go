@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -40,11 +41,23 @@ func TestPythonProducerExample(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
+	// The script signs its requests: the test checks each signature.
+	key := []byte("4f1c8e2a9b7d6c5e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e")
+	keyFile := filepath.Join(t.TempDir(), "producer.key")
+	if err := os.WriteFile(keyFile, append(key, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := messages.NewVerifier(messages.VerifierKey{ID: "example-1", Key: key, Streams: queues})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.CommandContext(ctx, "/usr/bin/python3", producerScript, "--wait", "60")
 	cmd.Env = []string{
 		"REDIS_URL=" + testenv.RedisURL(t),
 		"STREAM_PREFIX=" + prefix,
 		"PYTHONDONTWRITEBYTECODE=1",
+		"SIGNING_KEY_ID=example-1",
+		"SIGNING_KEY_FILE=" + keyFile,
 	}
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
@@ -76,6 +89,10 @@ func TestPythonProducerExample(t *testing.T) {
 				data, ok := entry.Values[messages.DataField].(string)
 				if !ok {
 					t.Fatalf("entry %s of %s has no %q field: %v", entry.ID, s.Stream, messages.DataField, entry.Values)
+				}
+				sig, _ := entry.Values[messages.SigField].(string)
+				if id, err := verifier.Verify(s.Stream, []byte(data), sig); err != nil || id != "example-1" {
+					t.Fatalf("entry %s of %s: signature %q: %v", entry.ID, s.Stream, sig, err)
 				}
 				decoded[s.Stream+" "+entry.ID] = serve(ctx, t, rdb, prefix, s.Stream, entry.ID, []byte(data))
 			}

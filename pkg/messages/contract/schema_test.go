@@ -47,6 +47,7 @@ var schemaFiles = map[string]string{
 	"ProvisionerResult":    "provisioner_result.schema.json",
 	"AnsibleDeployResult":  "ansible_deploy_result.schema.json",
 	"ProgressEvent":        "progress_event.schema.json",
+	"StreamEntry":          "stream_entry.schema.json",
 }
 
 // TestSchemasUpToDate fails when the checked-in schemas differ from what

@@ -1,7 +1,7 @@
 // Command runguard runs one program (ansible-playbook) for the infra service
 // so that nothing of it outlives the service.
 //
-//	runguard [-control-fd 4] [-pass-fd 3] [-grace 1s] [-umask 077] -- /usr/bin/ansible-playbook ARGS...
+//	runguard [-control-fd 4] [-pass-fd 3] [-grace 1s] [-umask 077] [-uid N -gid N] -- /usr/bin/ansible-playbook ARGS...
 //
 // The infra service starts runguard as the leader of a new process group
 // (Setpgid); runguard starts the program in that group with the same
@@ -26,7 +26,8 @@
 // re-parented orphans), SIGKILL after -grace, and reaps them before exiting.
 // SIGTERM, SIGINT, SIGHUP and SIGQUIT sent to the group reach the program;
 // runguard itself catches and ignores them (caught signals are reset to their
-// default in the program, unlike ignored ones).
+// default in the program, unlike ignored ones). The program runs with a core
+// file size limit of 0: a crash leaves no core file holding its secrets.
 package main
 
 import (
@@ -60,6 +61,8 @@ func run() int {
 	passFD := flag.Int("pass-fd", -1, "descriptor handed to the program under the same number; -1: none")
 	grace := flag.Duration("grace", time.Second, "SIGTERM -> SIGKILL grace for processes left after the program exited")
 	umask := flag.String("umask", "", "octal umask for the program (default: unchanged)")
+	uid := flag.Int("uid", -1, "user id the program runs as (with -gid; default: runguard's)")
+	gid := flag.Int("gid", -1, "group id the program runs as (with -uid)")
 	flag.Parse()
 	argv := flag.Args()
 	if len(argv) == 0 || !strings.HasPrefix(argv[0], "/") {
@@ -74,6 +77,12 @@ func run() int {
 			return 2
 		}
 		syscall.Umask(int(m))
+	}
+	// No core files: a crashing program (or module) would leave one holding
+	// the secrets of its environment. The limit is inherited by the program.
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+		fmt.Fprintf(os.Stderr, "runguard: setrlimit RLIMIT_CORE: %v\n", err)
+		return 127
 	}
 	self := os.Getpid()
 	if syscall.Getpgrp() != self {
@@ -116,7 +125,16 @@ func run() int {
 			files = append(files, passed)
 		}
 	}
-	proc, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Env: os.Environ(), Files: files})
+	attr := &os.ProcAttr{Env: os.Environ(), Files: files}
+	if *uid >= 0 || *gid >= 0 {
+		if *uid < 0 || *gid < 0 {
+			fmt.Fprintln(os.Stderr, "runguard: -uid and -gid go together")
+			return 2
+		}
+		// No supplementary groups: the program has the user's rights only.
+		attr.Sys = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(*uid), Gid: uint32(*gid), Groups: []uint32{}}}
+	}
+	proc, err := os.StartProcess(argv[0], argv, attr)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "runguard: start %s: %v\n", argv[0], err)
 		report("error start %s: %v", argv[0], err)

@@ -308,3 +308,28 @@ func BenchmarkStartup(b *testing.B) {
 		})
 	}
 }
+
+// TestNoCoreFiles: the program runs with a core limit of 0, whatever the
+// limit runguard was started with, and a program killed by SIGSEGV (whose
+// default action dumps core) leaves no core file in its working directory.
+func TestNoCoreFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	// runguard itself may dump core (soft limit raised to the hard one).
+	cmd := exec.Command("/bin/sh", "-c", `ulimit -c "$(ulimit -H -c)" && exec "$0" -- /bin/sh -c 'ulimit -c; kill -SEGV $$'`, guardBin)
+	cmd.Dir = dir
+	out, _ := cmd.Output()
+	if got := strings.TrimSpace(string(out)); got != "0" {
+		t.Errorf("core limit in the program: %q, want 0", got)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 128+11 {
+		t.Errorf("exit %d, want %d (SIGSEGV)", code, 128+11)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		t.Errorf("left in the working directory: %s", e.Name())
+	}
+}

@@ -5,9 +5,11 @@ package app
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
@@ -16,6 +18,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/signing"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
@@ -36,7 +39,34 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
+	// The references requests carry go to backends of their own: another
+	// Vault login (a policy of project paths only), another env prefix and
+	// file root, each off unless configured.
+	project, err := secrets.OpenProject(ctx, cfg.Project, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: lookupEnv})
+	if err != nil {
+		resolver.Close()
+		return nil, err
+	}
+	authorizer, err := authz.New(cfg.Authz, authz.Options{})
+	if err != nil {
+		return nil, err
+	}
+	// Producer keys are the service's own secrets; the check runs before a
+	// request reaches the handler.
+	sigChecker, err := signing.New(ctx, cfg.Signing, resolver.Resolve, log)
+	if err != nil {
+		return nil, err
+	}
+	keySpecs, _ := cfg.Signing.ParseKeys() // validated with the config
+	var ownRefs []string
+	for _, k := range keySpecs {
+		ownRefs = append(ownRefs, k.Ref)
+	}
 
+	runAs, err := cfg.Playbook.RunAs()
+	if err != nil {
+		return nil, err
+	}
 	runner, err := ansible.New(ansible.Config{
 		AnsibleDir:   cfg.Playbook.Dir,
 		PlaybookBin:  cfg.Playbook.Bin,
@@ -46,6 +76,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		Timeout:      cfg.Playbook.Timeout,
 		IdleTimeout:  cfg.Playbook.IdleTimeout,
 		FactCacheDir: cfg.Playbook.FactCache,
+		RunAs:        runAs,
 	}, log)
 	if err != nil {
 		return nil, err
@@ -105,6 +136,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		Owner:            consumerName,
 		Playbooks:        jobs.DefaultPlaybooks,
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
+		OwnRefs:          ownRefs,
 		DeploySSHUser:    cfg.SSH.DeployUser,
 		MaxDeliveries:    cfg.Stream.MaxDeliveries,
 		CancelPoll:       cfg.Jobs.CancelPoll,
@@ -120,6 +152,8 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		Redis:    d.Redis,
 		Producer: stream.NewProducer(d.Redis, stream.ProducerOptions{Metrics: streamMetrics}),
 		Secrets:  resolver,
+		Project:  project,
+		Authz:    authorizer,
 		Redactor: redactor,
 		SSH:      checker,
 		Runner:   runner,
@@ -144,21 +178,30 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		CancelGrace: cfg.Playbook.KillGrace + 5*time.Second,
 		Logger:      log,
 		Metrics:     streamMetrics,
-	}, handler)
+		// Handler errors may quote what a job resolved.
+		Redact: redactor.RedactString,
+	}, sigChecker.Handler(handler))
 	if err != nil {
 		return nil, err
 	}
 	log.Info().Str("consumer", consumerName).Bool("runguard", runner.Guarded()).
-		Bool("time4vps", provider != nil).Msg("infra components ready")
+		Bool("time4vps", provider != nil).Str("playbook_user", cfg.Playbook.User).Str("request_signatures", cfg.Signing.Mode).Int("producer_keys", len(keySpecs)).
+		Strs("deploy_allow_networks", cfg.Authz.AllowNetworks).Strs("deploy_secret_refs", authorizer.Templates()).
+		Msg("infra components ready")
 
 	return []service.Component{
 		{Name: "secrets", Run: func(ctx context.Context) error {
 			if err := resolver.Start(ctx); err != nil {
 				return err
 			}
+			if err := project.Start(ctx); err != nil {
+				resolver.Stop()
+				return err
+			}
 			<-ctx.Done()
+			project.Stop()
 			resolver.Stop()
-			return resolver.Close()
+			return errors.Join(project.Close(), resolver.Close())
 		}},
 		{Name: "locks", Run: func(ctx context.Context) error {
 			<-ctx.Done() // stops after the consumer: no run holds a session then

@@ -6,15 +6,20 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/signing"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
@@ -36,6 +41,11 @@ type Config struct {
 	SSH      SSHConfig      `envPrefix:"SSH_"`
 	Jobs     JobsConfig
 	Secrets  secrets.Config
+	// Project holds the backends of the secret references requests carry
+	// (PROJECT_*), apart from the service's own (Secrets).
+	Project  secrets.ProjectConfig `envPrefix:"PROJECT_"`
+	Authz    authz.Config
+	Signing  signing.Config
 	Time4VPS time4vps.Config
 	// RunLog is where the whole output of every run is kept (the
 	// deployer serves it); the same settings as the deployer's.
@@ -63,6 +73,7 @@ type PlaybookConfig struct {
 	IdleTimeout time.Duration     `env:"IDLE_TIMEOUT" envDefault:"10m" desc:"limit of a run printing nothing (stuck)"`
 	KillGrace   time.Duration     `env:"KILL_GRACE" envDefault:"10s" desc:"time between SIGTERM and SIGKILL when a run is stopped"`
 	Timeouts    map[string]string `env:"TIMEOUTS" desc:"per-playbook limits, e.g. deploy_project.yml:20m/5m,recovery.yml:15m/3m (wall/idle)"`
+	User        string            `env:"USER" desc:"unprivileged user the playbooks run as (infra must run as root), e.g. autoprov-play; plays then cannot read infra's files, memory or environment (empty: infra's own user)"`
 	VarsFile    string            `env:"VARS_FILE" desc:"JSON object of site-wide extra vars for every run (role defaults, e.g. docker_install_source); never secrets; a run's own vars win"`
 }
 
@@ -118,6 +129,9 @@ func (c *Config) Validate() error {
 	if _, err := c.Playbook.SiteVars(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := c.Playbook.RunAs(); err != nil {
+		errs = append(errs, err)
+	}
 	if _, err := c.Playbook.Limits(); err != nil {
 		errs = append(errs, &service.FieldError{Var: "PLAYBOOK_TIMEOUTS", Err: err})
 	}
@@ -150,7 +164,36 @@ func (c *Config) Validate() error {
 	if err := c.Secrets.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := errors.Join(c.Project.Validate(), c.Project.Separate(c.Secrets)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Authz.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Signing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// RunAs resolves PLAYBOOK_USER (nil when unset).
+func (p PlaybookConfig) RunAs() (*ansible.Credential, error) {
+	if p.User == "" {
+		return nil, nil
+	}
+	u, err := user.Lookup(p.User)
+	if err != nil {
+		return nil, &service.FieldError{Var: "PLAYBOOK_USER", Err: err}
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, &service.FieldError{Var: "PLAYBOOK_USER", Err: err}
+	}
+	if uid == 0 {
+		return nil, service.Invalid("PLAYBOOK_USER", "%s is root: name an unprivileged user", p.User)
+	}
+	return &ansible.Credential{UID: uint32(uid), GID: uint32(gid)}, nil
 }
 
 // SiteVars reads PLAYBOOK_VARS_FILE (nil when unset).

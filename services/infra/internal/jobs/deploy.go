@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -26,70 +27,103 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 	if err != nil {
 		return j.reject(ctx, err)
 	}
-	j.log = j.log.With().Str("project_id", m.ProjectID).Str("server_ip", m.ServerIP).Logger()
+	// Every spelling of an address is one host: its canonical form finds
+	// the registered server, its pinned key and its lock.
+	addr, err := store.CanonicalAddress(m.ServerIP)
+	if err != nil {
+		return j.reject(ctx, fmt.Errorf("server_ip: %w", err))
+	}
+	j.log = j.log.With().Str("project_id", m.ProjectID).Str("server_ip", addr).Logger()
 	j.timeoutCap = time.Duration(m.TimeoutSeconds) * time.Second
 	// A deploy to a registered server uses its credentials and its lock.
-	srv, err := store.FindServerByAddress(ctx, h.DB, m.ServerIP)
+	srv, err := store.FindServerByAddress(ctx, h.DB, addr)
 	var ambiguous *store.AmbiguousAddressError
 	switch {
 	case errors.Is(err, store.ErrServerNotFound):
 	case errors.As(err, &ambiguous):
 		return j.end(ctx, fail(messages.StatusRejected, messages.KindServerNotFound,
-			"several registered servers have address %s", m.ServerIP))
+			"several registered servers have address %s", addr))
 	case err != nil:
 		return j.infraError(ctx, fmt.Errorf("find server: %w", err))
 	default:
 		j.server = srv
 		j.log = j.log.With().Str("server", srv.Handle).Logger()
 	}
-	target := "address:" + m.ServerIP
+	target := "address:" + addr
 	if j.server != nil {
 		target = "server:" + j.server.Handle
 	}
 	return j.runLocked(ctx, target, h.cfg.Playbooks.Deploy, func(ctx context.Context) (*outcome, error) {
-		return j.deploy(ctx, m)
+		return j.deploy(ctx, m, addr)
 	})
 }
 
 // deploy runs under the job's locks and returns the outcome of its play;
-// earlier ends come as an *outcome error.
-func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) (*outcome, error) {
-	ep := endpoint{address: m.ServerIP, port: 22, user: j.h.cfg.DeploySSHUser}
+// earlier ends come as an *outcome error. The order is the point: the
+// target and the request's references are authorized before anything is
+// resolved or dialed, and the request's secrets are resolved only once the
+// target answered SSH.
+func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr string) (*outcome, error) {
+	ep := endpoint{address: addr, port: 22, user: j.h.cfg.DeploySSHUser}
 	if j.server != nil {
 		srv, err := store.GetServer(ctx, j.h.DB, j.server.Handle)
 		if err != nil {
 			return nil, fmt.Errorf("read server: %w", err)
 		}
 		j.server = srv
-		ep.port, ep.user = srv.SSHPort, srv.SSHUser
-		ep.alias = hostAlias(srv.Handle, m.ServerIP)
+		ep.address, ep.port, ep.user = srv.Address, srv.SSHPort, srv.SSHUser
+		ep.alias = hostAlias(srv.Handle, srv.Address)
 	} else {
-		ep.alias = hostAlias("", m.ServerIP)
+		ep.alias = hostAlias("", addr)
+	}
+
+	if err := j.h.Authz.Target(ep.address, j.server != nil); err != nil {
+		// The requester hears what a silent host would say: infra is no
+		// port scanner. The reason is for the operator.
+		j.log.Warn().Str("reason", err.Error()).Msg("deploy target refused: nothing resolved, nothing dialed")
+		return nil, fail(messages.StatusUnreachable, messages.KindSSHUnreachable, "%s", authz.UnreachableMessage(ep.address, ep.port))
+	}
+	refs := []struct{ env, field, ref string }{
+		{envGitHubToken, "github_token_ref", m.GitHubTokenRef},
+		{envProjectEnv, "secrets_ref", m.SecretsRef},
+	}
+	var own []string
+	for _, r := range refs {
+		if r.ref == "" {
+			continue
+		}
+		if own == nil {
+			var err error
+			if own, err = j.ownRefs(ctx); err != nil {
+				return nil, err
+			}
+		}
+		if _, err := j.h.Authz.Ref(m.ProjectID, r.field, r.ref, own); err != nil {
+			j.log.Warn().Str("field", r.field).Str("reason", err.Error()).Msg("secret reference refused: nothing resolved, nothing dialed")
+			return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable, "%v", err)
+		}
 	}
 
 	creds, err := j.sshCredentials(ctx)
 	if err != nil {
 		return nil, err
 	}
-	env := map[string]string{}
-	for _, s := range []struct{ name, what, ref string }{
-		{envGitHubToken, "github_token_ref", m.GitHubTokenRef},
-		{envProjectEnv, "secrets_ref", m.SecretsRef},
-	} {
-		if s.ref == "" {
-			continue
-		}
-		v, err := j.resolve(ctx, s.what, s.ref)
-		if err != nil {
-			return nil, err
-		}
-		env[s.name] = v.Reveal()
-		v.Wipe()
-	}
-
 	hostKey, err := j.checkSSH(ctx, ep, creds)
 	if err != nil {
 		return nil, err
+	}
+
+	env := map[string]string{}
+	for _, r := range refs {
+		if r.ref == "" {
+			continue
+		}
+		v, err := j.resolveWith(ctx, j.project, r.field, r.ref)
+		if err != nil {
+			return nil, err
+		}
+		env[r.env] = v.Reveal()
+		v.Wipe()
 	}
 	modules := m.Modules
 	if modules == nil {
@@ -107,4 +141,15 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) (*ou
 		return nil, err
 	}
 	return playOutcome(j.h.cfg.Playbooks.Deploy, res), nil
+}
+
+// ownRefs are the references of the service's own credentials, which no
+// request may name: the default SSH key, every server's, the signing keys.
+func (j *job) ownRefs(ctx context.Context) ([]string, error) {
+	refs, err := store.SSHKeyRefs(ctx, j.h.DB)
+	if err != nil {
+		return nil, fmt.Errorf("read the servers' ssh key refs: %w", err)
+	}
+	own := append([]string{j.h.cfg.DefaultSSHKeyRef}, j.h.cfg.OwnRefs...)
+	return append(own, refs...), nil
 }

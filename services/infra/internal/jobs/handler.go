@@ -10,9 +10,12 @@
 //  3. Locks that die with their holder (Postgres session locks): the job's,
 //     and the target server's, so that at most one run per server happens at
 //     any time across all instances.
-//  4. Server lookup, provider refresh (Time4VPS), SSH credentials from
-//     secret references, SSH check with retries; a server still down is
-//     marked UNREACHABLE and nothing runs.
+//  4. Server lookup (on the canonical address), provider refresh
+//     (Time4VPS); for a deploy, authorization (package authz) of the target
+//     and of the request's secret references before anything is resolved
+//     or dialed; SSH credentials from the service's own references, SSH
+//     check with retries (a server still down is marked UNREACHABLE and
+//     nothing runs); then the request's secrets, from the project resolver.
 //  5. The playbook run (package ansible) with progress events published on
 //     the job's own stream.
 //  6. The result is stored with the run (runs table) and the server's state
@@ -55,6 +58,17 @@ type Runner interface {
 	ForgetHost(alias string)
 }
 
+// Authorizer decides where a deploy may go and which secret references a
+// request of a project may name (package authz).
+type Authorizer interface {
+	// Target refuses (with an error for the log only) a deploy target that
+	// is not a registered server and not in the operator's allow-list.
+	Target(address string, registered bool) error
+	// Ref refuses a reference the project may not use, or one naming a
+	// credential of the service itself (own).
+	Ref(projectID, field, ref string, own []string) (secrets.Ref, error)
+}
+
 // SSHChecker checks that a server answers SSH with our credentials.
 type SSHChecker interface {
 	Check(ctx context.Context, t sshcheck.Target, signers []ssh.Signer) (*sshcheck.Result, error)
@@ -87,6 +101,10 @@ type Config struct {
 	// DefaultSSHKeyRef is the secret reference of the SSH private key used
 	// for servers without their own ssh_key_ref; "" means none.
 	DefaultSSHKeyRef string
+	// OwnRefs are further references of the service's own credentials
+	// (request signing keys) that no request may name; DefaultSSHKeyRef and
+	// every server's ssh_key_ref are refused anyway.
+	OwnRefs []string
 	// DeploySSHUser is the user deploys log in as on servers that are not
 	// registered, and the user setup_server.yml creates.
 	DeploySSHUser string
@@ -168,7 +186,12 @@ type Deps struct {
 	Locker   *store.Locker // run locks; nil: a Locker keeping no idle sessions
 	Redis    redis.UniversalClient
 	Producer *stream.Producer
-	Secrets  *secrets.Resolver
+	// Secrets resolves the service's own references (SSH keys).
+	Secrets *secrets.Resolver
+	// Project resolves the references requests carry, with backends of
+	// their own (secrets.OpenProject): never the service's own.
+	Project  *secrets.Resolver
+	Authz    Authorizer
 	Redactor *secrets.Redactor
 	SSH      SSHChecker
 	Runner   Runner
@@ -199,8 +222,8 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 		return nil, err
 	}
 	cfg.ProgressMaxLen = cmp.Or(cfg.ProgressMaxLen, 10_000)
-	if deps.DB == nil || deps.Redis == nil || deps.Producer == nil || deps.Secrets == nil ||
-		deps.Redactor == nil || deps.SSH == nil || deps.Runner == nil {
+	if deps.DB == nil || deps.Redis == nil || deps.Producer == nil || deps.Secrets == nil || deps.Project == nil ||
+		deps.Authz == nil || deps.Redactor == nil || deps.SSH == nil || deps.Runner == nil {
 		return nil, errors.New("jobs: missing dependency")
 	}
 	if deps.Clock == nil {

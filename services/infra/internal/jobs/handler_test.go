@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -191,6 +192,15 @@ func TestProvisionOutcomes(t *testing.T) {
 			wantServer: store.ServerFailed, wantRuns: 1, wantChecks: 1, wantRow: store.RunDone,
 		},
 		{
+			name: "spec refused by the runner",
+			run: func(context.Context, ansible.Spec) (*ansible.Result, error) {
+				return nil, fmt.Errorf("%w: spec: host alias too long", ansible.ErrInvalidSpec)
+			},
+			// Failed on the first delivery: running it again cannot help.
+			wantStatus: messages.StatusFailed, wantKind: messages.KindInternal, wantMsg: "cannot run",
+			wantServer: store.ServerFailed, wantRuns: 1, wantChecks: 1, wantRow: store.RunDone,
+		},
+		{
 			name: "unknown server", noServer: true,
 			wantStatus: messages.StatusRejected, wantKind: messages.KindServerNotFound, wantMsg: "no server with handle",
 		},
@@ -369,7 +379,7 @@ func TestFailedPlayResultIsRedacted(t *testing.T) {
 	msg := w.message(t, messages.StreamAnsibleDeployQueue, &messages.AnsibleDeployMessage{
 		RequestMeta: messages.RequestMeta{JobID: "deploy-1"}, ProjectID: "3f1c9f2e-8a57-4d6b-9a0e-2b1f4c5d6e7f",
 		RepoFullName: "acme/shop", Branch: "main", ServerIP: "192.0.2.20", Port: 8080,
-		GitHubTokenRef: "env:AUTOPROV_SECRET_GH", SecretsRef: "env:AUTOPROV_SECRET_PROJECT",
+		GitHubTokenRef: "env:AUTOPROV_PROJECT_GH", SecretsRef: "env:AUTOPROV_PROJECT_ENV",
 	}, 1)
 	if err := handle(t, h, nil, msg, nil); err != nil {
 		t.Fatal(err)

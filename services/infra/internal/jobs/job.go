@@ -45,7 +45,8 @@ type job struct {
 	run      *store.Run        // set once the run row is ours
 	playbook string            // what the run is for (result.playbook unless a play says otherwise)
 	red      *secrets.Redactor // this job's secrets; released when the job ends
-	res      *secrets.Resolver // resolves into red
+	res      *secrets.Resolver // the service's own references; resolves into red
+	project  *secrets.Resolver // the request's references; resolves into red
 	prog     *progress         // nil until the run starts
 	runOut   *runOutput        // the run's full output, on its way to the run log store
 	// timeoutCap is the request's own time limit (timeout_seconds); 0: none.
@@ -73,6 +74,7 @@ func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *mess
 		started:      h.Now(),
 		red:          red,
 		res:          h.Secrets.WithRedactor(red),
+		project:      h.Project.WithRedactor(red),
 	}
 }
 
@@ -115,7 +117,9 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 // failed.
 func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) (*outcome, error)) error {
 	db := j.h.DB
-	if r, err := store.GetRun(ctx, db, j.id); err == nil && r.State == store.RunDone {
+	if r, err := store.GetRun(ctx, db, j.id); err == nil && r.Kind != j.kind {
+		return j.kindConflict(ctx, r)
+	} else if err == nil && r.State == store.RunDone {
 		return j.republish(ctx, r)
 	} else if err != nil && !errors.Is(err, store.ErrRunNotFound) {
 		return j.infraError(ctx, fmt.Errorf("read run: %w", err))
@@ -153,6 +157,9 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	}
 	j.playbook = playbook
 	run, started, err := store.StartRun(ctx, db, start)
+	if errors.Is(err, store.ErrJobKindConflict) {
+		return j.kindConflict(ctx, run)
+	}
 	if err != nil {
 		return j.infraError(ctx, fmt.Errorf("start run: %w", err))
 	}
@@ -335,6 +342,14 @@ func setServerStatus(ctx context.Context, q store.Querier, handle, jobID, status
 		return false, fmt.Errorf("set server %s %s: %w", handle, status, err)
 	}
 	return changed, nil
+}
+
+// kindConflict rejects a request whose job id is already the id of a job
+// of another kind: a job id names one job, and the other job's result must
+// not be published as this one's.
+func (j *job) kindConflict(ctx context.Context, r *store.Run) error {
+	return j.end(ctx, fail(messages.StatusRejected, messages.KindInvalidMessage,
+		"job_id %q is already the id of a %s job; use a new job_id", j.id, r.Kind))
 }
 
 // republish publishes a stored result again (a redelivered request).

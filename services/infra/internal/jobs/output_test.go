@@ -112,7 +112,7 @@ func TestRunOutputIsStored(t *testing.T) {
 			msg := w.message(t, messages.StreamAnsibleDeployQueue, &messages.AnsibleDeployMessage{
 				RequestMeta: messages.RequestMeta{JobID: jobID}, ProjectID: "3f1c9f2e-8a57-4d6b-9a0e-2b1f4c5d6e7f",
 				RepoFullName: "acme/shop", Branch: "main", ServerIP: "192.0.2.20", Port: 22,
-				GitHubTokenRef: "env:AUTOPROV_SECRET_GH", TimeoutSeconds: tc.timeout,
+				GitHubTokenRef: "env:AUTOPROV_PROJECT_GH", TimeoutSeconds: tc.timeout,
 			}, 1)
 			err := handle(t, h, f.runner.started, msg, tc.interrupt)
 			if tc.wantErr != nil {

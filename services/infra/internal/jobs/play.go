@@ -2,24 +2,33 @@ package jobs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"regexp"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
-// aliasRE is what an inventory host name may look like.
-var aliasRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+// aliasRE is what an inventory host name may look like (ansible.Host).
+var aliasRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
-// hostAlias names the endpoint in the inventory: the server's handle, or
-// the address when it fits, or "target".
+// hostAlias names the endpoint in the inventory, and so its fact cache
+// file: one name per server, never shared. A server's handle when it is a
+// valid name, else "h-" and a hash of the handle; without a server, the
+// address when it is a valid name, else "a-" and a hash of the address.
 func hostAlias(handle, address string) string {
-	for _, s := range []string{handle, address} {
-		if aliasRE.MatchString(s) {
-			return s
-		}
+	name, prefix := address, "a-"
+	if handle != "" {
+		name, prefix = handle, "h-"
 	}
-	return "target"
+	if aliasRE.MatchString(name) {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return prefix + hex.EncodeToString(sum[:12])
 }
 
 // play runs one playbook against the endpoint. It returns an error only when
@@ -57,6 +66,11 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 			}
 		},
 	})
+	if errors.Is(err, ansible.ErrInvalidSpec) {
+		// Running it again cannot help: the job fails now, not after every
+		// delivery.
+		return nil, fail(messages.StatusFailed, messages.KindInternal, "%s cannot run: %v", playbook, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("run %s: %w", playbook, err)
 	}

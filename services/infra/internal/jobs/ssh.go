@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -67,7 +68,13 @@ func (j *job) sshCredentials(ctx context.Context) (*credentials, error) {
 // resolve resolves a secret reference for the job. Errors in the reference
 // or its content end the job; an unavailable backend is retried.
 func (j *job) resolve(ctx context.Context, what, ref string) (secrets.Value, error) {
-	v, err := j.res.Resolve(ctx, ref)
+	return j.resolveWith(ctx, j.res, what, ref)
+}
+
+// resolveWith resolves ref with res (the service's own resolver, or the
+// project resolver for the references a request carries).
+func (j *job) resolveWith(ctx context.Context, res *secrets.Resolver, what, ref string) (secrets.Value, error) {
+	v, err := res.Resolve(ctx, ref)
 	switch {
 	case err == nil:
 		return v, nil
@@ -116,6 +123,11 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 	case err == nil:
 	case ctx.Err() != nil:
 		return "", context.Cause(ctx)
+	case errors.As(err, &unreachable) && j.server == nil:
+		// An unregistered target gets the words a refused one gets, without
+		// the connection error: no probing of networks through infra.
+		j.log.Warn().Str("error", err.Error()).Msg("unregistered deploy target did not answer SSH")
+		return "", fail(messages.StatusUnreachable, messages.KindSSHUnreachable, "%s", authz.UnreachableMessage(ep.address, ep.port))
 	case errors.As(err, &unreachable):
 		return "", fail(messages.StatusUnreachable, messages.KindSSHUnreachable,
 			"%s:%d did not answer SSH: %v", ep.address, ep.port, err)

@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/clock/clocktest"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
@@ -43,6 +45,24 @@ type world struct {
 	// hostKey and otherHostKey are server host keys (authorized_keys).
 	hostKey, otherHostKey string
 	seq                   atomic.Int64
+	// lookups counts the env: reads of each variable, by both resolvers.
+	lookups sync.Map // name -> *atomic.Int64
+}
+
+// lookupEnv serves w.env and counts the reads.
+func (w *world) lookupEnv(name string) (string, bool) {
+	n, _ := w.lookups.LoadOrStore(name, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
+	v, ok := w.env[name]
+	return v, ok
+}
+
+// looked returns how often name was read.
+func (w *world) looked(name string) int64 {
+	if n, ok := w.lookups.Load(name); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 const (
@@ -67,6 +87,9 @@ func newWorld(t *testing.T) *world {
 		"AUTOPROV_SECRET_GH":        ghToken,
 		"AUTOPROV_SECRET_PROJECT":   projectEv,
 		"AUTOPROV_SECRET_NOT_KEY":   "this is not a private key",
+		// What the project resolver serves (PROJECT_SECRETS_ENV_PREFIX).
+		"AUTOPROV_PROJECT_GH":  ghToken,
+		"AUTOPROV_PROJECT_ENV": projectEv,
 	}
 	return w
 }
@@ -137,6 +160,16 @@ func config() jobs.Config {
 	}
 }
 
+// authzConfig is the operator policy of the tests: unregistered targets in
+// 192.0.2.0/24 (TEST-NET-1, never dialed: the SSH checker is a fake), and
+// env: references of the project resolver's prefix. The template of a
+// server key is an operator's slip that the rule on the service's own
+// credentials must catch (TestDeployAuthorization).
+var authzConfig = authz.Config{
+	AllowNetworks: []string{"192.0.2.0/24"},
+	SecretRefs:    []string{"env:AUTOPROV_PROJECT_*", "vault:secret/projects/{project_id}/**", "env:AUTOPROV_SECRET_SERVERKEY"},
+}
+
 // handler returns a Handler over the world and f, its config changed by mod.
 func (w *world) handler(t *testing.T, f *fakes, mod func(*jobs.Config)) *jobs.Handler {
 	t.Helper()
@@ -148,8 +181,21 @@ func (w *world) handler(t *testing.T, f *fakes, mod func(*jobs.Config)) *jobs.Ha
 	res, err := secrets.Open(context.Background(), secrets.Config{EnvPrefix: "AUTOPROV_SECRET_"}, secrets.Deps{
 		Logger:    zerolog.Nop(),
 		Redactor:  red,
-		LookupEnv: func(name string) (string, bool) { v, ok := w.env[name]; return v, ok },
+		LookupEnv: w.lookupEnv,
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	project, err := secrets.OpenProject(context.Background(), secrets.ProjectConfig{EnvPrefix: "AUTOPROV_PROJECT_"},
+		secrets.Config{EnvPrefix: "AUTOPROV_SECRET_"}, secrets.Deps{
+			Logger:    zerolog.Nop(),
+			Redactor:  red,
+			LookupEnv: w.lookupEnv,
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	az, err := authz.New(authzConfig, authz.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +204,8 @@ func (w *world) handler(t *testing.T, f *fakes, mod func(*jobs.Config)) *jobs.Ha
 		Redis:    w.rdb,
 		Producer: stream.NewProducer(w.rdb, stream.ProducerOptions{}),
 		Secrets:  res,
+		Project:  project,
+		Authz:    az,
 		Redactor: red,
 		SSH:      f.ssh,
 		Runner:   f.runner,

@@ -1,0 +1,282 @@
+package stream_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+// The streams and keys of the system (pkg/messages names them; this
+// package does not import it).
+const (
+	provisionerQueue   = "provisioner:queue"
+	deployQueue        = "ansible:deploy:queue"
+	provisionerResults = "provisioner:results"
+	deployResults      = "deploy:results"
+)
+
+// aclRedis starts a redis-server with the shipped ACL file
+// (deploy/redis/users.acl) turned on by scripts/redis-acl.sh, and returns
+// it with a client per role.
+func aclRedis(t *testing.T) (*testenv.RedisServer, map[string]*redis.Client) {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	pass := filepath.Join(dir, "passwords")
+	users := []string{"admin", "scheduler", "deployer", "infra"}
+	script := filepath.Join(root, "scripts", "redis-acl.sh")
+	if out, err := exec.Command("bash", append([]string{script, "passwords", pass}, users...)...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-acl.sh passwords: %v\n%s", err, out)
+	}
+	acl, err := exec.Command("bash", script, "render", filepath.Join(root, "deploy", "redis", "users.acl"), pass).Output()
+	if err != nil {
+		t.Fatalf("redis-acl.sh render: %v", err)
+	}
+	if bytes.Contains(acl, []byte(">")) {
+		t.Fatal("the rendered ACL file holds a plain-text password")
+	}
+	aclFile := filepath.Join(dir, "users.acl")
+	if err := os.WriteFile(aclFile, acl, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := testenv.StartRedisServer(t, "--aclfile", aclFile)
+	clients := map[string]*redis.Client{}
+	for _, u := range users {
+		pw, err := os.ReadFile(filepath.Join(pass, u+".pass"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := u
+		clients[u] = srv.Client(func(o *redis.Options) {
+			o.Username, o.Password = u, strings.TrimSpace(string(pw))
+		})
+		if err := clients[u].Ping(context.Background()).Err(); err != nil {
+			t.Fatalf("%s cannot log in: %v", u, err)
+		}
+	}
+	return srv, clients
+}
+
+// lockedLog collects a zerolog output for inspection.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// runConsumer runs a consumer of group on streams for h until the test
+// ends, logging into log.
+func runConsumer(t *testing.T, rdb *redis.Client, group string, streams []string, log *lockedLog, h stream.Handler) {
+	t.Helper()
+	c, err := stream.NewConsumer(rdb, stream.Config{
+		Group: group, Streams: streams, Consumer: testenv.Unique("c-"),
+		Lease: time.Second, MaxDeliveries: 2, RetryBackoff: 50 * time.Millisecond,
+		Logger: zerolog.New(log),
+	}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	})
+}
+
+func noPerm(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "can't access"))
+}
+
+// TestACLRolesInRealRedis runs the stream runtime of each role under the
+// shipped ACL users in a real Redis: the scheduler and the deployer queue
+// requests, infra consumes them (dead-lettering a poison one, publishing
+// progress and results, reading a cancel key), and the requesters consume
+// the results; no command of the runtime is refused. Then each role tries
+// what it must not do, and is refused.
+func TestACLRolesInRealRedis(t *testing.T) {
+	_, rc := aclRedis(t)
+	ctx := context.Background()
+	log := &lockedLog{}
+
+	// infra: one consumer group on both request streams.
+	infraProducer := stream.NewProducer(rc["infra"], stream.ProducerOptions{})
+	runConsumer(t, rc["infra"], "infra", []string{provisionerQueue, deployQueue}, log,
+		stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+			switch string(msg.Data()) {
+			case "poison":
+				return stream.Permanent("invalid_message", errors.New("bad input"))
+			case "slow": // outlives half its lease: the heartbeat renews it
+				time.Sleep(1500 * time.Millisecond)
+			case "flaky": // fails once: redelivered after a backoff
+				if msg.Deliveries == 1 {
+					return errors.New("transient")
+				}
+			}
+			events := "job:" + string(msg.Data()) + ":events"
+			if _, err := infraProducer.Publish(ctx, events, []byte("run_started")); err != nil {
+				return err
+			}
+			if err := rc["infra"].Expire(ctx, events, time.Hour).Err(); err != nil {
+				return err
+			}
+			if err := rc["infra"].Exists(ctx, "job:"+string(msg.Data())+":cancel").Err(); err != nil {
+				return err
+			}
+			results := provisionerResults
+			if msg.Stream == deployQueue {
+				results = deployResults
+			}
+			_, err := infraProducer.Publish(ctx, results, append([]byte("result of "), msg.Data()...))
+			return err
+		}))
+
+	got := make(chan string, 10)
+	collect := stream.HandlerFunc(func(_ context.Context, msg *stream.Message) error {
+		got <- msg.Stream + " " + string(msg.Data())
+		return nil
+	})
+	runConsumer(t, rc["scheduler"], "scheduler", []string{provisionerResults}, log, collect)
+	runConsumer(t, rc["deployer"], "deployer", []string{deployResults}, log, collect)
+
+	if _, err := stream.NewProducer(rc["scheduler"], stream.ProducerOptions{}).Publish(ctx, provisionerQueue, []byte("prov-1")); err != nil {
+		t.Fatalf("scheduler cannot queue a provisioning request: %v", err)
+	}
+	for _, d := range []string{"poison", "slow", "flaky"} {
+		if _, err := stream.NewProducer(rc["scheduler"], stream.ProducerOptions{}).Publish(ctx, provisionerQueue, []byte(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := stream.NewProducer(rc["deployer"], stream.ProducerOptions{}).Publish(ctx, deployQueue, []byte("deploy-1")); err != nil {
+		t.Fatalf("deployer cannot queue a deploy: %v", err)
+	}
+	if err := rc["deployer"].Set(ctx, "job:deploy-1:cancel", "1", time.Minute).Err(); err != nil {
+		t.Fatalf("deployer cannot cancel: %v", err)
+	}
+	want := map[string]bool{provisionerResults + " result of prov-1": true, deployResults + " result of deploy-1": true,
+		provisionerResults + " result of slow": true, provisionerResults + " result of flaky": true}
+	for len(want) > 0 {
+		select {
+		case g := <-got:
+			if !want[g] {
+				t.Fatalf("unexpected result %q", g)
+			}
+			delete(want, g)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("results missing: %v\nlog:\n%s", want, log.String())
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the poison request dead-lettered", func() bool {
+		n, _ := rc["admin"].XLen(ctx, provisionerQueue+stream.DeadLetterSuffix).Result()
+		return n == 1
+	})
+	// The requesters follow progress.
+	for _, u := range []string{"scheduler", "deployer"} {
+		if evs, err := rc[u].XRange(ctx, "job:deploy-1:events", "-", "+").Result(); err != nil || len(evs) != 1 {
+			t.Errorf("%s reads progress: %v %v", u, evs, err)
+		}
+	}
+	if strings.Contains(log.String(), "NOPERM") || strings.Contains(log.String(), "can't access") {
+		t.Fatalf("the stream runtime ran a command its role may not:\n%s", log.String())
+	}
+
+	// What each role must not do.
+	forbidden := map[string][]func() error{
+		"infra": {
+			func() error {
+				return rc["infra"].XAdd(ctx, &redis.XAddArgs{Stream: provisionerQueue, Values: map[string]any{"data": "x"}}).Err()
+			},
+			func() error {
+				return rc["infra"].XAdd(ctx, &redis.XAddArgs{Stream: deployQueue, Values: map[string]any{"data": "x"}}).Err()
+			},
+			func() error {
+				return rc["infra"].Eval(ctx, "return redis.call('XADD', KEYS[1], '*', 'data', 'x')", []string{provisionerQueue}).Err()
+			},
+			func() error {
+				return rc["infra"].Eval(ctx, "return redis.call('XADD', 'ansible:deploy:queue', '*', 'd', 'x')", nil).Err()
+			},
+			func() error { return rc["infra"].Set(ctx, "job:x:cancel", "1", 0).Err() },
+			func() error { return rc["infra"].Del(ctx, provisionerResults).Err() },
+			func() error { return rc["infra"].Expire(ctx, provisionerResults, time.Second).Err() },
+			func() error { return rc["infra"].Keys(ctx, "*").Err() },
+			func() error { return rc["infra"].ConfigGet(ctx, "*").Err() },
+			func() error { return rc["infra"].FlushAll(ctx).Err() },
+		},
+		"scheduler": {
+			func() error {
+				return rc["scheduler"].XAdd(ctx, &redis.XAddArgs{Stream: deployQueue, Values: map[string]any{"data": "x"}}).Err()
+			},
+			func() error {
+				return rc["scheduler"].XAdd(ctx, &redis.XAddArgs{Stream: provisionerResults, Values: map[string]any{"data": "forged"}}).Err()
+			},
+			func() error {
+				return rc["scheduler"].XAdd(ctx, &redis.XAddArgs{Stream: "job:x:events", Values: map[string]any{"data": "x"}}).Err()
+			},
+			func() error {
+				return rc["scheduler"].XReadGroup(ctx, &redis.XReadGroupArgs{Group: "infra", Consumer: "thief",
+					Streams: []string{provisionerQueue, ">"}, Count: 1, Block: -1}).Err()
+			},
+			func() error { return rc["scheduler"].XRange(ctx, provisionerQueue, "-", "+").Err() },
+			func() error { return rc["scheduler"].Set(ctx, "job:x:cancel", "1", 0).Err() },
+		},
+		"deployer": {
+			func() error {
+				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: provisionerQueue, Values: map[string]any{"data": "x"}}).Err()
+			},
+			func() error {
+				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: deployResults, Values: map[string]any{"data": "forged"}}).Err()
+			},
+			func() error {
+				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: "job:x:events", Values: map[string]any{"data": "x"}}).Err()
+			},
+			func() error {
+				return rc["deployer"].XReadGroup(ctx, &redis.XReadGroupArgs{Group: "infra", Consumer: "thief",
+					Streams: []string{deployQueue, ">"}, Count: 1, Block: -1}).Err()
+			},
+			func() error { return rc["deployer"].XRange(ctx, deployQueue, "-", "+").Err() },
+		},
+	}
+	for role, tries := range forbidden {
+		for i, try := range tries {
+			if err := try(); !noPerm(err) {
+				t.Errorf("%s, forbidden command %d: err = %v, want a refusal by the ACL", role, i, err)
+			}
+		}
+	}
+	// Without a user nothing works: the default user is off.
+	anon := redis.NewClient(&redis.Options{Addr: rc["admin"].Options().Addr})
+	defer anon.Close()
+	if err := anon.XAdd(ctx, &redis.XAddArgs{Stream: provisionerQueue, Values: map[string]any{"data": "x"}}).Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Errorf("anonymous XADD: %v, want NOAUTH", err)
+	}
+}
