@@ -1,0 +1,228 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+)
+
+// nullTime maps the zero time to NULL.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// write stores the scheduler-owned columns of srv (as the caller changed
+// them) by compare-and-set on srv.Version and returns the row as written.
+func write(ctx context.Context, q store.Querier, srv *Server) (*Server, error) {
+	out, err := scanServer(q.QueryRow(ctx, `UPDATE servers SET
+		status = $3, last_error = NULLIF($4, ''), last_job_id = NULLIF($5, ''), attempts = $6,
+		notified_status = NULLIF($7, ''), paused = $8, requested_action = NULLIF($9, ''),
+		requested_by = NULLIF($10, ''), requested_at = $11, pending_job_id = NULLIF($12, ''),
+		pending_action = NULLIF($13, ''), queued_at = $14, next_attempt_at = $15,
+		retries_exhausted = $16, last_recovery_at = $17, orphaned_from = NULLIF($18, '')
+		WHERE handle = $1 AND version = $2 RETURNING `+serverColumns,
+		srv.Handle, srv.Version, srv.Status, srv.LastError, srv.LastJobID, srv.Attempts,
+		srv.NotifiedStatus, srv.Paused, string(srv.RequestedAction),
+		srv.RequestedBy, nullTime(srv.RequestedAt), srv.PendingJobID,
+		string(srv.PendingAction), nullTime(srv.QueuedAt), nullTime(srv.NextAttemptAt),
+		srv.RetriesExhausted, nullTime(srv.LastRecoveryAt), srv.OrphanedFrom))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("update server %s from version %d: %w", srv.Handle, srv.Version, ErrConflict)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("update server %s: %w", srv.Handle, err)
+	}
+	return out, nil
+}
+
+// change runs fn on the server, read and locked in a transaction, and
+// commits what fn did. fn changes srv and returns the history rows to
+// write (none leaves the server as it is); the server is written by
+// compare-and-set when it changed. The transaction holds the row lock, so
+// other writers (infra's compare-and-set) wait and then see a new version.
+func (s *Store) change(ctx context.Context, handle string, fn func(tx pgx.Tx, srv *Server) ([]History, error)) (*Server, error) {
+	var out *Server
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		srv, err := getServer(ctx, tx, handle, true)
+		if err != nil {
+			return err
+		}
+		before := *srv
+		hist, err := fn(tx, srv)
+		if err != nil {
+			return err
+		}
+		out = srv
+		if len(hist) == 0 {
+			return nil
+		}
+		if changed(&before, srv) {
+			if out, err = write(ctx, tx, srv); err != nil {
+				return err
+			}
+		}
+		now := s.now()
+		for _, h := range hist {
+			h.Handle = handle
+			if err := addHistory(ctx, tx, h, now); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// changed reports whether a scheduler-owned column differs.
+func changed(a, b *Server) bool {
+	return a.Status != b.Status || a.LastError != b.LastError || a.LastJobID != b.LastJobID ||
+		a.Attempts != b.Attempts || a.NotifiedStatus != b.NotifiedStatus || a.Paused != b.Paused ||
+		a.RequestedAction != b.RequestedAction || a.RequestedBy != b.RequestedBy ||
+		!a.RequestedAt.Equal(b.RequestedAt) || a.PendingJobID != b.PendingJobID ||
+		a.PendingAction != b.PendingAction || !a.QueuedAt.Equal(b.QueuedAt) ||
+		!a.NextAttemptAt.Equal(b.NextAttemptAt) || a.RetriesExhausted != b.RetriesExhausted ||
+		!a.LastRecoveryAt.Equal(b.LastRecoveryAt) || a.OrphanedFrom != b.OrphanedFrom
+}
+
+func checkActor(actor string) error {
+	if strings.TrimSpace(actor) == "" || len(actor) > 200 {
+		return fmt.Errorf("%w: actor must be 1-200 characters", ErrInvalid)
+	}
+	return nil
+}
+
+// TransitionRequest is a status change asked of Transition.
+type TransitionRequest struct {
+	Handle string
+	// Version, when not 0, is the version the caller read: the change is
+	// made only if the server is still at it (else ErrConflict).
+	Version int64
+	// From, when not empty, lists the statuses the change is allowed from
+	// (else ErrNotAllowed).
+	From []string
+	To   string
+	// Reason says why; JobID names the job it is about (may be "").
+	Reason string
+	JobID  string
+	// Actor says who: "scheduler", "infra", an operator's name.
+	Actor string
+	// Error is recorded as the server's last error ("" clears it).
+	Error string
+}
+
+// Transition moves a server to another status by compare-and-set, with its
+// history row, and queues a notification when the new status is notifiable
+// (READY, UNREACHABLE) and not yet notified. It is the general door for
+// changes the specific operations do not cover (for example infra marking a
+// server UNREACHABLE).
+func (s *Store) Transition(ctx context.Context, t TransitionRequest) (*Server, error) {
+	if !ValidStatus(t.To) {
+		return nil, fmt.Errorf("%w: unknown status %q", ErrInvalid, t.To)
+	}
+	if err := checkActor(t.Actor); err != nil {
+		return nil, err
+	}
+	return s.change(ctx, t.Handle, func(tx pgx.Tx, srv *Server) ([]History, error) {
+		if t.Version != 0 && srv.Version != t.Version {
+			return nil, fmt.Errorf("transition server %s: version %d, not %d: %w", srv.Handle, srv.Version, t.Version, ErrConflict)
+		}
+		if len(t.From) > 0 && !containsStr(t.From, srv.Status) {
+			return nil, fmt.Errorf("transition server %s to %s: it is %s, not %s: %w",
+				srv.Handle, t.To, srv.Status, strings.Join(t.From, " or "), ErrNotAllowed)
+		}
+		from := srv.Status
+		srv.Status, srv.LastError = t.To, t.Error
+		if t.JobID != "" {
+			srv.LastJobID = t.JobID
+		}
+		if err := s.maybeNotify(ctx, tx, srv); err != nil {
+			return nil, err
+		}
+		return []History{{Event: EventTransition, From: from, To: t.To, Reason: t.Reason, JobID: t.JobID, Actor: t.Actor}}, nil
+	})
+}
+
+func containsStr(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// RequestAction records an operator's request for action on a server
+// (provision, recovery, rebuild). The reconcile loop turns it into one
+// ProvisionerMessage as soon as no job of the server is in flight (and the
+// server is not paused); a newer request replaces an open one. Requests on
+// ORPHANED servers are refused (ErrNotAllowed): their source dropped them.
+// A FAILED server whose retries were exhausted gets a fresh budget.
+func (s *Store) RequestAction(ctx context.Context, handle string, action Action, actor, reason string) (*Server, error) {
+	if !action.Valid() {
+		return nil, fmt.Errorf("%w: unknown action %q (want provision, recovery or rebuild)", ErrInvalid, action)
+	}
+	if err := checkActor(actor); err != nil {
+		return nil, err
+	}
+	return s.change(ctx, handle, func(_ pgx.Tx, srv *Server) ([]History, error) {
+		if srv.Status == StatusOrphaned {
+			return nil, fmt.Errorf("request %s of server %s: it is ORPHANED (its source no longer lists it): %w",
+				action, handle, ErrNotAllowed)
+		}
+		srv.RequestedAction, srv.RequestedBy, srv.RequestedAt = action, actor, s.now()
+		srv.RetriesExhausted = false
+		if srv.Status == StatusFailed {
+			srv.Attempts = 0
+		}
+		r := "requested " + string(action)
+		if reason != "" {
+			r += ": " + reason
+		}
+		if srv.Paused {
+			r += " (the server is paused: it waits for resume)"
+		}
+		return []History{{Event: EventRequested, From: srv.Status, To: srv.Status, Reason: r, Actor: actor}}, nil
+	})
+}
+
+// Pause takes a server out of the reconcile loop and the health checks. A
+// job in flight finishes; its result is recorded. Pausing a paused server
+// changes nothing.
+func (s *Store) Pause(ctx context.Context, handle, actor, reason string) (*Server, error) {
+	return s.setPaused(ctx, handle, true, actor, reason)
+}
+
+// Resume puts a paused server back into the loop. Resuming a server that is
+// not paused changes nothing.
+func (s *Store) Resume(ctx context.Context, handle, actor, reason string) (*Server, error) {
+	return s.setPaused(ctx, handle, false, actor, reason)
+}
+
+func (s *Store) setPaused(ctx context.Context, handle string, paused bool, actor, reason string) (*Server, error) {
+	if err := checkActor(actor); err != nil {
+		return nil, err
+	}
+	return s.change(ctx, handle, func(_ pgx.Tx, srv *Server) ([]History, error) {
+		if srv.Paused == paused {
+			return nil, nil
+		}
+		srv.Paused = paused
+		ev := EventResumed
+		if paused {
+			ev = EventPaused
+		}
+		return []History{{Event: ev, From: srv.Status, To: srv.Status, Reason: reason, Actor: actor}}, nil
+	})
+}

@@ -1,0 +1,323 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+)
+
+// SourceManual is the source of servers inserted by hand; detectors never
+// sync, orphan or take over manual servers.
+const SourceManual = "manual"
+
+// Detected is a server as a source lists it.
+type Detected struct {
+	Handle  string
+	Address string
+	// SSHPort defaults to 22, SSHUser to root.
+	SSHPort int
+	SSHUser string
+	Labels  map[string]string
+	// ProviderID is the server's id at its provider ("" for none).
+	ProviderID string
+	// SSHKeyRef is a secret reference of the SSH key ("" keeps the
+	// server's, or the default key).
+	SSHKeyRef string
+}
+
+var handleRE = regexp.MustCompile(messages.ServerHandlePattern)
+
+// Validate checks what Postgres would refuse, with a message naming the server.
+func (d *Detected) Validate() error {
+	var errs []string
+	if !handleRE.MatchString(d.Handle) {
+		errs = append(errs, "handle must match "+messages.ServerHandlePattern)
+	}
+	if strings.TrimSpace(d.Address) == "" {
+		errs = append(errs, "address is empty")
+	}
+	if d.SSHPort < 0 || d.SSHPort > 65535 {
+		errs = append(errs, "ssh port "+strconv.Itoa(d.SSHPort)+" not in 1..65535")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("server %q: %s", d.Handle, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func (d *Detected) normalize() {
+	if d.SSHPort == 0 {
+		d.SSHPort = 22
+	}
+	if d.SSHUser == "" {
+		d.SSHUser = "root"
+	}
+	if d.Labels == nil {
+		d.Labels = map[string]string{}
+	}
+}
+
+// Hash fingerprints what the source says of the server.
+func (d *Detected) Hash() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%d\x00%s\x00%s\x00%s\x00", d.Address, d.SSHPort, d.SSHUser, d.ProviderID, d.SSHKeyRef)
+	for _, k := range slices.Sorted(maps.Keys(d.Labels)) {
+		fmt.Fprintf(h, "%s=%s\x00", k, d.Labels[k])
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// SyncRequest is one source's complete listing, merged by the caller with
+// the other sources' (see the scheduler's detect package).
+type SyncRequest struct {
+	// Source is the source's name: "static:<file>", "time4vps", "ec2:<name>".
+	Source  string
+	Servers []Detected
+	// Keep lists handles other sources listed in the same tick: a server of
+	// Source that vanished from it but is in Keep is not orphaned (another
+	// source takes it over).
+	Keep map[string]bool
+	// TakeOverFrom lists the sources this source may take servers over from
+	// (those of lower precedence, and sources that no longer exist); servers
+	// of other sources with the same handle are left alone (Skipped).
+	TakeOverFrom []string
+	// MaxOrphan, when positive, is how many servers one sync may orphan: a
+	// listing that would orphan more is refused (ErrTooManyOrphans) and
+	// changes nothing, so a source answering an empty list by mistake does
+	// not orphan its fleet.
+	MaxOrphan int
+	Actor     string
+}
+
+// SyncStats counts what Sync did.
+type SyncStats struct {
+	Listed, Detected, Updated, Unchanged, Returned, Orphaned, Skipped int
+}
+
+// ErrTooManyOrphans: a sync would orphan more servers than allowed.
+var ErrTooManyOrphans = errors.New("sync would orphan too many servers")
+
+type existing struct {
+	hash, status string
+}
+
+// Sync applies a source's listing: new servers are created NEW, changed
+// ones updated (address, port, user, labels, provider id), ORPHANED ones
+// that are listed again return to the status they had (READY, FAILED,
+// UNREACHABLE, or the state of a job still in flight; NEW otherwise), and
+// servers of the source it no longer lists become ORPHANED (never deleted).
+// Unchanged servers cost no write. Every status change has its history
+// row. Call Sync only for a source whose listing succeeded: a failing
+// source must change nothing.
+func (s *Store) Sync(ctx context.Context, req SyncRequest) (SyncStats, error) {
+	var st SyncStats
+	if req.Source == "" || req.Source == SourceManual {
+		return st, fmt.Errorf("%w: sync needs a detector source, not %q", ErrInvalid, req.Source)
+	}
+	if err := checkActor(req.Actor); err != nil {
+		return st, err
+	}
+	st.Listed = len(req.Servers)
+	listed := make(map[string]*Detected, len(req.Servers))
+	for i := range req.Servers {
+		d := &req.Servers[i]
+		d.normalize()
+		if err := d.Validate(); err != nil {
+			return st, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		if listed[d.Handle] != nil {
+			return st, fmt.Errorf("%w: server %q listed twice by %s", ErrInvalid, d.Handle, req.Source)
+		}
+		listed[d.Handle] = d
+	}
+	rows, err := s.db.Query(ctx, `SELECT handle, COALESCE(source_hash, ''), status FROM servers WHERE source = $1`, req.Source)
+	if err != nil {
+		return st, fmt.Errorf("servers of %s: %w", req.Source, err)
+	}
+	have := make(map[string]existing)
+	var h, hash, status string
+	if _, err := pgx.ForEachRow(rows, []any{&h, &hash, &status}, func() error {
+		have[h] = existing{hash: hash, status: status}
+		return nil
+	}); err != nil {
+		return st, fmt.Errorf("servers of %s: %w", req.Source, err)
+	}
+
+	var fresh, changedList []*Detected
+	var returned, vanished []string
+	for _, d := range req.Servers {
+		d := listed[d.Handle]
+		e, ok := have[d.Handle]
+		switch {
+		case !ok:
+			fresh = append(fresh, d)
+		case e.hash != d.Hash():
+			changedList = append(changedList, d)
+		default:
+			st.Unchanged++
+		}
+		if ok && e.status == StatusOrphaned {
+			returned = append(returned, d.Handle)
+		}
+	}
+	for h, e := range have {
+		if listed[h] == nil && e.status != StatusOrphaned && !req.Keep[h] {
+			vanished = append(vanished, h)
+		}
+	}
+	if req.MaxOrphan > 0 && len(vanished) > req.MaxOrphan {
+		return st, fmt.Errorf("source %s no longer lists %d of its %d servers (limit %d): %w",
+			req.Source, len(vanished), len(have), req.MaxOrphan, ErrTooManyOrphans)
+	}
+	slices.Sort(vanished)
+	now := s.now()
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var hist historyBatch
+		if len(fresh) > 0 {
+			n, skipped, orphans, err := s.upsert(ctx, tx, req, fresh, &hist)
+			if err != nil {
+				return err
+			}
+			st.Detected, st.Skipped = n, skipped
+			returned = append(returned, orphans...)
+		}
+		if len(changedList) > 0 {
+			a := newDetectedArrays(changedList)
+			tag, err := tx.Exec(ctx, `UPDATE servers s SET address = x.address, ssh_port = x.port, ssh_user = x.usr,
+					labels = x.labels::jsonb, provider_id = COALESCE(NULLIF(x.provider, ''), s.provider_id),
+					ssh_key_ref = COALESCE(NULLIF(x.keyref, ''), s.ssh_key_ref), source_hash = x.hash, last_seen_at = $9
+				FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+					AS x(handle, address, port, usr, labels, provider, keyref, hash)
+				WHERE s.handle = x.handle AND s.source = $10`,
+				a.handles, a.addresses, a.ports, a.users, a.labels, a.providers, a.keyrefs, a.hashes, now, req.Source)
+			if err != nil {
+				return fmt.Errorf("update servers of %s: %w", req.Source, err)
+			}
+			st.Updated = int(tag.RowsAffected())
+		}
+		if len(returned) > 0 {
+			rows, err := tx.Query(ctx, `UPDATE servers SET
+					status = CASE WHEN orphaned_from IN ('READY', 'FAILED', 'UNREACHABLE') THEN orphaned_from
+						WHEN orphaned_from IN ('QUEUED', 'PROVISIONING') AND pending_job_id IS NOT NULL THEN orphaned_from
+						ELSE 'NEW' END,
+					orphaned_from = NULL, last_seen_at = $2
+				WHERE handle = ANY($1) AND status = 'ORPHANED' AND source = $3 RETURNING handle, status`, returned, now, req.Source)
+			if err != nil {
+				return fmt.Errorf("return servers of %s: %w", req.Source, err)
+			}
+			var h, to string
+			if _, err := pgx.ForEachRow(rows, []any{&h, &to}, func() error {
+				st.Returned++
+				hist.add(History{Handle: h, Event: EventReturned, From: StatusOrphaned, To: to,
+					Reason: "listed by " + req.Source + " again", Actor: req.Actor})
+				return nil
+			}); err != nil {
+				return fmt.Errorf("return servers of %s: %w", req.Source, err)
+			}
+		}
+		if len(vanished) > 0 {
+			rows, err := tx.Query(ctx, `UPDATE servers s SET orphaned_from = s.status, status = 'ORPHANED'
+				FROM servers old WHERE old.handle = s.handle
+				  AND s.handle = ANY($1) AND s.source = $2 AND s.status <> 'ORPHANED'
+				RETURNING s.handle, old.status`, vanished, req.Source)
+			if err != nil {
+				return fmt.Errorf("orphan servers of %s: %w", req.Source, err)
+			}
+			var h, from string
+			if _, err := pgx.ForEachRow(rows, []any{&h, &from}, func() error {
+				st.Orphaned++
+				hist.add(History{Handle: h, Event: EventOrphaned, From: from, To: StatusOrphaned,
+					Reason: req.Source + " no longer lists it", Actor: req.Actor})
+				return nil
+			}); err != nil {
+				return fmt.Errorf("orphan servers of %s: %w", req.Source, err)
+			}
+		}
+		return hist.write(ctx, tx, now)
+	})
+	if err != nil {
+		return SyncStats{Listed: st.Listed}, err
+	}
+	return st, nil
+}
+
+type detectedArrays struct {
+	handles, addresses, users, labels, providers, keyrefs, hashes []string
+	ports                                                         []int32
+}
+
+func newDetectedArrays(list []*Detected) detectedArrays {
+	var a detectedArrays
+	for _, d := range list {
+		lb, _ := json.Marshal(d.Labels) // a map of strings always marshals
+		a.handles = append(a.handles, d.Handle)
+		a.addresses = append(a.addresses, d.Address)
+		a.ports = append(a.ports, int32(d.SSHPort))
+		a.users = append(a.users, d.SSHUser)
+		a.labels = append(a.labels, string(lb))
+		a.providers = append(a.providers, d.ProviderID)
+		a.keyrefs = append(a.keyrefs, d.SSHKeyRef)
+		a.hashes = append(a.hashes, d.Hash())
+	}
+	return a
+}
+
+// upsert inserts new servers of the source, or takes over servers of the
+// sources it may take over from; others with the same handle are skipped.
+// It returns how many it wrote and skipped, and the taken-over servers that
+// are ORPHANED (to return).
+func (s *Store) upsert(ctx context.Context, tx pgx.Tx, req SyncRequest, list []*Detected, hist *historyBatch) (int, int, []string, error) {
+	a := newDetectedArrays(list)
+	takeOver := req.TakeOverFrom
+	if takeOver == nil {
+		takeOver = []string{}
+	}
+	rows, err := tx.Query(ctx, `INSERT INTO servers (handle, address, ssh_port, ssh_user, labels, provider_id, ssh_key_ref,
+			source_hash, source, last_seen_at)
+		SELECT x.handle, x.address, x.port, x.usr, x.labels::jsonb, NULLIF(x.provider, ''), NULLIF(x.keyref, ''), x.hash, $9, $10
+		FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+			AS x(handle, address, port, usr, labels, provider, keyref, hash)
+		ON CONFLICT (handle) DO UPDATE SET source = EXCLUDED.source, address = EXCLUDED.address,
+			ssh_port = EXCLUDED.ssh_port, ssh_user = EXCLUDED.ssh_user, labels = EXCLUDED.labels,
+			provider_id = COALESCE(EXCLUDED.provider_id, servers.provider_id),
+			ssh_key_ref = COALESCE(EXCLUDED.ssh_key_ref, servers.ssh_key_ref),
+			source_hash = EXCLUDED.source_hash, last_seen_at = EXCLUDED.last_seen_at
+		WHERE servers.source = ANY($11) AND servers.source <> 'manual'
+		RETURNING handle, (xmax = 0), status`,
+		a.handles, a.addresses, a.ports, a.users, a.labels, a.providers, a.keyrefs, a.hashes, req.Source, s.now(), takeOver)
+	if err != nil {
+		return 0, 0, nil, fmt.Errorf("insert servers of %s: %w", req.Source, err)
+	}
+	n := 0
+	var orphans []string
+	var h, status string
+	var inserted bool
+	if _, err := pgx.ForEachRow(rows, []any{&h, &inserted, &status}, func() error {
+		n++
+		if inserted {
+			hist.add(History{Handle: h, Event: EventDetected, To: status, Reason: "listed by " + req.Source, Actor: req.Actor})
+		} else {
+			if status == StatusOrphaned {
+				orphans = append(orphans, h)
+			}
+			hist.add(History{Handle: h, Event: EventDetected, From: status, To: status,
+				Reason: "taken over by " + req.Source + " (source precedence)", Actor: req.Actor})
+		}
+		return nil
+	}); err != nil {
+		return 0, 0, nil, fmt.Errorf("insert servers of %s: %w", req.Source, err)
+	}
+	return n, len(list) - n, orphans, nil
+}
