@@ -83,7 +83,7 @@ func (s *Store) Deliver(ctx context.Context, channel string, limit int, send Sen
 		return 0, fmt.Errorf("%w: limit %d", ErrInvalid, limit)
 	}
 	n := 0
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := txWithEffect(ctx, s.db, func(tx pgx.Tx, effectDone func() context.Context) error {
 		var got bool
 		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, channelLockKey(channel)).Scan(&got); err != nil {
 			return fmt.Errorf("lock channel %s: %w", channel, err)
@@ -113,6 +113,7 @@ func (s *Store) Deliver(ctx context.Context, channel string, limit int, send Sen
 		if err := send(ctx, batch); err != nil {
 			return err
 		}
+		ctx := effectDone()
 		ids := make([]int64, len(batch))
 		for i, x := range batch {
 			ids[i] = x.ID

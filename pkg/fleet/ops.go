@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
@@ -225,4 +226,34 @@ func (s *Store) setPaused(ctx context.Context, handle string, paused bool, actor
 		}
 		return []History{{Event: ev, From: srv.Status, To: srv.Status, Reason: reason, Actor: actor}}, nil
 	})
+}
+
+// txWithEffect runs fn in a transaction around a side effect outside
+// Postgres (a publish to Redis, a message to Slack). fn calls effectDone
+// as soon as the effect happened and uses the context it returns from then
+// on: the rest of the transaction and its commit run on a context that
+// shutdown does not cancel (bounded by a timeout), so a graceful stop never
+// loses the record of an effect that already happened.
+func txWithEffect(ctx context.Context, db *pgxpool.Pool, fn func(tx pgx.Tx, effectDone func() context.Context) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	cur := ctx
+	cancel := context.CancelFunc(func() {})
+	defer func() { cancel() }()
+	effectDone := func() context.Context {
+		cur, cancel = context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		return cur
+	}
+	if err := fn(tx, effectDone); err != nil {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer rcancel()
+		_ = tx.Rollback(rctx)
+		return err
+	}
+	if err := tx.Commit(cur); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
 }

@@ -35,7 +35,7 @@ func (s *Store) Relay(ctx context.Context, limit int, actor string, publish Publ
 		return 0, fmt.Errorf("%w: limit %d", ErrInvalid, limit)
 	}
 	n := 0
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := txWithEffect(ctx, s.db, func(tx pgx.Tx, effectDone func() context.Context) error {
 		rows, err := tx.Query(ctx, `SELECT id, stream, COALESCE(handle, ''), job_id, payload FROM outbox
 			WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
 		if err != nil {
@@ -56,6 +56,7 @@ func (s *Store) Relay(ctx context.Context, limit int, actor string, publish Publ
 		if err != nil {
 			return fmt.Errorf("publish %d outbox entries: %w", len(entries), err)
 		}
+		ctx := effectDone()
 		if len(ids) != len(entries) {
 			return fmt.Errorf("publish returned %d ids for %d entries", len(ids), len(entries))
 		}
