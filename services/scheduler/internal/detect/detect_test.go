@@ -11,9 +11,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	t4v "github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps/time4vpstest"
-	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/detect"
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/detect/ec2"
