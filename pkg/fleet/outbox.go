@@ -52,6 +52,18 @@ func (s *Store) Relay(ctx context.Context, limit int, actor string, publish Publ
 		if len(entries) == 0 {
 			return nil
 		}
+		// Lock the servers before publishing (in handle order, as Queue
+		// does), so that nothing after the publish can deadlock and roll
+		// back the record of it.
+		lockHandles := make([]string, 0, len(entries))
+		for _, e := range entries {
+			if e.Handle != "" {
+				lockHandles = append(lockHandles, e.Handle)
+			}
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM servers WHERE handle = ANY($1) ORDER BY handle FOR UPDATE`, lockHandles); err != nil {
+			return fmt.Errorf("lock servers of the outbox entries: %w", err)
+		}
 		ids, err := publish(ctx, entries)
 		if err != nil {
 			return fmt.Errorf("publish %d outbox entries: %w", len(entries), err)

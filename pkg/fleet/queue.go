@@ -125,7 +125,7 @@ func (s *Store) Queue(ctx context.Context, jobs []Job, actor string) ([]string, 
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			WITH j AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS j(handle, version, job_id, action)),
-			old AS (SELECT s.handle, s.status FROM servers s JOIN j USING (handle) WHERE s.version = j.version FOR UPDATE OF s)
+			old AS (SELECT s.handle, s.status FROM servers s JOIN j USING (handle) WHERE s.version = j.version ORDER BY s.handle FOR UPDATE OF s)
 			UPDATE servers s SET status = 'QUEUED', pending_job_id = j.job_id, pending_action = j.action,
 				queued_at = $5, requested_action = NULL, requested_by = NULL, requested_at = NULL,
 				retries_exhausted = false,
