@@ -12,13 +12,14 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/app"
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/cli"
 )
 
 func main() {
 	// The first SIGINT/SIGTERM cancels ctx and the service drains; a second
 	// one exits at once with status 130/143.
 	ctx, stop := service.WithShutdownSignals(context.Background(), nil)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], os.Getenv, os.LookupEnv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil && service.ExitCode(err) != 0 {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", app.Name, err)
@@ -27,8 +28,12 @@ func main() {
 }
 
 // run parses the command line and the configuration, builds the logger and
-// runs the service until ctx is done.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// runs the service until ctx is done; `scheduler servers ...` runs an
+// operator's command instead (package cli).
+func run(ctx context.Context, args []string, getenv func(string) string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "servers" {
+		return cli.Run(ctx, args[1:], getenv, stdout, stderr)
+	}
 	cfg := app.NewConfig()
 	if err := service.ParseArgs(args, stdout, app.Name, app.Summary, cfg); err != nil {
 		return err // ErrHelp after --help: exit status 0
@@ -41,5 +46,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	logger = logger.With().Str("service", app.Name).Logger()
-	return app.Run(ctx, logger, cfg)
+	return app.Run(ctx, logger, cfg, lookupEnv)
 }

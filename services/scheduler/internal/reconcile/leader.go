@@ -78,3 +78,10 @@ func (l *Leader) Release() {
 		l.conn = nil
 	}
 }
+
+// Leading reports whether this replica held the lock at its last Check.
+func (l *Leader) Leading() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn != nil
+}
