@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -808,5 +810,15 @@ func TestStuckAndRequeue(t *testing.T) {
 	}
 	if ok, _ := s.Requeue(ctx, "lost", "other-job", "scheduler", ""); ok {
 		t.Error("requeued a job the server does not wait for")
+	}
+}
+
+func TestValidHandleMatchesThePattern(t *testing.T) {
+	re := regexp.MustCompile(messages.ServerHandlePattern)
+	for _, h := range []string{"a", "web-1", "A.b_c:d@e-f", "-x", ".x", "x y", "", "é", strings.Repeat("a", 128), strings.Repeat("a", 129), "a/b", "1"} {
+		d := fleet.Detected{Handle: h, Address: "x"}
+		if got, want := d.Validate() == nil, re.MatchString(h); got != want {
+			t.Errorf("%q: valid %v, pattern says %v", h, got, want)
+		}
 	}
 }

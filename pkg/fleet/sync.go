@@ -7,15 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
 // SourceManual is the source of servers inserted by hand; detectors never
@@ -37,13 +33,30 @@ type Detected struct {
 	SSHKeyRef string
 }
 
-var handleRE = regexp.MustCompile(messages.ServerHandlePattern)
+// validHandle reports whether h matches messages.ServerHandlePattern,
+// ^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$, without a regexp (a sync checks
+// every server of a source on every tick).
+func validHandle(h string) bool {
+	if len(h) == 0 || len(h) > 128 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == ':' || c == '@' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // Validate checks what Postgres would refuse, with a message naming the server.
 func (d *Detected) Validate() error {
 	var errs []string
-	if !handleRE.MatchString(d.Handle) {
-		errs = append(errs, "handle must match "+messages.ServerHandlePattern)
+	if !validHandle(d.Handle) {
+		errs = append(errs, `handle must match ^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$`)
 	}
 	if strings.TrimSpace(d.Address) == "" {
 		errs = append(errs, "address is empty")
@@ -71,12 +84,27 @@ func (d *Detected) normalize() {
 
 // Hash fingerprints what the source says of the server.
 func (d *Detected) Hash() string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%d\x00%s\x00%s\x00%s\x00", d.Address, d.SSHPort, d.SSHUser, d.ProviderID, d.SSHKeyRef)
-	for _, k := range slices.Sorted(maps.Keys(d.Labels)) {
-		fmt.Fprintf(h, "%s=%s\x00", k, d.Labels[k])
+	b := make([]byte, 0, 128)
+	b = append(b, d.Address...)
+	b = append(b, 0)
+	b = strconv.AppendInt(b, int64(d.SSHPort), 10)
+	for _, s := range []string{d.SSHUser, d.ProviderID, d.SSHKeyRef} {
+		b = append(b, 0)
+		b = append(b, s...)
 	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
+	keys := make([]string, 0, len(d.Labels))
+	for k := range d.Labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b = append(b, 0)
+		b = append(b, k...)
+		b = append(b, '=')
+		b = append(b, d.Labels[k]...)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }
 
 // SyncRequest is one source's complete listing, merged by the caller with
