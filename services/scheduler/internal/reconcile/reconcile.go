@@ -154,8 +154,7 @@ type TickReport struct {
 }
 
 // Tick runs one pass: sources, queueing, stuck jobs.
-func (l *Loop) Tick(ctx context.Context) (TickReport, error) {
-	var r TickReport
+func (l *Loop) Tick(ctx context.Context) (r TickReport, err error) {
 	start := time.Now()
 	defer func() {
 		r.Took = time.Since(start)
@@ -170,7 +169,8 @@ func (l *Loop) Tick(ctx context.Context) (TickReport, error) {
 		}
 	}
 	t := time.Now()
-	due, err := l.fleet.Due(ctx, l.cfg.Batch)
+	var due []fleet.Candidate
+	due, err = l.fleet.Due(ctx, l.cfg.Batch)
 	r.DueTook = time.Since(t)
 	if err != nil {
 		return r, err
