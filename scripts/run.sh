@@ -4,11 +4,15 @@
 # Installs what is missing from Debian's packages (as root), starts Redis and
 # Postgres under run/dev/, starts a local Debian test target (a debootstrap
 # root in its own network namespace, with sshd) under run/dev/target,
-# registers it as server "local-target", starts every service from bin/ with
-# its log in run/dev/logs/, and runs the main job for real: a
-# ProvisionerMessage is published, infra runs ansible/playbooks/
-# setup_server.yml against the target, and the progress and result are shown.
-# The services keep running until Ctrl-C.
+# writes it into the static inventory run/dev/inventory.yml as server
+# "local-target", starts a local Slack webhook receiver (bin/notifysink, log
+# in run/dev/logs/webhook.log) and every service from bin/ with its log in
+# run/dev/logs/, and runs the main job for real, through the scheduler: it
+# detects the server in the inventory, queues it (outbox, then
+# provisioner:queue), infra runs ansible/playbooks/setup_server.yml against
+# the target, the result moves the server to READY and the scheduler posts a
+# notification to the webhook receiver. Each step, the play's progress and
+# the receiver's log are shown. The services keep running until Ctrl-C.
 #
 # Nothing outside run/ is changed besides installing packages, the package
 # and image cache in .cache/, and the target's network namespace (removed on
@@ -28,7 +32,11 @@ RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
 
-declare -A ADMIN=([scheduler]=127.0.0.1:9101 [infra]=127.0.0.1:9102 [deployer]=127.0.0.1:9103)
+# Admin ports and the webhook receiver's address may be moved (another
+# checkout's `make run` on the same machine): SCHEDULER_ADMIN, INFRA_ADMIN,
+# DEPLOYER_ADMIN, WEBHOOK_ADDR; REDIS_PORT and PG_PORT move the databases.
+declare -A ADMIN=([scheduler]=${SCHEDULER_ADMIN:-127.0.0.1:9101} [infra]=${INFRA_ADMIN:-127.0.0.1:9102}
+	[deployer]=${DEPLOYER_ADMIN:-127.0.0.1:9103})
 PIDS=()
 TARGET=""
 
@@ -56,6 +64,7 @@ if [ ${#RUN_ROOT} -gt 32 ]; then
 	step "repository path is long: playbook run directories go to $RUN_ROOT"
 fi
 
+SCHEDULER_ENV=("PLAYBOOK_DIR=$ROOT/ansible")
 INFRA_ENV=(
 	"PLAYBOOK_DIR=$ROOT/ansible"
 	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
@@ -66,6 +75,9 @@ demo=""
 if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; then
 	TARGET="$RUN/target"
 	bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
+	# A fresh root each time: the overlay's upper layer of an earlier run
+	# holds what its play changed (root login off, ...).
+	if ! grep -q " $TARGET/" /proc/mounts; then rm -rf "$TARGET"; fi
 	step "starting the local Debian target (the first time builds and caches its image: about a minute)"
 	info=$(bin/testtarget up --detach --dir "$TARGET" 2>"$LOGS/target.log") ||
 		{ cat "$LOGS/target.log" >&2; die "the local target did not start (see run/dev/logs/target.log)"; }
@@ -85,6 +97,33 @@ JSON
 		"SECRETS_FILE_ROOT=$(dirname "$keyfile")"
 		"SSH_KEY_REF=file:$(basename "$keyfile")"
 	)
+	# The scheduler's source: a static inventory (a fresh target each time,
+	# so the server is registered anew: no pinned host key, root login).
+	cat >"$RUN/inventory.yml" <<YAML
+all:
+  children:
+    local:
+      hosts:
+        local-target:
+          ansible_host: $addr
+          ansible_port: $port
+          env: local
+YAML
+	psql -q "$DATABASE_URL" -v ON_ERROR_STOP=1 \
+		-c "DO \$\$ BEGIN IF to_regclass('servers') IS NOT NULL THEN DELETE FROM servers WHERE handle = 'local-target'; END IF; END \$\$"
+	WEBHOOK_ADDR=${WEBHOOK_ADDR:-127.0.0.1:9199}
+	WEBHOOK_PATH=/services/local/run/webhook
+	: >"$LOGS/webhook.log"
+	bin/notifysink -addr "$WEBHOOK_ADDR" -path "$WEBHOOK_PATH" -log "$LOGS/webhook.log" 2>>"$LOGS/webhook.err" &
+	PIDS+=($!)
+	step "local Slack webhook receiver on $WEBHOOK_ADDR (log in run/dev/logs/webhook.log)"
+	SCHEDULER_ENV+=(
+		"INVENTORY_FILES=$RUN/inventory.yml"
+		"TICK_INTERVAL=2s"
+		"HEALTH_INTERVAL=15s"
+		"SLACK_WEBHOOK_URL_REF=env:AUTOPROV_SECRET_SLACK_WEBHOOK"
+		"AUTOPROV_SECRET_SLACK_WEBHOOK=http://$WEBHOOK_ADDR$WEBHOOK_PATH"
+	)
 	demo=1
 else
 	step "not root (or no iproute2): no local target, so no demo job; the services run alone"
@@ -95,6 +134,8 @@ for svc in scheduler infra deployer; do
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
 	if [ "$svc" = infra ]; then
 		env "${INFRA_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+	elif [ "$svc" = scheduler ]; then
+		env "${SCHEDULER_ENV[@]}" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	else
 		ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	fi
@@ -114,20 +155,14 @@ done
 
 status=0
 if [ -n "$demo" ]; then
-	# A fresh target each time (the services have migrated the schema by
-	# now): register it anew, with no pinned host key and root login.
-	psql -q "$DATABASE_URL" -v ON_ERROR_STOP=1 <<SQL
-DELETE FROM servers WHERE handle = 'local-target';
-INSERT INTO servers (handle, address, ssh_port, labels) VALUES ('local-target', '$addr', $port, '{"env":"local"}');
-SQL
-	step "registered server local-target ($addr:$port)"
-	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
-	/usr/bin/python3 scripts/demo-job.py --server-handle local-target || status=$?
+	step "the main job: the scheduler detects local-target in run/dev/inventory.yml, queues it, infra provisions it"
+	/usr/bin/python3 scripts/follow-server.py --server local-target --scheduler bin/scheduler \
+		--webhook-log "$LOGS/webhook.log" || status=$?
 	if [ "$status" -eq 0 ]; then
 		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
 			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"
 	else
-		printf '\033[1;31merror:\033[0m the main job did not succeed (exit %s); see run/dev/logs/infra.log\n' "$status" >&2
+		printf '\033[1;31merror:\033[0m the main job did not succeed (exit %s); see run/dev/logs/scheduler.log and infra.log\n' "$status" >&2
 	fi
 fi
 

@@ -93,15 +93,6 @@ func (w *world) queued() map[string][]*messages.ProvisionerMessage {
 	return out
 }
 
-func (w *world) counts() map[string]int {
-	w.t.Helper()
-	c, err := w.fleet.Count(context.Background(), fleet.Filter{})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return c
-}
-
 // answer publishes a result for each queued job of handles, as infra would.
 func (w *world) answer(handles []string, status messages.Status, errMsg string) {
 	w.t.Helper()
@@ -301,6 +292,9 @@ func TestCLI(t *testing.T) {
 		return len(m) == 2 && m[1].ForceReinstall
 	})
 	out, _, code = cli("show", "c-001")
+	if code != 0 {
+		t.Errorf("show: exit %d", code)
+	}
 	for _, want := range []string{"c-001  PROVISIONING", "requested", "bob", "paused", "alice", "maintenance", "queued"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("show lacks %q:\n%s", want, out)

@@ -127,7 +127,8 @@ func TestSlackSingleMessagesAndDigest(t *testing.T) {
 	// 500 servers failing at once: one digest, not 500 messages.
 	stop()
 	e.change(t, "bad", fleet.StatusUnreachable, 500)
-	stop = run(t, d)
+	stop2 := run(t, d)
+	defer stop2()
 	testenv.WaitFor(t, 30*time.Second, "the digest", func() bool { return len(e.slack.Messages()) == 3 })
 	digest := e.slack.Messages()[2].Text
 	if !strings.HasPrefix(digest, "500 servers changed state: 500 UNREACHABLE") || !strings.Contains(digest, "and 490 more") ||
