@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/autoprovisioner/autoprovisioner/ansible/tests/internal/playbook"
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 )
 
 // startLatencyRelay forwards 127.0.0.1:<port> to addr, delaying every chunk
@@ -152,8 +152,8 @@ func BenchmarkSetupServer(b *testing.B) {
 // and the changed count of the second run.
 func benchSetupOnce(b *testing.B, cfg string, rtt time.Duration) (time.Duration, time.Duration, int) {
 	b.StopTimer()
-	ag := newAgent(b)
-	tgt := startTarget(b, ag, targetOpts{})
+	key := newKey(b)
+	tgt := startTarget(b, key, targetOpts{})
 	addr, port := tgt.Addr, tgt.Port
 	if rtt > 0 {
 		host, p, _ := net.SplitHostPort(startLatencyRelay(b, net.JoinHostPort(tgt.Addr, strconv.Itoa(tgt.Port)), rtt/2))
@@ -164,35 +164,21 @@ func benchSetupOnce(b *testing.B, cfg string, rtt time.Duration) (time.Duration,
 	// Through the relay ansible_port is the relay's: keep the rules on sshd's port.
 	vars["firewall_ssh_port"] = tgt.Port
 	vars["fail2ban_sshd_port"] = tgt.Port
-	run := playbook.Run{
-		AnsibleDir: ansibleDir(b), Playbook: "playbooks/setup_server.yml",
-		ExtraVars: vars, SSHAuthSock: ag.Sock, Dir: newRunDir(b),
-		Env: map[string]string{"AUTOPROV_DEPLOY_SSH_PUBKEY": ag.PubLine},
-	}
+	dir := ansibleDir(b)
 	if cfg == "defaults" {
-		empty := filepath.Join(run.Dir, "empty.cfg")
-		if err := os.WriteFile(empty, nil, 0o644); err != nil {
-			b.Fatal(err)
-		}
-		run.Config = empty
-		run.NoEvents = true
-		run.Env["ANSIBLE_ROLES_PATH"] = filepath.Join(run.AnsibleDir, "roles")
-		run.Env["ANSIBLE_LIBRARY"] = filepath.Join(run.AnsibleDir, "plugins/modules")
+		dir = defaultsAnsibleDir(b)
 	}
-	host := func(user string) []playbook.Host {
-		kh := fmt.Sprintf("[%s]:%d %s\n", addr, port, tgt.HostKey)
-		if port == 22 {
-			kh = addr + " " + tgt.HostKey + "\n"
-		}
-		return []playbook.Host{{Alias: "srv-test", Addr: addr, Port: port, User: user, KnownHosts: kh}}
-	}
+	r := newRunner(b, dir)
 	timed := func(user string) (time.Duration, int) {
-		r := run
-		r.Hosts = host(user)
+		spec := ansible.Spec{
+			Playbook: "setup_server.yml",
+			Host:     ansible.Host{Alias: "srv-test", Address: addr, Port: port, User: user, KnownHostsKey: tgt.HostKey},
+			Vars:     vars, SecretEnv: map[string]string{"AUTOPROV_DEPLOY_SSH_PUBKEY": key.PubLine}, SSHKeys: [][]byte{key.PEM},
+		}
 		b.StartTimer()
-		res := runPlaybook(b, r)
+		res := runPlay(b, r, spec)
 		b.StopTimer()
-		m := recapChanged.FindStringSubmatch(res.Stdout)
+		m := recapChanged.FindStringSubmatch(res.Output)
 		if res.ExitCode != 0 || m == nil {
 			b.Fatalf("%s run as %s failed: %s", cfg, user, res.Summary())
 		}
@@ -204,6 +190,23 @@ func benchSetupOnce(b *testing.B, cfg string, rtt time.Duration) (time.Duration,
 	return fresh, noChange, changed
 }
 
+// defaultsAnsibleDir is an ansible directory with Ansible's defaults: an
+// ansible.cfg naming only the project's roles and modules (no callback, so
+// no events), and the project's playbooks.
+func defaultsAnsibleDir(b *testing.B) string {
+	dir := b.TempDir()
+	real := ansibleDir(b)
+	cfg := fmt.Sprintf("[defaults]\nroles_path = %s\nlibrary = %s\n",
+		filepath.Join(real, "roles"), filepath.Join(real, "plugins", "modules"))
+	if err := os.WriteFile(filepath.Join(dir, "ansible.cfg"), []byte(cfg), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(real, "playbooks"), filepath.Join(dir, "playbooks")); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
 // warmPackageCache provisions a throw-away target once when the shared
 // package cache lacks Docker, so timed fresh runs do not download.
 func warmPackageCache(b *testing.B) {
@@ -212,12 +215,11 @@ func warmPackageCache(b *testing.B) {
 		return
 	}
 	b.Log("warming the package cache with an untimed setup run")
-	ag := newAgent(b)
-	tgt := startTarget(b, ag, targetOpts{})
-	res := runPlaybook(b, playbook.Run{
-		AnsibleDir: ansibleDir(b), Playbook: "playbooks/setup_server.yml",
-		Hosts: []playbook.Host{hostFor(tgt, "root")}, ExtraVars: setupVars(), SSHAuthSock: ag.Sock, Dir: newRunDir(b),
-		Env: map[string]string{"AUTOPROV_DEPLOY_SSH_PUBKEY": ag.PubLine},
+	key := newKey(b)
+	tgt := startTarget(b, key, targetOpts{})
+	res := runPlay(b, newRunner(b, ansibleDir(b)), ansible.Spec{
+		Playbook: "setup_server.yml", Host: hostFor(tgt, "root"), Vars: setupVars(), SSHKeys: [][]byte{key.PEM},
+		SecretEnv: map[string]string{"AUTOPROV_DEPLOY_SSH_PUBKEY": key.PubLine},
 	})
 	if res.ExitCode != 0 {
 		b.Fatalf("warm-up run failed: %s", res.Summary())

@@ -19,8 +19,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/autoprovisioner/autoprovisioner/ansible/tests/internal/playbook"
 	"github.com/autoprovisioner/autoprovisioner/ansible/tests/target"
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 )
 
 // gitServer is git's smart HTTP server (git http-backend behind net/http/cgi)
@@ -173,9 +173,10 @@ func findSecrets(t *testing.T, dir string, allowed map[string]bool, needles ...s
 func TestDeployProject(t *testing.T) {
 	t.Parallel()
 	requireTools(t, targetTools...)
-	ag := newAgent(t)
-	tgt := startTarget(t, ag, targetOpts{})
+	key := newKey(t)
+	tgt := startTarget(t, key, targetOpts{})
 	installStandin(t, tgt)
+	r := newRunner(t, ansibleDir(t))
 
 	token := "ghs_" + randomHex(t, 16)
 	envSecret := "pw-" + randomHex(t, 8)
@@ -187,25 +188,21 @@ func TestDeployProject(t *testing.T) {
 
 	projectID := "0b6c1a8e-3f55-4f7e-9a41-7d2b5e6c9f10"
 	projectDir := "/srv/autoprov/projects/" + projectID
-	dir := newRunDir(t)
-	deploy := func(tok string) *playbook.Result {
-		return runPlaybook(t, playbook.Run{
-			Playbook: "playbooks/deploy_project.yml", Hosts: []playbook.Host{hostFor(tgt, "root")},
-			ExtraVars: map[string]any{
+	deploy := func(tok string) *play {
+		return runPlay(t, r, ansible.Spec{
+			Playbook: "deploy_project.yml", Host: hostFor(tgt, "root"),
+			Vars: map[string]any{
 				"project_id": projectID, "repo": "acme/shop", "branch": "main", "port": 8080,
 				"modules": []string{"web", "worker"}, "project_deploy_git_base_url": gs.URL,
 				"project_deploy_wait_timeout": 15,
 			},
-			Env:         map[string]string{"GITHUB_TOKEN": tok, "PROJECT_ENV": envContent},
-			SSHAuthSock: ag.Sock, Dir: dir,
+			SecretEnv: map[string]string{"GITHUB_TOKEN": tok, "PROJECT_ENV": envContent},
+			SSHKeys:   [][]byte{key.PEM},
 		})
 	}
-	noLeak := func(t *testing.T, res *playbook.Result, secrets ...string) {
+	noLeak := func(t *testing.T, res *play, secrets ...string) {
 		t.Helper()
-		all := res.Stdout + res.Stderr
-		for _, e := range res.Events {
-			all += e.Raw
-		}
+		all := res.Output + res.EventText()
 		for _, s := range secrets {
 			if strings.Contains(all, s) {
 				t.Errorf("output or events contain a secret (%d chars)", len(s))

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"os"
@@ -21,10 +22,10 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
-	"golang.org/x/crypto/ssh/agent"
 
-	"github.com/autoprovisioner/autoprovisioner/ansible/tests/internal/playbook"
 	"github.com/autoprovisioner/autoprovisioner/ansible/tests/target"
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 // requireTools fails the test unless it runs as root with every tool it needs.
@@ -98,66 +99,43 @@ func (w prefixWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// testAgent is an in-process ssh-agent holding one ed25519 key, served on a
-// unix socket, as the infra service hands keys to ansible-playbook.
-type testAgent struct {
-	Sock    string
+// testKey is an ed25519 client key. The runner serves it to ssh from its
+// in-process agent (Spec.SSHKeys), as the infra service serves its keys;
+// sshRun logs in with it too.
+type testKey struct {
+	PEM     []byte
 	PubLine string
-	keyring agent.Agent
+	signer  ssh.Signer
 }
 
-func newAgent(t testing.TB) *testAgent {
+func newKey(t testing.TB) *testKey {
 	t.Helper()
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kr := agent.NewKeyring()
-	if err := kr.Add(agent.AddedKey{PrivateKey: priv, Comment: "autoprov-test"}); err != nil {
+	block, err := ssh.MarshalPrivateKey(priv, "autoprov-test")
+	if err != nil {
 		t.Fatal(err)
 	}
 	signer, err := ssh.NewSignerFromKey(priv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "apag")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _ = agent.ServeAgent(kr, c) }()
-		}
-	}()
 	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey()))) + " autoprov-test"
-	return &testAgent{Sock: sock, PubLine: line, keyring: kr}
+	return &testKey{PEM: pem.EncodeToMemory(block), PubLine: line, signer: signer}
 }
 
-// sshRun logs in to the target as user with the agent's key (pinning the
-// host key) and runs cmd.
-func (a *testAgent) sshRun(tgt *target.Target, user, cmd string) (string, error) {
+// sshRun logs in to the target as user with the key (pinning the host key)
+// and runs cmd.
+func (k *testKey) sshRun(tgt *target.Target, user, cmd string) (string, error) {
 	hostKey, _, _, _, err := ssh.ParseAuthorizedKey([]byte(tgt.HostKey))
-	if err != nil {
-		return "", err
-	}
-	signers, err := a.keyring.Signers()
 	if err != nil {
 		return "", err
 	}
 	client, err := ssh.Dial("tcp", net.JoinHostPort(tgt.Addr, fmt.Sprint(tgt.Port)), &ssh.ClientConfig{
 		User:              user,
-		Auth:              []ssh.AuthMethod{ssh.PublicKeys(signers...)},
+		Auth:              []ssh.AuthMethod{ssh.PublicKeys(k.signer)},
 		HostKeyCallback:   ssh.FixedHostKey(hostKey),
 		HostKeyAlgorithms: []string{hostKey.Type()},
 		Timeout:           10 * time.Second,
@@ -181,9 +159,9 @@ type targetOpts struct {
 	extraKeys  []string
 }
 
-// startTarget starts a fresh target reachable with the agent's key as root;
-// it is stopped when the test ends.
-func startTarget(t testing.TB, a *testAgent, o targetOpts) *target.Target {
+// startTarget starts a fresh target reachable with the key as root; it is
+// stopped when the test ends.
+func startTarget(t testing.TB, k *testKey, o targetOpts) *target.Target {
 	t.Helper()
 	img := sharedImage(t)
 	cache := filepath.Join(repoRoot(t), ".cache", "testtarget", "debs")
@@ -198,7 +176,7 @@ func startTarget(t testing.TB, a *testAgent, o targetOpts) *target.Target {
 	defer cancel()
 	tgt, err := target.Start(ctx, img, target.Options{
 		Dir:            dir,
-		AuthorizedKeys: append([]string{a.PubLine}, o.extraKeys...),
+		AuthorizedKeys: append([]string{k.PubLine}, o.extraKeys...),
 		RootSizeMB:     o.rootSizeMB,
 		PackageCache:   cache,
 		Logger:         testLogger(t),
@@ -219,43 +197,170 @@ func startTarget(t testing.TB, a *testAgent, o targetOpts) *target.Target {
 	return tgt
 }
 
-// hostFor is the inventory host for a target, logging in as user.
-func hostFor(tgt *target.Target, user string) playbook.Host {
-	return playbook.Host{
-		Alias: "srv-test", Addr: tgt.Addr, Port: tgt.Port, User: user,
-		KnownHosts: tgt.KnownHostsLine() + "\n",
-	}
+// hostFor is the host of a run against a target, logging in as user.
+func hostFor(tgt *target.Target, user string) ansible.Host {
+	return ansible.Host{Alias: "srv-test", Address: tgt.Addr, Port: tgt.Port, User: user, KnownHostsKey: tgt.HostKey}
 }
 
-// runPlaybook runs a playbook and returns its result; the run directory is
-// shared by the runs of one test (same fact cache, like infra's per-server cache).
-func runPlaybook(t testing.TB, r playbook.Run) *playbook.Result {
+var (
+	guardOnce sync.Once
+	guardPath string
+	guardErr  error
+)
+
+// runguard builds (once per test process) the runguard binary the infra
+// service runs every play under.
+func runguard(t testing.TB) string {
 	t.Helper()
-	if r.AnsibleDir == "" {
-		r.AnsibleDir = ansibleDir(t)
+	guardOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "ansible-tests-runguard-")
+		if err != nil {
+			guardErr = err
+			return
+		}
+		guardPath = filepath.Join(dir, "runguard")
+		guardErr = testenv.GoBuild(guardPath, "github.com/autoprovisioner/autoprovisioner/pkg/ansible/cmd/runguard", true)
+	})
+	if guardErr != nil {
+		t.Fatalf("build runguard: %v", guardErr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	res, err := playbook.Execute(ctx, r)
+	return guardPath
+}
+
+// newRunner returns the infra service's playbook runner (package
+// pkg/ansible, under runguard, with infra's default limits) over ansibleDir,
+// with a run root and a fact cache of the test's own: the runs of one test
+// share the cache, as infra's runs on one server do. Its output tail is
+// large enough to hold a whole run.
+func newRunner(t testing.TB, ansibleDir string) *ansible.Runner {
+	t.Helper()
+	runRoot, err := os.MkdirTemp("", "aprun") // short: it holds unix sockets
 	if err != nil {
-		t.Fatalf("%s: %v", r.Playbook, err)
+		t.Fatal(err)
 	}
-	t.Logf("%s: exit %d in %s", r.Playbook, res.ExitCode, res.Duration.Round(time.Millisecond))
-	return res
+	t.Cleanup(func() { os.RemoveAll(runRoot) })
+	r, err := ansible.New(ansible.Config{
+		AnsibleDir:   ansibleDir,
+		PlaybookBin:  "/usr/bin/ansible-playbook",
+		RunRoot:      runRoot,
+		GuardPath:    runguard(t),
+		FactCacheDir: filepath.Join(runRoot, "facts"),
+		KillGrace:    10 * time.Second,
+		Timeout:      15 * time.Minute,
+		IdleTimeout:  10 * time.Minute,
+	}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Guarded() {
+		t.Fatal("the runner does not use runguard")
+	}
+	return r
 }
 
-// mustSucceed fails the test unless the run exited 0 without failed hosts.
-func mustSucceed(t testing.TB, res *playbook.Result, host string) playbook.HostStats {
+// play is one playbook run and what it produced.
+type play struct {
+	*ansible.Result
+	// Events are the callback events, in order; Output every line of
+	// stdout and stderr (the Result's tail holds only the end).
+	Events   []ansible.Event
+	Output   string
+	Duration time.Duration
+}
+
+// runPlay runs spec through r, unredacted (the tests look for leaks
+// themselves), and fails the test if it could not start.
+func runPlay(t testing.TB, r *ansible.Runner, spec ansible.Spec) *play {
 	t.Helper()
-	if res.ExitCode != 0 {
-		t.Fatalf("playbook failed: %s", res.Summary())
+	if spec.JobID == "" {
+		spec.JobID = "test-" + strings.TrimSuffix(spec.Playbook, ".yml")
 	}
-	st, ok := res.Stats(host)
+	p := &play{}
+	var mu sync.Mutex
+	var out strings.Builder
+	spec.OnEvent = func(ev ansible.Event) { mu.Lock(); p.Events = append(p.Events, ev); mu.Unlock() }
+	spec.OnOutput = func(line string) { mu.Lock(); out.WriteString(line + "\n"); mu.Unlock() }
+	res, err := r.Run(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("%s: %v", spec.Playbook, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	p.Result, p.Output, p.Duration = res, out.String(), res.FinishedAt.Sub(res.StartedAt)
+	t.Logf("%s: %s (exit %d) in %s", spec.Playbook, res.Outcome, res.ExitCode, p.Duration.Round(time.Millisecond))
+	return p
+}
+
+// Stats returns the stats event's recap of host (ok=false without one).
+func (p *play) Stats(host string) (ansible.Recap, bool) {
+	for i := len(p.Events) - 1; i >= 0; i-- {
+		if p.Events[i].Type == ansible.EventStats {
+			s, ok := p.Events[i].Stats[host]
+			return s, ok
+		}
+	}
+	return ansible.Recap{}, false
+}
+
+// Changed lists the names of the tasks that reported a change.
+func (p *play) Changed() []string {
+	var out []string
+	for _, e := range p.Events {
+		if e.Type == ansible.EventHostOK && e.Changed {
+			out = append(out, e.Task)
+		}
+	}
+	return out
+}
+
+// Failures lists the failed or unreachable task results (task: msg).
+func (p *play) Failures() []string {
+	var out []string
+	for _, e := range p.Events {
+		if (e.Type == ansible.EventHostFailed && !e.IgnoreErrors) || e.Type == ansible.EventHostUnreachable {
+			out = append(out, e.Task+": "+e.Msg)
+		}
+	}
+	return out
+}
+
+// EventText is all the text of the events (for leak checks).
+func (p *play) EventText() string {
+	var b strings.Builder
+	for _, e := range p.Events {
+		for _, s := range []string{e.Playbook, e.Play, e.Task, e.Action, e.Host, e.Msg} {
+			b.WriteString(s + "\n")
+		}
+		for h := range e.Stats {
+			b.WriteString(h + "\n")
+		}
+	}
+	return b.String()
+}
+
+// Summary is a short description for test failure messages.
+func (p *play) Summary() string {
+	tail := p.Output
+	if len(tail) > 6000 {
+		tail = "..." + tail[len(tail)-6000:]
+	}
+	return fmt.Sprintf("%s, exit %d after %s: %v\nfailures: %v\noutput tail:\n%s",
+		p.Outcome, p.ExitCode, p.Duration.Round(time.Millisecond), p.Err, p.Failures(), tail)
+}
+
+// mustSucceed fails the test unless the run succeeded (exit 0, no failed
+// or unreachable host) with a stats event for host.
+func mustSucceed(t testing.TB, p *play, host string) ansible.Recap {
+	t.Helper()
+	if p.Outcome != ansible.OutcomeSucceeded || p.ExitCode != 0 {
+		t.Fatalf("playbook failed: %s", p.Summary())
+	}
+	st, ok := p.Stats(host)
 	if !ok {
-		t.Fatalf("no stats event for %s: %s", host, res.Summary())
+		t.Fatalf("no stats event for %s: %s", host, p.Summary())
 	}
 	if st.Failed > 0 || st.Unreachable > 0 {
-		t.Fatalf("stats %+v: %s", st, res.Summary())
+		t.Fatalf("stats %+v: %s", st, p.Summary())
 	}
 	return st
 }

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/autoprovisioner/autoprovisioner/ansible/tests/internal/playbook"
 	"github.com/autoprovisioner/autoprovisioner/ansible/tests/target"
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 )
 
 // recoveryReport is the JSON in the "recovery report: ..." message.
@@ -25,10 +25,10 @@ type recoveryReport struct {
 	Docker []string `json:"docker"`
 }
 
-func findReport(t *testing.T, res *playbook.Result) recoveryReport {
+func findReport(t *testing.T, res *play) recoveryReport {
 	t.Helper()
 	for _, e := range res.Events {
-		if e.Event == "host_ok" && strings.HasPrefix(e.Msg, "recovery report: ") {
+		if e.Type == ansible.EventHostOK && strings.HasPrefix(e.Msg, "recovery report: ") {
 			var r recoveryReport
 			if err := json.Unmarshal([]byte(strings.TrimPrefix(e.Msg, "recovery report: ")), &r); err != nil {
 				t.Fatalf("parse report %q: %v", e.Msg, err)
@@ -68,14 +68,13 @@ func writeFiller(t *testing.T, path string, mb int) {
 func TestRecovery(t *testing.T) {
 	t.Parallel()
 	requireTools(t, targetTools...)
-	ag := newAgent(t)
-	tgt := startTarget(t, ag, targetOpts{rootSizeMB: 300, noPkgCache: true})
+	key := newKey(t)
+	tgt := startTarget(t, key, targetOpts{rootSizeMB: 300, noPkgCache: true})
 	installStandin(t, tgt)
-	dir := newRunDir(t)
-	recover := func(vars map[string]any) *playbook.Result {
-		return runPlaybook(t, playbook.Run{
-			Playbook: "playbooks/recovery.yml", Hosts: []playbook.Host{hostFor(tgt, "root")},
-			ExtraVars: vars, SSHAuthSock: ag.Sock, Dir: dir,
+	r := newRunner(t, ansibleDir(t))
+	recover := func(vars map[string]any) *play {
+		return runPlay(t, r, ansible.Spec{
+			Playbook: "recovery.yml", Host: hostFor(tgt, "root"), Vars: vars, SSHKeys: [][]byte{key.PEM},
 		})
 	}
 
@@ -142,7 +141,7 @@ func TestRecovery(t *testing.T) {
 		mustSucceed(t, res, "srv-test")
 		found := false
 		for _, e := range res.Events {
-			if e.Event == "host_ok" && strings.Contains(e.Msg, "docker daemon hung") {
+			if e.Type == ansible.EventHostOK && strings.Contains(e.Msg, "docker daemon hung") {
 				found = true
 			}
 		}

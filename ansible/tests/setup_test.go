@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/autoprovisioner/autoprovisioner/ansible/tests/internal/playbook"
 	"github.com/autoprovisioner/autoprovisioner/ansible/tests/target"
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 )
 
 // setupVars are the extra vars of setup_server.yml on a test target: nothing
@@ -54,24 +54,24 @@ func TestSetupServer(t *testing.T) {
 	t.Parallel()
 	requireTools(t, append(targetTools, "nft")...)
 	before := readHostState(t)
-	ag := newAgent(t)
-	tgt := startTarget(t, ag, targetOpts{})
-	dir := newRunDir(t)
-	env := map[string]string{"AUTOPROV_DEPLOY_SSH_PUBKEY": ag.PubLine}
-	run := func(playbookPath, user string, extra map[string]any) *playbook.Result {
+	key := newKey(t)
+	tgt := startTarget(t, key, targetOpts{})
+	r := newRunner(t, ansibleDir(t))
+	env := map[string]string{"AUTOPROV_DEPLOY_SSH_PUBKEY": key.PubLine}
+	run := func(playbook, user string, extra map[string]any) *play {
 		vars := setupVars()
 		for k, v := range extra {
 			vars[k] = v
 		}
-		return runPlaybook(t, playbook.Run{
-			Playbook: playbookPath, Hosts: []playbook.Host{hostFor(tgt, user)},
-			ExtraVars: vars, Env: env, SSHAuthSock: ag.Sock, Dir: dir,
+		return runPlay(t, r, ansible.Spec{
+			Playbook: playbook, Host: hostFor(tgt, user),
+			Vars: vars, SecretEnv: env, SSHKeys: [][]byte{key.PEM},
 		})
 	}
 
-	first := run("playbooks/setup_server.yml", "root", nil)
+	first := run("setup_server.yml", "root", nil)
 	mustSucceed(t, first, "srv-test")
-	checkProvisioned(t, tgt, ag)
+	checkProvisioned(t, tgt, key)
 
 	t.Run("host untouched", func(t *testing.T) {
 		if after := readHostState(t); after != before {
@@ -80,7 +80,7 @@ func TestSetupServer(t *testing.T) {
 	})
 
 	t.Run("second run changes nothing", func(t *testing.T) {
-		second := run("playbooks/setup_server.yml", "deploy", nil)
+		second := run("setup_server.yml", "deploy", nil)
 		st := mustSucceed(t, second, "srv-test")
 		if st.Changed != 0 {
 			t.Errorf("second run: %d changed tasks: %v", st.Changed, second.Changed())
@@ -94,7 +94,7 @@ func TestSetupServer(t *testing.T) {
 			if confirm != nil {
 				extra["autoprov_nuke_confirm"] = confirm
 			}
-			res := run("playbooks/nuke.yml", "deploy", extra)
+			res := run("nuke.yml", "deploy", extra)
 			if res.ExitCode == 0 {
 				t.Fatalf("nuke ran with confirmation %v", confirm)
 			}
@@ -111,12 +111,12 @@ func TestSetupServer(t *testing.T) {
 	})
 
 	t.Run("nuke resets the server", func(t *testing.T) {
-		res := run("playbooks/nuke.yml", "deploy", map[string]any{"autoprov_nuke_confirm": "srv-test"})
+		res := run("nuke.yml", "deploy", map[string]any{"autoprov_nuke_confirm": "srv-test"})
 		mustSucceed(t, res, "srv-test")
-		if out, err := ag.sshRun(tgt, "root", "id -u"); err != nil || strings.TrimSpace(out) != "0" {
+		if out, err := key.sshRun(tgt, "root", "id -u"); err != nil || strings.TrimSpace(out) != "0" {
 			t.Errorf("root cannot log in after nuke: %v %q", err, out)
 		}
-		if _, err := ag.sshRun(tgt, "deploy", "true"); err == nil {
+		if _, err := key.sshRun(tgt, "deploy", "true"); err == nil {
 			t.Errorf("deploy user can still log in after nuke")
 		}
 		if strings.Contains(readFile(t, tgt.Path("/etc/passwd")), "\ndeploy:") {
@@ -141,14 +141,14 @@ func TestSetupServer(t *testing.T) {
 			t.Errorf("autoprov table still loaded: %v %s", err, out)
 		}
 		// setup_server.yml works again from the reset state.
-		again := run("playbooks/setup_server.yml", "root", nil)
+		again := run("setup_server.yml", "root", nil)
 		mustSucceed(t, again, "srv-test")
-		checkProvisioned(t, tgt, ag)
+		checkProvisioned(t, tgt, key)
 	})
 }
 
 // checkProvisioned checks setup_server.yml's results on the target.
-func checkProvisioned(t *testing.T, tgt *target.Target, ag *testAgent) {
+func checkProvisioned(t *testing.T, tgt *target.Target, key *testKey) {
 	t.Helper()
 	ctx := context.Background()
 	check := func(name string, f func(t *testing.T)) { t.Run(name, f) }
@@ -159,7 +159,7 @@ func checkProvisioned(t *testing.T, tgt *target.Target, ag *testAgent) {
 			t.Errorf("no deploy user in /etc/passwd")
 		}
 		keys := tgt.Path("/home/deploy/.ssh/authorized_keys")
-		if !strings.Contains(readFile(t, keys), ag.PubLine) {
+		if !strings.Contains(readFile(t, keys), key.PubLine) {
 			t.Errorf("deploy's authorized_keys lacks the key")
 		}
 		if m := fileMode(t, keys); m != 0o600 {
@@ -193,10 +193,10 @@ func checkProvisioned(t *testing.T, tgt *target.Target, ag *testAgent) {
 			}
 		}
 		// The running sshd was reloaded: root is refused, deploy gets in and can sudo.
-		if _, err := ag.sshRun(tgt, "root", "true"); err == nil {
+		if _, err := key.sshRun(tgt, "root", "true"); err == nil {
 			t.Errorf("root can still log in")
 		}
-		if out, err := ag.sshRun(tgt, "deploy", "sudo -n id -u"); err != nil || strings.TrimSpace(out) != "0" {
+		if out, err := key.sshRun(tgt, "deploy", "sudo -n id -u"); err != nil || strings.TrimSpace(out) != "0" {
 			t.Errorf("deploy cannot log in and sudo: %v %q", err, out)
 		}
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/internal/cases"
 )
 
 // BenchmarkDecodeAnsibleDeployMessage decodes, normalizes and validates
@@ -29,9 +30,9 @@ func BenchmarkDecodeAnsibleDeployMessage(b *testing.B) {
 // result (hosts, error, failed task).
 func BenchmarkEncodeAnsibleDeployResult(b *testing.B) {
 	var res *messages.AnsibleDeployResult
-	for _, g := range goldens() {
-		if g.file == "ansible_deploy_result_failed.msgpack" {
-			res = g.value.(*messages.AnsibleDeployResult)
+	for _, g := range cases.Goldens() {
+		if g.File == "ansible_deploy_result_failed.msgpack" {
+			res = g.Value.(*messages.AnsibleDeployResult)
 		}
 	}
 	b.ReportAllocs()

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/internal/cases"
 )
 
 // raw is an already encoded msgpack value, written into a map as is.
@@ -121,10 +121,10 @@ func TestDecodeErrors(t *testing.T) {
 			if de.Reason != tc.wantReason {
 				t.Errorf("Reason = %q, want %q", de.Reason, tc.wantReason)
 			}
-			if diff := cmp.Diff(tc.wantFields, de.Fields); diff != "" {
+			if diff := diff(tc.wantFields, de.Fields); diff != "" {
 				t.Errorf("Fields (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tc.wantMsg, msg); diff != "" {
+			if diff := diff(tc.wantMsg, msg); diff != "" {
 				t.Errorf("message (-want +got):\n%s", diff)
 			}
 			if len(tc.wantFields) > 0 {
@@ -177,7 +177,7 @@ func TestDecodeNestedErrors(t *testing.T) {
 			if de.Reason != tc.wantReason {
 				t.Errorf("Reason = %q, want %q", de.Reason, tc.wantReason)
 			}
-			if diff := cmp.Diff(tc.wantFields, de.Fields); diff != "" {
+			if diff := diff(tc.wantFields, de.Fields); diff != "" {
 				t.Errorf("Fields (-want +got):\n%s", diff)
 			}
 		})
@@ -201,7 +201,7 @@ func TestDecodeModulesErrors(t *testing.T) {
 		if !errors.As(err, &de) {
 			t.Fatalf("modules %v: error %T %v, want *DecodeError", tc.modules, err, err)
 		}
-		if diff := cmp.Diff(tc.want, de.Fields); diff != "" {
+		if diff := diff(tc.want, de.Fields); diff != "" {
 			t.Errorf("modules %v: Fields (-want +got):\n%s", tc.modules, diff)
 		}
 		if msg == nil || msg.Port != 22 {
@@ -241,7 +241,7 @@ func TestDecodeLenient(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(want, got); diff != "" {
+			if diff := diff(want, got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
@@ -259,7 +259,7 @@ func TestDecodeLenient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if diff := cmp.Diff(want, got); diff != "" {
+		if diff := diff(want, got); diff != "" {
 			t.Errorf("(-want +got):\n%s", diff)
 		}
 	})
@@ -279,12 +279,12 @@ func TestDecodeLenient(t *testing.T) {
 // every level, integers compact, empty optional keys left out, required
 // keys always written.
 func TestEncodeCanonical(t *testing.T) {
-	for _, g := range goldens() {
-		data, err := messages.Encode(g.value)
+	for _, g := range cases.Goldens() {
+		data, err := messages.Encode(g.Value)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkSortedKeys(t, g.file, msgpack.NewDecoder(bytes.NewReader(data)))
+		checkSortedKeys(t, g.File, msgpack.NewDecoder(bytes.NewReader(data)))
 	}
 	tests := []struct {
 		name string
@@ -400,7 +400,7 @@ func TestTagsAreTheKeys(t *testing.T) {
 		}
 		got := keyPaths("", generic)
 		want := tagPaths("", reflect.TypeOf(v).Elem())
-		if diff := cmp.Diff(want, got); diff != "" {
+		if diff := diff(want, got); diff != "" {
 			t.Errorf("%T: keys (-tags +encoded):\n%s", v, diff)
 		}
 	}

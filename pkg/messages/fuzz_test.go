@@ -6,9 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/internal/cases"
 )
 
 // FuzzDecode runs every decoder on arbitrary bytes, seeded with the golden
@@ -39,7 +38,7 @@ func FuzzDecode(f *testing.F) {
 	types := []string{"ProvisionerMessage", "AnsibleDeployMessage", "ProvisionerResult", "AnsibleDeployResult", "ProgressEvent"}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, typ := range types {
-			msg, err := decodeAny(typ, data)
+			msg, err := cases.DecodeAny(typ, data)
 			if err != nil {
 				if !messages.IsInvalid(err) {
 					t.Fatalf("%s: error %T %v is not IsInvalid", typ, err, err)
@@ -58,11 +57,11 @@ func FuzzDecode(f *testing.F) {
 			if err != nil {
 				t.Fatalf("%s: encode decoded message: %v", typ, err)
 			}
-			again, err := decodeAny(typ, enc)
+			again, err := cases.DecodeAny(typ, enc)
 			if err != nil {
 				t.Fatalf("%s: decode re-encoded message: %v", typ, err)
 			}
-			if diff := cmp.Diff(msg, again); diff != "" {
+			if diff := diff(msg, again); diff != "" {
 				t.Fatalf("%s: round trip changed the message (-first +second):\n%s", typ, diff)
 			}
 			enc2, err := messages.Encode(again)

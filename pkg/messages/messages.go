@@ -16,7 +16,9 @@
 // never retried. Producers fill the types and call Encode, whose output is
 // canonical (sorted keys, compact integers).
 //
-// The package is a leaf: it imports only the standard library and msgpack.
+// The package is a leaf and a Go module of its own: it imports only the
+// standard library and msgpack, and its module requires nothing else, so
+// that a producer importing it pulls nothing of the services' stack.
 package messages
 
 import (
@@ -24,8 +26,6 @@ import (
 	"regexp"
 	"time"
 )
-
-//go:generate go run ./internal/schemagen -out schema
 
 // Stream names. Each entry of these streams has one field, DataField.
 const (

@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"cmp"
 	"maps"
 	"regexp"
 	"slices"
@@ -305,9 +306,7 @@ func (o *Outcome) validate(c *checker) {
 }
 
 func (o *Outcome) normalize() {
-	if o.SchemaVersion == 0 {
-		o.SchemaVersion = SchemaVersion
-	}
+	o.SchemaVersion = cmp.Or(o.SchemaVersion, SchemaVersion)
 }
 
 // entryIDRE is the shape of a Redis stream entry id.

@@ -7,8 +7,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
@@ -45,7 +43,7 @@ func TestNewResults(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, tc.got); diff != "" {
+			if diff := diff(tc.want, tc.got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 			// A rejection built from any request must itself be valid.
@@ -92,7 +90,7 @@ func TestOutcomeHelpers(t *testing.T) {
 			{Field: "server_ip", Message: "must be a string (got integer)"},
 		},
 	}
-	if diff := cmp.Diff(want, res.Error); diff != "" || res.Status != messages.StatusRejected {
+	if diff := diff(want, res.Error); diff != "" || res.Status != messages.StatusRejected {
 		t.Errorf("Reject: status %s, error (-want +got):\n%s", res.Status, diff)
 	}
 	if err := res.Validate(); err != nil {

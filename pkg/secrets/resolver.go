@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
 
 // ResolverOptions configures a [Resolver]. A nil backend disables its
@@ -55,7 +57,7 @@ type Deps struct {
 	// (os.LookupEnv in services); nil disables env: references.
 	LookupEnv func(string) (string, bool)
 	// Clock drives Vault token renewal; nil means the system clock.
-	Clock Clock
+	Clock clock.Clock
 	// HTTPClient for Vault; nil means vault-client-go's default.
 	HTTPClient *http.Client
 	// OnVaultEvent is passed to VaultOptions.OnEvent.

@@ -2,6 +2,7 @@ package secrets
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,8 @@ import (
 	"github.com/hashicorp/vault-client-go"
 	"github.com/hashicorp/vault-client-go/schema"
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
 
 // VaultEventKind says what happened to the Vault token.
@@ -65,7 +68,7 @@ type VaultOptions struct {
 	// Logger receives token events; it never receives a token or value.
 	Logger zerolog.Logger
 	// Clock drives the renewal loop; nil means the system clock.
-	Clock Clock
+	Clock clock.Clock
 	// HTTPClient replaces vault-client-go's default pooled client. With
 	// VaultConfig.CACert its Transport must be an *http.Transport.
 	HTTPClient *http.Client
@@ -103,7 +106,7 @@ type Vault struct {
 	cfg           VaultConfig
 	method        authMethod
 	log           zerolog.Logger
-	clock         Clock
+	clock         clock.Clock
 	red           *Redactor
 	onEvent       func(VaultEvent)
 	retryInterval time.Duration
@@ -142,16 +145,10 @@ func NewVault(ctx context.Context, cfg VaultConfig, opts VaultOptions) (*Vault, 
 	v := &Vault{
 		cfg:           cfg,
 		log:           opts.Logger.With().Str("component", "secrets.vault").Logger(),
-		clock:         opts.Clock,
+		clock:         cmp.Or(opts.Clock, clock.System()),
 		red:           opts.Redactor,
 		onEvent:       opts.OnEvent,
-		retryInterval: opts.RetryInterval,
-	}
-	if v.clock == nil {
-		v.clock = systemClock{}
-	}
-	if v.retryInterval <= 0 {
-		v.retryInterval = 10 * time.Second
+		retryInterval: cmp.Or(max(opts.RetryInterval, 0), 10*time.Second),
 	}
 	switch {
 	case cfg.RoleID != "":

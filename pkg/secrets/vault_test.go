@@ -15,10 +15,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/vault-client-go"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock/clocktest"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets/vaulttest"
 )
-
-var _ Clock = (*vaulttest.FakeClock)(nil)
 
 const (
 	testRoleID   = "role-1f2e3d4c"
@@ -30,7 +29,7 @@ const (
 // test for the canary, every token the stand-in issued and the secret_id.
 type vaultFixture struct {
 	srv    *vaulttest.Server
-	clock  *vaulttest.FakeClock
+	clock  *clocktest.Fake
 	red    *Redactor
 	events chan VaultEvent
 	guard  *leakGuard
@@ -38,7 +37,7 @@ type vaultFixture struct {
 
 func setupVault(t *testing.T, opts ...vaulttest.Option) *vaultFixture {
 	t.Helper()
-	clock := vaulttest.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	clock := clocktest.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	srv := vaulttest.New(t, append([]vaulttest.Option{vaulttest.WithClock(clock)}, opts...)...)
 	g := newLeakGuard(t)
 	g.forbid(srv.IssuedTokens)

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,12 +89,8 @@ func NewAdmin(cfg AdminConfig) (*Admin, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = NewRegistry()
 	}
-	if cfg.CheckTimeout <= 0 {
-		cfg.CheckTimeout = 2 * time.Second
-	}
-	if cfg.StopTimeout <= 0 {
-		cfg.StopTimeout = 5 * time.Second
-	}
+	cfg.CheckTimeout = cmp.Or(max(cfg.CheckTimeout, 0), 2*time.Second)
+	cfg.StopTimeout = cmp.Or(max(cfg.StopTimeout, 0), 5*time.Second)
 	a := &Admin{
 		cfg:    cfg,
 		mux:    http.NewServeMux(),

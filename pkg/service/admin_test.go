@@ -1,4 +1,4 @@
-package service
+package service_test
 
 import (
 	"context"
@@ -13,17 +13,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 // startAdmin starts an admin server on a free port, stopped when the test ends.
-func startAdmin(t *testing.T, cfg AdminConfig) (*Admin, string) {
+func startAdmin(t *testing.T, cfg service.AdminConfig) (*service.Admin, string) {
 	t.Helper()
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:0"
 	}
 	cfg.Logger = zerolog.New(zerolog.NewTestWriter(t))
-	a, err := NewAdmin(cfg)
+	a, err := service.NewAdmin(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +58,10 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func getReady(t *testing.T, base string) (int, Readiness) {
+func getReady(t *testing.T, base string) (int, service.Readiness) {
 	t.Helper()
 	code, body := get(t, base+"/readyz")
-	var r Readiness
+	var r service.Readiness
 	if err := json.Unmarshal([]byte(body), &r); err != nil {
 		t.Fatalf("readyz body %q: %v", body, err)
 	}
@@ -70,7 +71,7 @@ func getReady(t *testing.T, base string) (int, Readiness) {
 func TestAdminReadiness(t *testing.T) {
 	rdb := testenv.Redis(t)
 	pool := testenv.Pool(t)
-	a, base := startAdmin(t, AdminConfig{CheckTimeout: 200 * time.Millisecond})
+	a, base := startAdmin(t, service.AdminConfig{CheckTimeout: 200 * time.Millisecond})
 	a.AddCheck("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	a.AddCheck("postgres", pool.Ping)
 
@@ -118,7 +119,7 @@ func TestAdminReadiness(t *testing.T) {
 }
 
 func TestAdminCheckPanics(t *testing.T) {
-	a, base := startAdmin(t, AdminConfig{})
+	a, base := startAdmin(t, service.AdminConfig{})
 	a.AddCheck("panics", func(context.Context) error { panic("boom") })
 	a.MarkReady()
 	code, r := getReady(t, base)
@@ -128,11 +129,11 @@ func TestAdminCheckPanics(t *testing.T) {
 }
 
 func TestAdminMetrics(t *testing.T) {
-	reg := NewRegistry()
+	reg := service.NewRegistry()
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "admin_test_things_total", Help: "Things."})
 	reg.MustRegister(c)
 	c.Add(3)
-	a, base := startAdmin(t, AdminConfig{Registry: reg})
+	a, base := startAdmin(t, service.AdminConfig{Registry: reg})
 	if a.Registry() != reg {
 		t.Error("Registry() is not the configured registry")
 	}
@@ -158,10 +159,10 @@ func TestAdminMetrics(t *testing.T) {
 
 func TestAdminStartStop(t *testing.T) {
 	logger := zerolog.New(zerolog.NewTestWriter(t))
-	if _, err := NewAdmin(AdminConfig{}); err == nil {
+	if _, err := service.NewAdmin(service.AdminConfig{}); err == nil {
 		t.Error("NewAdmin without an address succeeded")
 	}
-	a, err := NewAdmin(AdminConfig{Addr: "127.0.0.1:0", Logger: logger})
+	a, err := service.NewAdmin(service.AdminConfig{Addr: "127.0.0.1:0", Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,11 +170,11 @@ func TestAdminStartStop(t *testing.T) {
 		t.Errorf("Stop before Start: %v", err)
 	}
 
-	b, base := startAdmin(t, AdminConfig{})
+	b, base := startAdmin(t, service.AdminConfig{})
 	if err := b.Start(context.Background()); err == nil {
 		t.Error("second Start succeeded")
 	}
-	busy, err := NewAdmin(AdminConfig{Addr: b.Addr(), Logger: logger})
+	busy, err := service.NewAdmin(service.AdminConfig{Addr: b.Addr(), Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func TestAdminStartStop(t *testing.T) {
 }
 
 func TestAdminRun(t *testing.T) {
-	a, err := NewAdmin(AdminConfig{Addr: "127.0.0.1:0", Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	a, err := service.NewAdmin(service.AdminConfig{Addr: "127.0.0.1:0", Logger: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,13 +201,14 @@ func TestAdminRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	// Run starts the server itself; wait until it listens.
-	for a.Addr() == "" {
+	testenv.WaitFor(t, 10*time.Second, "the admin server to listen", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("Run returned early: %v", err)
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-	}
+		return a.Addr() != ""
+	})
 	base := "http://" + a.Addr()
 	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("healthz: %d", code)

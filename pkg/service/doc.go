@@ -5,6 +5,10 @@
 // (WithShutdownSignals) and running long-lived components that fail and stop
 // together (RunComponents).
 //
-// These are building blocks, not a framework: a service's main wires them in
-// the order it needs, and every piece can be used and tested on its own.
+// Serve wires these building blocks once, in the order every service uses:
+// admin server, Postgres and its migrations, Redis, the service's
+// components, and the ordered shutdown. Main (and Run, its testable core)
+// adds the command line, the configuration and the logger, so that a
+// service's main.go only names its Program: its configuration and its
+// components, which live in the service's internal/app package.
 package service

@@ -54,39 +54,34 @@ func ExampleUsage() {
 	//   DEMO_DB_URL  -           database URL
 }
 
-// Example shows the shape of a service's main: one exit point, run taking
-// its environment as arguments, the first signal draining, the second
-// exiting at once.
+// Example shows the shape of a service: its configuration (a struct
+// embedding Common, with the service's own defaults) and its components,
+// in its internal/app package; its main only names them. Main handles the
+// command line and the environment, serves until SIGINT/SIGTERM drains the
+// service (a second signal exits at once), and exits with ExitCode.
 func Example() {
-	run := func(ctx context.Context, args []string, getenv func(string) string) error {
-		cfg := &service.Common{AdminAddr: "127.0.0.1:9100"}
-		if err := service.ParseArgs(args, os.Stdout, "demo", "serves demos", cfg); err != nil {
-			return err
-		}
-		if err := service.Load(getenv, cfg); err != nil {
-			return err
-		}
-		logger, err := service.NewLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
-		if err != nil {
-			return err
-		}
-		logger = logger.With().Str("service", "demo").Logger()
-		service.LogConfig(logger, cfg)
-		admin, err := service.NewAdmin(service.AdminConfig{Addr: cfg.AdminAddr, Logger: logger})
-		if err != nil {
-			return err
-		}
-		admin.MarkReady()
-		return service.RunComponents(ctx, logger, cfg.ShutdownGrace, admin.Component())
+	type Config struct {
+		service.Common
+		Greeting string `env:"GREETING" envDefault:"hello" desc:"what the worker says"`
+	}
+	newConfig := func() *Config {
+		return &Config{Common: service.Common{AdminAddr: "127.0.0.1:9100"}}
+	}
+	components := func(_ context.Context, cfg *Config, d service.Deps) ([]service.Component, error) {
+		worker := service.Component{Name: "worker", Run: func(ctx context.Context) error {
+			d.Logger.Info().Msg(cfg.Greeting)
+			<-ctx.Done()
+			return nil
+		}}
+		return []service.Component{worker}, nil
 	}
 	main := func() {
-		ctx, stop := service.WithShutdownSignals(context.Background(), nil)
-		err := run(ctx, os.Args[1:], os.Getenv)
-		stop()
-		if service.ExitCode(err) != 0 {
-			fmt.Fprintln(os.Stderr, "demo:", err)
-		}
-		os.Exit(service.ExitCode(err))
+		service.Main(service.Program[*Config]{
+			Name:       "demo",
+			Summary:    "serves demos",
+			NewConfig:  newConfig,
+			Components: components,
+		})
 	}
-	_ = main // a real main calls it
+	_ = main // a real main is this function
 }

@@ -1,4 +1,4 @@
-package service
+package service_test
 
 import (
 	"bufio"
@@ -15,13 +15,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 func TestRedisOptions(t *testing.T) {
 	tests := []struct {
 		name       string
-		cfg        RedisConfig
+		cfg        service.RedisConfig
 		wantAddrs  []string
 		wantMaster string
 		wantSentPW string
@@ -34,7 +35,7 @@ func TestRedisOptions(t *testing.T) {
 	}{
 		{
 			name:       "single",
-			cfg:        RedisConfig{URL: "redis://user:pw@10.0.0.1:6380/3?dial_timeout=3s"},
+			cfg:        service.RedisConfig{URL: "redis://user:pw@10.0.0.1:6380/3?dial_timeout=3s"},
 			wantAddrs:  []string{"10.0.0.1:6380"},
 			wantDB:     3,
 			wantUser:   "user",
@@ -43,7 +44,7 @@ func TestRedisOptions(t *testing.T) {
 		},
 		{
 			name:       "single over TLS",
-			cfg:        RedisConfig{URL: "rediss://:pw@redis.example.com:6380/0"},
+			cfg:        service.RedisConfig{URL: "rediss://:pw@redis.example.com:6380/0"},
 			wantAddrs:  []string{"redis.example.com:6380"},
 			wantPW:     "pw",
 			wantTLS:    true,
@@ -51,7 +52,7 @@ func TestRedisOptions(t *testing.T) {
 		},
 		{
 			name: "sentinel",
-			cfg: RedisConfig{
+			cfg: service.RedisConfig{
 				URL:              "redis://:masterpw@ignored:1/2",
 				SentinelMaster:   "mymaster",
 				SentinelAddrs:    []string{"10.0.0.1:26379", "10.0.0.2:26379"},
@@ -66,7 +67,7 @@ func TestRedisOptions(t *testing.T) {
 		},
 		{
 			name:       "cluster with one seed",
-			cfg:        RedisConfig{URL: "redis://:pw@ignored:1/0", ClusterAddrs: []string{"10.0.0.1:7000"}},
+			cfg:        service.RedisConfig{URL: "redis://:pw@ignored:1/0", ClusterAddrs: []string{"10.0.0.1:7000"}},
 			wantAddrs:  []string{"10.0.0.1:7000"},
 			wantPW:     "pw",
 			cluster:    true,
@@ -74,7 +75,7 @@ func TestRedisOptions(t *testing.T) {
 		},
 		{
 			name:       "cluster",
-			cfg:        RedisConfig{URL: "redis://127.0.0.1:1", ClusterAddrs: []string{"10.0.0.1:7000", "10.0.0.2:7000"}},
+			cfg:        service.RedisConfig{URL: "redis://127.0.0.1:1", ClusterAddrs: []string{"10.0.0.1:7000", "10.0.0.2:7000"}},
 			wantAddrs:  []string{"10.0.0.1:7000", "10.0.0.2:7000"},
 			cluster:    true,
 			wantClient: "*redis.ClusterClient",
@@ -106,24 +107,24 @@ func TestRedisOptions(t *testing.T) {
 func TestRedisOptionsInvalid(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  RedisConfig
+		cfg  service.RedisConfig
 		want string // the variable blamed
 	}{
-		{"bad scheme", RedisConfig{URL: "http://x"}, "REDIS_URL"},
-		{"bad db", RedisConfig{URL: "redis://:hunter2@x/abc"}, "REDIS_URL"},
-		{"not a URL", RedisConfig{URL: "redis://:hunter2@x:bad port/0"}, "REDIS_URL"},
-		{"master without sentinels", RedisConfig{URL: DefaultRedisURL, SentinelMaster: "m"}, "REDIS_SENTINEL_ADDRS"},
-		{"sentinels without master", RedisConfig{URL: DefaultRedisURL, SentinelAddrs: []string{"a:1"}}, "REDIS_SENTINEL_MASTER"},
-		{"sentinel and cluster", RedisConfig{URL: DefaultRedisURL, SentinelMaster: "m", SentinelAddrs: []string{"a:1"}, ClusterAddrs: []string{"b:1"}}, "REDIS_CLUSTER_ADDRS"},
-		{"cluster with a db", RedisConfig{URL: "redis://x:1/3", ClusterAddrs: []string{"b:1"}}, "REDIS_URL"},
-		{"sentinel address without port", RedisConfig{URL: DefaultRedisURL, SentinelMaster: "m", SentinelAddrs: []string{"a"}}, "REDIS_SENTINEL_ADDRS"},
-		{"sentinel password alone", RedisConfig{URL: DefaultRedisURL, SentinelPassword: "x"}, "REDIS_SENTINEL_PASSWORD"},
-		{"unix socket with cluster", RedisConfig{URL: "unix:///run/redis.sock", ClusterAddrs: []string{"b:1"}}, "REDIS_URL"},
+		{"bad scheme", service.RedisConfig{URL: "http://x"}, "REDIS_URL"},
+		{"bad db", service.RedisConfig{URL: "redis://:hunter2@x/abc"}, "REDIS_URL"},
+		{"not a URL", service.RedisConfig{URL: "redis://:hunter2@x:bad port/0"}, "REDIS_URL"},
+		{"master without sentinels", service.RedisConfig{URL: service.DefaultRedisURL, SentinelMaster: "m"}, "REDIS_SENTINEL_ADDRS"},
+		{"sentinels without master", service.RedisConfig{URL: service.DefaultRedisURL, SentinelAddrs: []string{"a:1"}}, "REDIS_SENTINEL_MASTER"},
+		{"sentinel and cluster", service.RedisConfig{URL: service.DefaultRedisURL, SentinelMaster: "m", SentinelAddrs: []string{"a:1"}, ClusterAddrs: []string{"b:1"}}, "REDIS_CLUSTER_ADDRS"},
+		{"cluster with a db", service.RedisConfig{URL: "redis://x:1/3", ClusterAddrs: []string{"b:1"}}, "REDIS_URL"},
+		{"sentinel address without port", service.RedisConfig{URL: service.DefaultRedisURL, SentinelMaster: "m", SentinelAddrs: []string{"a"}}, "REDIS_SENTINEL_ADDRS"},
+		{"sentinel password alone", service.RedisConfig{URL: service.DefaultRedisURL, SentinelPassword: "x"}, "REDIS_SENTINEL_PASSWORD"},
+		{"unix socket with cluster", service.RedisConfig{URL: "unix:///run/redis.sock", ClusterAddrs: []string{"b:1"}}, "REDIS_URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := tt.cfg.Options()
-			var fe *FieldError
+			var fe *service.FieldError
 			if !errors.As(err, &fe) || fe.Var != tt.want {
 				t.Fatalf("Options() = %v, want a problem with %s", err, tt.want)
 			}
@@ -136,7 +137,7 @@ func TestRedisOptionsInvalid(t *testing.T) {
 
 func TestNewRedis(t *testing.T) {
 	ctx := context.Background()
-	c, err := NewRedis(ctx, RedisConfig{URL: testenv.RedisURL(t)})
+	c, err := service.NewRedis(ctx, service.RedisConfig{URL: testenv.RedisURL(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +153,7 @@ func TestNewRedis(t *testing.T) {
 
 func TestNewRedisUnreachable(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // nothing listens there
-	_, err := NewRedis(context.Background(), RedisConfig{URL: "redis://" + addr + "/0?max_retries=-1"})
+	_, err := service.NewRedis(context.Background(), service.RedisConfig{URL: "redis://" + addr + "/0?max_retries=-1"})
 	if err == nil || !strings.Contains(err.Error(), "ping redis") {
 		t.Errorf("NewRedis on a closed port = %v, want a ping error", err)
 	}
@@ -180,7 +181,7 @@ func TestNewRedisUnixSocket(t *testing.T) {
 	}
 	go func() { _, _ = io.Copy(io.Discard, out) }()
 
-	c, err := NewRedis(context.Background(), RedisConfig{URL: "unix://" + sock + "?db=1"})
+	c, err := service.NewRedis(context.Background(), service.RedisConfig{URL: "unix://" + sock + "?db=1"})
 	if err != nil {
 		t.Fatal(err)
 	}

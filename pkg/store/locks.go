@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -169,12 +170,8 @@ func AcquireRunLocks(ctx context.Context, pool *pgxpool.Pool, jobID, target stri
 // The caller must Release the locks and should stop its work when Lost
 // fires.
 func (lk *Locker) Acquire(ctx context.Context, jobID, target string, opts LockOptions) (*RunLocks, error) {
-	if opts.PingInterval <= 0 {
-		opts.PingInterval = 5 * time.Second
-	}
-	if opts.PingTimeout <= 0 {
-		opts.PingTimeout = 5 * time.Second
-	}
+	opts.PingInterval = cmp.Or(max(opts.PingInterval, 0), 5*time.Second)
+	opts.PingTimeout = cmp.Or(max(opts.PingTimeout, 0), 5*time.Second)
 	// Both locks are tried in one round trip; the target's is only kept
 	// when the job's was free.
 	var gotJob, gotTarget bool

@@ -36,80 +36,108 @@ func fill(b *testing.B, rdb redis.UniversalClient, s string, n int) {
 }
 
 // BenchmarkDrain measures how fast a consumer drains a filled stream with a
-// no-op handler, at several concurrencies, next to a raw baseline: a bare
-// XREADGROUP COUNT 100 + XACK loop without any of the runtime's guarantees.
-// Run with -benchtime=1x: each run drains benchEntries entries.
+// no-op handler, at several concurrencies, with and without prefetch, next
+// to a raw baseline: a bare XREADGROUP COUNT 100 + XACK loop without any of
+// the runtime's guarantees. On a machine whose load changes, each consumer
+// measurement is paired with a raw drain just before it: x-raw is the ratio
+// of the two. Each run drains benchEntries entries.
 func BenchmarkDrain(b *testing.B) {
 	rdb := testenv.Redis(b)
-	ctx := context.Background()
 	b.Run("raw-xreadgroup-count100", func(b *testing.B) {
 		for range b.N {
-			s, g := names()
-			fill(b, rdb, s, benchEntries)
-			rdb.XGroupCreate(ctx, s, g, "0")
-			b.ResetTimer()
-			start := time.Now()
-			for done := 0; done < benchEntries; {
-				res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: g, Consumer: "raw", Streams: []string{s, ">"}, Count: 100, Block: -1}).Result()
-				if err != nil {
-					b.Fatal(err)
-				}
-				ids := make([]string, 0, 100)
-				for _, m := range res[0].Messages {
-					ids = append(ids, m.ID)
-				}
-				if err := rdb.XAck(ctx, s, g, ids...).Err(); err != nil {
-					b.Fatal(err)
-				}
-				done += len(ids)
-			}
-			b.ReportMetric(float64(benchEntries)/time.Since(start).Seconds(), "msgs/s")
-			b.StopTimer()
-			rdb.Del(ctx, s)
+			b.ReportMetric(rawDrain(b, rdb), "msgs/s")
 		}
 	})
 	for _, conc := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("consumer-concurrency-%d", conc), func(b *testing.B) {
-			for range b.N {
-				s, g := names()
-				fill(b, rdb, s, benchEntries)
-				var handled atomic.Int64
-				done := make(chan struct{})
-				c, err := stream.NewConsumer(rdb, stream.Config{Group: g, Streams: []string{s}, Concurrency: conc},
-					stream.HandlerFunc(func(context.Context, *stream.Message) error {
-						if handled.Add(1) == benchEntries {
-							close(done)
-						}
-						return nil
-					}))
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.ResetTimer()
-				start := time.Now()
-				runCtx, cancel := context.WithCancel(ctx)
-				stopped := make(chan struct{})
-				go func() { _ = c.Run(runCtx); close(stopped) }()
-				<-done
-				// Count the drain as done when every entry is acknowledged.
-				for {
-					p, err := rdb.XPending(ctx, s, g).Result()
-					if err != nil {
-						b.Fatal(err)
-					}
-					if p.Count == 0 {
-						break
-					}
-					time.Sleep(time.Millisecond)
-				}
-				b.ReportMetric(float64(benchEntries)/time.Since(start).Seconds(), "msgs/s")
-				b.StopTimer()
-				cancel()
-				<-stopped
-				rdb.Del(ctx, s)
+		for _, prefetch := range []int{0, benchPrefetch} {
+			name := fmt.Sprintf("consumer-concurrency-%d", conc)
+			if prefetch > 0 {
+				name += fmt.Sprintf("-prefetch-%d", prefetch)
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				for range b.N {
+					raw := rawDrain(b, rdb)
+					rate := benchDrain(b, rdb, conc, prefetch)
+					b.ReportMetric(rate, "msgs/s")
+					b.ReportMetric(raw, "raw-msgs/s")
+					b.ReportMetric(rate/raw, "x-raw")
+				}
+			})
+		}
 	}
+}
+
+// benchPrefetch is the prefetch of the drain benchmarks that use one.
+const benchPrefetch = 256
+
+// rawDrain drains benchEntries entries with a bare XREADGROUP COUNT 100 +
+// XACK loop and returns the rate.
+func rawDrain(b *testing.B, rdb redis.UniversalClient) float64 {
+	b.StopTimer()
+	ctx := context.Background()
+	s, g := names()
+	fill(b, rdb, s, benchEntries)
+	rdb.XGroupCreate(ctx, s, g, "0")
+	b.StartTimer()
+	start := time.Now()
+	for done := 0; done < benchEntries; {
+		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: g, Consumer: "raw", Streams: []string{s, ">"}, Count: 100, Block: -1}).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids := make([]string, 0, 100)
+		for _, m := range res[0].Messages {
+			ids = append(ids, m.ID)
+		}
+		if err := rdb.XAck(ctx, s, g, ids...).Err(); err != nil {
+			b.Fatal(err)
+		}
+		done += len(ids)
+	}
+	rate := float64(benchEntries) / time.Since(start).Seconds()
+	b.StopTimer()
+	rdb.Del(ctx, s)
+	b.StartTimer()
+	return rate
+}
+
+// benchDrain drains benchEntries entries with a consumer and returns the
+// rate up to the last acknowledgement.
+func benchDrain(b *testing.B, rdb redis.UniversalClient, conc, prefetch int) float64 {
+	b.StopTimer()
+	ctx := context.Background()
+	s, g := names()
+	fill(b, rdb, s, benchEntries)
+	// Count the drain as done when every entry is acknowledged.
+	var acked atomic.Int64
+	done := make(chan struct{})
+	c, err := stream.NewConsumer(rdb, stream.Config{
+		Group: g, Streams: []string{s}, Concurrency: conc, Prefetch: prefetch,
+		Hook: func(ev stream.Event) {
+			if ev.Kind == stream.EventAcked && acked.Add(1) == benchEntries {
+				close(done)
+			}
+		},
+	}, stream.HandlerFunc(func(context.Context, *stream.Message) error { return nil }))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StartTimer()
+	start := time.Now()
+	runCtx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() { _ = c.Run(runCtx); close(stopped) }()
+	<-done
+	rate := float64(benchEntries) / time.Since(start).Seconds()
+	b.StopTimer()
+	cancel()
+	<-stopped
+	if p, err := rdb.XPending(ctx, s, g).Result(); err != nil || p.Count != 0 {
+		b.Fatalf("after the drain: pending %+v, err %v", p, err)
+	}
+	rdb.Del(ctx, s)
+	b.StartTimer()
+	return rate
 }
 
 // BenchmarkLatency measures the time from XADD to the handler's start at a
@@ -134,7 +162,11 @@ func BenchmarkLatency(b *testing.B) {
 		runCtx, cancel := context.WithCancel(ctx)
 		stopped := make(chan struct{})
 		go func() { _ = c.Run(runCtx); close(stopped) }()
-		time.Sleep(200 * time.Millisecond) // group created, reader blocked
+		// Measure from when the consumer's reader is blocked on the stream.
+		testenv.WaitFor(b, 10*time.Second, "the consumer reading", func() bool {
+			cs, err := rdb.XInfoConsumers(ctx, s, g).Result()
+			return err == nil && len(cs) == 1
+		})
 		p := stream.NewProducer(rdb, stream.ProducerOptions{})
 		tick := time.NewTicker(time.Second / rate)
 		buf := make([]byte, 8)

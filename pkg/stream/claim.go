@@ -48,10 +48,13 @@ func (c *Consumer) claim(ctx context.Context, st *streamState, n int) (used int,
 		Stream: st.name, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
 		MinIdle: c.cfg.Lease, Start: st.cursor, Count: int64(n),
 	}).Result()
+	defer c.emit(EventClaimRound, st.name, "")
 	if err != nil {
 		if ctx.Err() == nil {
 			if isNoGroup(err) {
-				_ = c.ensureGroup(ctx, st)
+				if c.ensureGroup(ctx, st) == nil {
+					c.emit(EventGroupCreated, st.name, "")
+				}
 			} else {
 				c.log.Warn().Err(err).Str("stream", st.name).Msg("xautoclaim failed")
 			}

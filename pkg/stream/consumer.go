@@ -11,6 +11,8 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
 
 // releaseIdle is the idle time given to an entry released at shutdown: far
@@ -27,12 +29,15 @@ type Consumer struct {
 	log     zerolog.Logger
 	streams []*streamState
 
-	slots *slots         // free handler slots
+	slots *slots         // free holds: Concurrency + Prefetch entries in all
 	work  chan *delivery // dispatched deliveries, served by Concurrency workers
 	acks  *ackQueue      // settled deliveries waiting for XACK
 
 	mu       sync.Mutex
 	inflight map[deliveryKey]*delivery
+	emptied  chan struct{} // poked when inflight becomes empty
+
+	draining atomic.Bool // shutting down: entries not yet started are released
 
 	handlers sync.WaitGroup  // dispatched and not yet settled
 	hctx     context.Context // parent of the handlers' contexts (never cancelled)
@@ -75,10 +80,11 @@ func NewConsumer(rdb redis.UniversalClient, cfg Config, h Handler) (*Consumer, e
 		cfg:      cfg,
 		handler:  h,
 		log:      cfg.Logger.With().Str("group", cfg.Group).Str("consumer", cfg.Consumer).Logger(),
-		slots:    newSlots(cfg.Concurrency),
-		work:     make(chan *delivery, cfg.Concurrency),
+		slots:    newSlots(cfg.Concurrency + cfg.Prefetch),
+		work:     make(chan *delivery, cfg.Concurrency+cfg.Prefetch),
 		acks:     newAckQueue(),
 		inflight: make(map[deliveryKey]*delivery),
+		emptied:  make(chan struct{}, 1),
 	}
 	for _, s := range cfg.Streams {
 		c.streams = append(c.streams, &streamState{
@@ -127,7 +133,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	c.log.Info().Strs("streams", c.cfg.Streams).Int("concurrency", c.cfg.Concurrency).
-		Dur("lease", c.cfg.Lease).Msg("consumer started")
+		Int("prefetch", c.cfg.Prefetch).Dur("lease", c.cfg.Lease).Msg("consumer started")
 
 	var readers sync.WaitGroup
 	for _, st := range c.streams {
@@ -136,11 +142,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	readers.Go(func() { c.maintainLoop(ctx) })
 
 	<-ctx.Done()
-	// Shutdown order: stop taking new entries first, so nothing new starts;
-	// then let handlers finish while the heartbeat keeps their leases; then
-	// cancel the stragglers and release their entries; last, flush acks and
-	// stop the heartbeat.
+	// Shutdown order: stop taking new entries first, so nothing new starts,
+	// and give back the prefetched ones no handler started; then let
+	// handlers finish while the heartbeat keeps their leases; then cancel
+	// the stragglers and release their entries; last, flush acks and stop
+	// the heartbeat.
+	c.draining.Store(true)
 	readers.Wait()
+	c.releaseWaiting()
 	c.log.Info().Int("in_flight", c.inFlight()).Dur("grace", c.cfg.ShutdownGrace).Msg("consumer draining")
 	settled := true
 	if !waitTimeout(&c.handlers, c.cfg.ShutdownGrace) {
@@ -220,10 +229,8 @@ func retry(ctx context.Context, log zerolog.Logger, what string, f func() error)
 		}
 		d := bo.NextBackOff()
 		log.Warn().Err(err).Dur("retry_in", d).Msg(what + " failed")
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: %w", what, errors.Join(err, ctx.Err()))
-		case <-time.After(d):
+		if serr := clock.Sleep(ctx, nil, d); serr != nil {
+			return fmt.Errorf("%s: %w", what, errors.Join(err, serr))
 		}
 	}
 }
@@ -235,14 +242,8 @@ func newBackoff() *backoff.ExponentialBackOff {
 	return bo
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
+// sleepCtx waits d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) { _ = clock.Sleep(ctx, nil, d) }
 
 // share is how many slots one reader may take at once: the free slots
 // divided among the readers, so that a reader blocked on a quiet stream does

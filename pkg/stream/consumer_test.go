@@ -118,17 +118,31 @@ func TestLongJobIsNeverTakenFromLiveOwner(t *testing.T) {
 	rdb := testenv.Redis(t)
 	s, g := names()
 	const lease = 300 * time.Millisecond
-	const job = 10 * lease
 
+	// The job lasts until its lease was renewed 40 times (ten leases) and
+	// the consumers ran 100 claim rounds meanwhile, in which a wrong claim
+	// would have happened: signals, not a duration the machine's load could
+	// stretch.
+	ev := newEvents()
+	jobOver := make(chan struct{})
 	var runs atomic.Int32
 	var sawCancel atomic.Bool
 	done := make(chan struct{})
 	h := stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
 		if runs.Add(1) > 1 {
 			t.Errorf("entry %s delivered again (delivery %d) while its owner lives", msg.ID, msg.Deliveries)
+			return nil
 		}
+		rounds := ev.count(stream.EventClaimRound, "")
+		go func() {
+			if ev.until(2*time.Minute, func() bool {
+				return ev.count(stream.EventRenewed, msg.ID) >= 40 && ev.count(stream.EventClaimRound, "") >= rounds+100
+			}) {
+				close(jobOver)
+			}
+		}()
 		select {
-		case <-time.After(job):
+		case <-jobOver:
 		case <-ctx.Done():
 			sawCancel.Store(true)
 			return ctx.Err()
@@ -138,12 +152,14 @@ func TestLongJobIsNeverTakenFromLiveOwner(t *testing.T) {
 	})
 	// Three consumers compete; whichever takes the entry must keep it.
 	for range 3 {
-		running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: lease, ClaimInterval: 20 * time.Millisecond}, h))
+		running(t, newConsumer(t, rdb, stream.Config{
+			Group: g, Streams: []string{s}, Lease: lease, ClaimInterval: 20 * time.Millisecond, Hook: ev.hook,
+		}, h))
 	}
 	publish(t, rdb, s, 1)
 	select {
 	case <-done:
-	case <-time.After(job + 10*time.Second):
+	case <-time.After(2*time.Minute + 10*time.Second):
 		t.Fatal("job did not finish")
 	}
 	if sawCancel.Load() {
@@ -323,7 +339,8 @@ func TestLeaseLostCancelsHandlerAndAcksNothing(t *testing.T) {
 	cancelled := make(chan error, 1)
 	started := make(chan struct{}, 1)
 	var runs atomic.Int32
-	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: 200 * time.Millisecond},
+	ev := newEvents()
+	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: 200 * time.Millisecond, Hook: ev.hook},
 		stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
 			runs.Add(1)
 			started <- struct{}{}
@@ -364,7 +381,15 @@ func TestLeaseLostCancelsHandlerAndAcksNothing(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("handler not cancelled after its lease was lost")
 	}
-	time.Sleep(500 * time.Millisecond) // give a wrong ack or a wrong reclaim the time to happen
+	// The consumer lets go of the entry once the handler returned; after
+	// that, nothing of it is left to acknowledge. Three claim rounds later
+	// (every Lease/4) a wrong reclaim would have happened.
+	ev.waitCount(t, 5*time.Second, stream.EventLeft, ids[0], 1)
+	rounds := ev.count(stream.EventClaimRound, "")
+	ev.waitCount(t, 10*time.Second, stream.EventClaimRound, "", rounds+3)
+	if n := ev.count(stream.EventAcked, ids[0]); n != 0 {
+		t.Fatalf("the lost entry was acknowledged %d times", n)
+	}
 	p, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s, Group: g, Start: "-", End: "+", Count: 10}).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -447,14 +472,15 @@ func TestGroupRecreatedAfterRedisLostData(t *testing.T) {
 	rdb := testenv.Redis(t)
 	s, g := names()
 	rec := newRecorder(2)
-	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Block: 50 * time.Millisecond}, rec))
+	ev := newEvents()
+	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Block: 50 * time.Millisecond, Hook: ev.hook}, rec))
 	publish(t, rdb, s, 1)
 	testenv.WaitFor(t, 10*time.Second, "first entry", func() bool { _, n := rec.snapshot(); return n == 1 })
 	// The stream and its group vanish (Redis restarted without persistence).
 	if err := rdb.Del(context.Background(), s).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // the reader hits NOGROUP
+	ev.waitCount(t, 10*time.Second, stream.EventGroupCreated, "", 1) // the reader hit NOGROUP
 	if err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: s, Values: map[string]any{"data": "after"}}).Err(); err != nil {
 		t.Fatal(err)
 	}

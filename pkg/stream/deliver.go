@@ -74,6 +74,7 @@ func (c *Consumer) readError(ctx context.Context, st *streamState, op string, er
 	if isNoGroup(err) {
 		c.log.Warn().Str("stream", st.name).Msg("consumer group missing (Redis lost its data?): creating it again")
 		if gerr := c.ensureGroup(ctx, st); gerr == nil {
+			c.emit(EventGroupCreated, st.name, "")
 			return
 		}
 	}
@@ -118,11 +119,23 @@ func (c *Consumer) dispatch(st *streamState, msgs []redis.XMessage, counts []int
 	}
 }
 
-// process runs the handler for one delivery and settles the entry.
+// process runs the handler for one delivery and settles the entry. An
+// entry that waited (prefetched) is not started when its lease was lost
+// meanwhile, nor when the consumer is shutting down: it is released then.
 func (c *Consumer) process(d *delivery) {
-	defer c.handlers.Done()
-	defer c.slots.release(1)
-	defer d.cancel(nil)
+	switch c.start(d) {
+	case startLost:
+		log := c.entryLog(d)
+		log.Warn().Msg("lease lost before the handler started: entry left to its new owner")
+		c.forget(d)
+		c.emit(EventLeft, d.st.name, d.msg.ID)
+		c.done(d)
+		return
+	case startDraining:
+		c.releaseUnstarted([]*delivery{d})
+		return
+	}
+	defer c.done(d)
 	if d.overLimit {
 		c.deadLetter(d, "max_deliveries",
 			fmt.Errorf("delivered %d times without success (handlers failed or their consumers died)", d.msg.Deliveries))
@@ -132,6 +145,80 @@ func (c *Consumer) process(d *delivery) {
 	err := c.call(d)
 	d.st.m.observe(time.Since(start).Seconds())
 	c.settle(d, err)
+}
+
+type startResult int
+
+const (
+	startOK startResult = iota
+	startLost
+	startDraining
+)
+
+// start tells whether a worker may run a delivery it took: not when its
+// lease was lost, nor when the consumer is shutting down.
+func (c *Consumer) start(d *delivery) startResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case d.lost:
+		return startLost
+	case c.draining.Load():
+		return startDraining
+	}
+	return startOK
+}
+
+// done ends a dispatched delivery: its slot is free again.
+func (c *Consumer) done(d *delivery) {
+	d.cancel(nil)
+	c.slots.release(1)
+	c.handlers.Done()
+}
+
+// releaseWaiting releases, at shutdown, the dispatched entries no worker
+// took yet.
+func (c *Consumer) releaseWaiting() {
+	var ds []*delivery
+	for {
+		select {
+		case d := <-c.work:
+			ds = append(ds, d)
+			continue
+		default:
+		}
+		break
+	}
+	c.releaseUnstarted(ds)
+}
+
+// releaseUnstarted gives entries whose handler never started back to the
+// group at once, without counting their delivery, and ends them. An entry
+// whose lease was lost meanwhile is left to its new owner.
+func (c *Consumer) releaseUnstarted(ds []*delivery) {
+	if len(ds) == 0 {
+		return
+	}
+	byStream := map[*streamState][]*delivery{}
+	var lost []*delivery
+	c.mu.Lock()
+	for _, d := range ds {
+		if d.lost {
+			lost = append(lost, d)
+			continue
+		}
+		byStream[d.st] = append(byStream[d.st], d)
+	}
+	c.mu.Unlock()
+	c.forget(lost...)
+	c.emitEach(EventLeft, lost)
+	for st, sds := range byStream {
+		c.release(st, sds, releaseIdle, true, EventReleased)
+		c.log.Info().Str("stream", st.name).Int("entries", len(sds)).Msg("shutdown: released prefetched entries")
+	}
+	for _, d := range ds {
+		c.done(d)
+	}
 }
 
 // call runs the handler, turning a panic into an error.
@@ -152,6 +239,7 @@ func (c *Consumer) settle(d *delivery, err error) {
 		log := c.entryLog(d)
 		log.Warn().AnErr("handler_error", err).Msg("lease lost: entry left to its new owner")
 		c.forget(d)
+		c.emit(EventLeft, d.st.name, d.msg.ID)
 		return
 	}
 	if err == nil {
@@ -167,15 +255,14 @@ func (c *Consumer) settle(d *delivery, err error) {
 		c.deadLetter(d, perm.Reason, err)
 	case errors.Is(context.Cause(d.ctx), ErrShutdown):
 		log.Info().Err(err).Msg("interrupted by shutdown: releasing entry to other consumers")
-		c.release(d, releaseIdle, d.msg.Deliveries-1)
-		d.st.m.add(cReleased, 1)
+		c.release(d.st, []*delivery{d}, releaseIdle, true, EventReleased)
 	case d.msg.Deliveries >= c.cfg.MaxDeliveries:
 		log.Warn().Err(err).Msg("delivery limit reached: dead-lettering")
 		c.deadLetter(d, "max_deliveries", fmt.Errorf("failed on delivery %d of %d: %w", d.msg.Deliveries, c.cfg.MaxDeliveries, err))
 	default:
 		delay := c.retryDelay(d.msg.Deliveries)
 		log.Warn().Err(err).Dur("retry_in", delay).Msg("handler failed: entry will be redelivered")
-		c.release(d, c.cfg.Lease-delay, -1)
+		c.release(d.st, []*delivery{d}, c.cfg.Lease-delay, false, EventRetry)
 	}
 }
 
@@ -213,28 +300,58 @@ func (c *Consumer) forget(ds ...*delivery) {
 			removed[d.st]++
 		}
 	}
+	empty := len(c.inflight) == 0
 	c.mu.Unlock()
 	for st, n := range removed {
 		st.m.inFlightAdd(-n)
 	}
+	if empty {
+		select {
+		case c.emptied <- struct{}{}:
+		default:
+		}
+	}
 }
 
-// release makes an owned entry claimable after Lease - idle (retryCount -1
-// keeps its delivery count) and forgets it. When Redis cannot be reached the
-// entry becomes claimable when its lease runs out anyway.
-func (c *Consumer) release(d *delivery, idle time.Duration, retryCount int64) {
-	defer c.forget(d)
-	ctx, cancel := context.WithTimeout(c.bgCtx, 5*time.Second)
-	defer cancel()
-	lost, err := runFenced(ctx, c.rdb, releaseScript, d.st.name,
-		[]any{c.cfg.Group, c.cfg.Consumer, idle.Milliseconds(), d.msg.ID, retryCount})
-	if err != nil {
-		c.log.Warn().Err(err).Str("stream", d.st.name).Str("msg_id", d.msg.ID).
-			Msg("release failed: entry becomes claimable when its lease runs out")
-		return
-	}
-	if len(lost) > 0 {
-		d.st.m.add(cLeaseLost, 1)
+// releaseBatch bounds the entries of one release script call (two
+// arguments each).
+const releaseBatch = scriptBatch / 2
+
+// release makes owned entries of st claimable after Lease - idle and forgets
+// them. With uncount, the delivery that is ending does not count: the
+// entry's delivery count goes back by one. Each released entry is reported
+// as kind; entries found owned by another consumer as EventLeft. When Redis
+// cannot be reached the entries become claimable when their lease runs out
+// anyway.
+func (c *Consumer) release(st *streamState, ds []*delivery, idle time.Duration, uncount bool, kind EventKind) {
+	defer c.forget(ds...)
+	for len(ds) > 0 {
+		batch := ds[:min(len(ds), releaseBatch)]
+		ds = ds[len(batch):]
+		args := make([]any, 0, 3+2*len(batch))
+		args = append(args, c.cfg.Group, c.cfg.Consumer, idle.Milliseconds())
+		for _, d := range batch {
+			rc := int64(-1)
+			if uncount {
+				rc = max(d.msg.Deliveries-1, 0)
+			}
+			args = append(args, d.msg.ID, rc)
+		}
+		ctx, cancel := context.WithTimeout(c.bgCtx, 5*time.Second)
+		lost, err := runFenced(ctx, c.rdb, releaseScript, st.name, args)
+		cancel()
+		if err != nil {
+			c.log.Warn().Err(err).Str("stream", st.name).Strs("msg_ids", idsOf(batch)).
+				Msg("release failed: entries become claimable when their lease runs out")
+			c.emitEach(EventLeft, batch)
+			continue
+		}
+		kept := c.leave(batch, lost)
+		st.m.add(cLeaseLost, len(lost))
+		if kind == EventReleased {
+			st.m.add(cReleased, len(kept))
+		}
+		c.emitEach(kind, kept)
 	}
 }
 
@@ -263,9 +380,11 @@ func (c *Consumer) deadLetter(d *delivery, reason string, cause error) {
 		c.log.Error().Err(err).Str("stream", d.st.name).Str("msg_id", d.msg.ID).
 			Msg("dead-letter write failed: entry stays pending and will be retried")
 		c.forget(d)
+		c.emit(EventLeft, d.st.name, d.msg.ID)
 		return
 	}
 	d.st.m.deadLetter(reason)
+	c.emit(EventDeadLettered, d.st.name, d.msg.ID)
 	c.log.Warn().Str("stream", d.st.name).Str("msg_id", d.msg.ID).Str("reason", reason).
 		Str("dead_stream", d.st.dead).Msg("entry dead-lettered")
 	c.enqueueAck(d)
@@ -275,16 +394,14 @@ func (c *Consumer) deadLetter(d *delivery, reason string, cause error) {
 // handlers wait (backpressure while Redis does not take acks).
 const maxQueuedAcks = 64
 
-// enqueueAck hands the entry to the ack loop.
+// enqueueAck hands the entry to the ack loop, waiting while the queue is
+// full. At the end of Run the entry is left pending instead: it is
+// redelivered after its lease.
 func (c *Consumer) enqueueAck(d *delivery) {
-	for c.acks.len() > maxQueuedAcks*c.cfg.Concurrency {
-		if c.bgCtx.Err() != nil {
-			c.forget(d) // stays pending; redelivered after its lease
-			return
-		}
-		time.Sleep(time.Millisecond)
+	if !c.acks.push(c.bgCtx, d, maxQueuedAcks*(c.cfg.Concurrency+c.cfg.Prefetch)) {
+		c.forget(d)
+		c.emit(EventLeft, d.st.name, d.msg.ID)
 	}
-	c.acks.push(d)
 }
 
 // runFenced runs a fenced script on one stream and returns the ids this

@@ -1,7 +1,17 @@
-// Package stream is the Redis Streams runtime every service uses: a
-// Producer that appends entries without ever trimming what a consumer group
-// has not read, and a Consumer that runs a Handler for each entry of one or
-// more streams as a member of a consumer group.
+// Package stream is the Redis Streams runtime every service uses, and the
+// only code of the system that reads or writes streams:
+//
+//   - Producer appends entries without ever trimming what a consumer group
+//     has not read; its BatchPublisher appends best-effort streams (a job's
+//     progress) in pipelined batches from a goroutine of its own, dropping
+//     only what the caller offered as droppable when Redis falls behind.
+//   - Consumer runs a Handler for each entry of one or more streams as a
+//     member of a consumer group; Mux routes each stream to its own Handler.
+//   - Inspector shows streams, groups (lag, pending, consumers, oldest
+//     pending entry) and dead letters, and replays or drops dead letters:
+//     what operators' tools build on.
+//   - KeyWatcher tells a process when keys come to exist (a job's cancel
+//     key), checking all of them in one round trip per interval.
 //
 // # Delivery model
 //
@@ -18,6 +28,28 @@
 // example after Redis was unreachable for longer than Lease) has its context
 // cancelled with ErrLeaseLost as the cause; it must publish nothing, and the
 // runtime acknowledges nothing for it.
+//
+// # Prefetch and acknowledgements
+//
+// With Config.Prefetch above zero, a reader asks for up to Concurrency +
+// Prefetch entries in all, so that a handler that finishes finds its next
+// entry already read instead of waiting a round trip for it. A prefetched
+// entry is read with XREADGROUP, so it is owned by this consumer the moment
+// it arrives: it is therefore leased exactly like a running one. The
+// heartbeat renews it, a lease lost while it waits means it is never
+// started (left to its new owner), and if the consumer dies, it is claimed
+// by another after about Lease and counts as a second delivery, like the
+// entry whose handler ran. At shutdown the prefetched entries that no
+// handler started are released at once, before the running handlers are
+// waited for, and their delivery is not counted. Delivery counts, the
+// delivery limit and dead-lettering are the same with and without prefetch.
+// Leave Prefetch at 0 for slow handlers: an entry waiting behind a long job
+// is held while another consumer might be idle.
+//
+// Acknowledgements go out in batches: a settled entry joins a queue that
+// one goroutine sends with one XACK per stream, so a busy consumer sends
+// a few large XACKs instead of one per entry. Only entries whose handler
+// returned nil (or that were dead-lettered) ever join that queue.
 //
 // # Failures
 //
@@ -36,6 +68,22 @@
 // Config.ShutdownGrace, then cancels them (cause ErrShutdown) and releases
 // their entries so that another consumer takes them at once, without counting
 // the interrupted delivery.
+//
+// # Dead letters and replays
+//
+// A dead letter keeps the original entry's fields next to the DeadField*
+// fields. Inspector.Replay appends it to its stream again as a new entry,
+// with the fields a caller-given function returns (for example the payload
+// with a new job id) plus the ReplayField* fields naming its origin, and
+// records the new id in the hash "<stream>:dead:replays"; a dead letter is
+// replayed at most once, and stays listed, with its replay, until dropped.
+//
+// # Observing a consumer
+//
+// Config.Hook receives an Event for what the consumer did to an entry
+// (acknowledged, dead-lettered, released, left to another owner, renewed)
+// and for claim rounds and re-created groups. Tests wait on these events
+// instead of sleeping; production code leaves the hook nil and uses Metrics.
 //
 // # Redis deployments
 //

@@ -36,12 +36,16 @@ func childConsumer() int {
 	}
 	rdb := redis.NewClient(opt)
 	lease, _ := time.ParseDuration(os.Getenv("STREAM_TEST_LEASE"))
+	concurrency, _ := strconv.Atoi(os.Getenv("STREAM_TEST_CONCURRENCY"))
+	prefetch, _ := strconv.Atoi(os.Getenv("STREAM_TEST_PREFETCH"))
 	started := os.Getenv("STREAM_TEST_STARTED")
 	c, err := stream.NewConsumer(rdb, stream.Config{
-		Group:    os.Getenv("STREAM_TEST_GROUP"),
-		Streams:  []string{os.Getenv("STREAM_TEST_STREAM")},
-		Consumer: "child-" + strconv.Itoa(os.Getpid()),
-		Lease:    lease,
+		Group:       os.Getenv("STREAM_TEST_GROUP"),
+		Streams:     []string{os.Getenv("STREAM_TEST_STREAM")},
+		Consumer:    "child-" + strconv.Itoa(os.Getpid()),
+		Lease:       lease,
+		Concurrency: concurrency,
+		Prefetch:    prefetch,
 	}, stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
 		rdb.RPush(context.Background(), started, msg.ID)
 		<-ctx.Done()
@@ -59,6 +63,13 @@ func childConsumer() int {
 // returned list key.
 func startChild(t testing.TB, redisURL, streamName, group string, lease time.Duration) (*exec.Cmd, string) {
 	t.Helper()
+	return startChildWith(t, redisURL, streamName, group, lease, 0, 0)
+}
+
+// startChildWith is startChild with a concurrency and a prefetch (0: the
+// defaults).
+func startChildWith(t testing.TB, redisURL, streamName, group string, lease time.Duration, concurrency, prefetch int) (*exec.Cmd, string) {
+	t.Helper()
 	started := testenv.Unique("started-")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
@@ -68,6 +79,8 @@ func startChild(t testing.TB, redisURL, streamName, group string, lease time.Dur
 		"STREAM_TEST_GROUP="+group,
 		"STREAM_TEST_LEASE="+lease.String(),
 		"STREAM_TEST_STARTED="+started,
+		"STREAM_TEST_CONCURRENCY="+strconv.Itoa(concurrency),
+		"STREAM_TEST_PREFETCH="+strconv.Itoa(prefetch),
 	)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -108,16 +121,17 @@ func publish(t testing.TB, rdb redis.UniversalClient, s string, n int) []string 
 
 // recorder is a handler that counts the runs of each payload.
 type recorder struct {
-	mu    sync.Mutex
-	runs  map[string]int
-	total int
-	done  chan struct{}
-	want  int
-	fn    func(ctx context.Context, msg *stream.Message) error
+	mu         sync.Mutex
+	runs       map[string]int
+	deliveries map[string]int64 // entry id -> delivery count of its last run
+	total      int
+	done       chan struct{}
+	want       int
+	fn         func(ctx context.Context, msg *stream.Message) error
 }
 
 func newRecorder(want int) *recorder {
-	return &recorder{runs: map[string]int{}, done: make(chan struct{}), want: want}
+	return &recorder{runs: map[string]int{}, deliveries: map[string]int64{}, done: make(chan struct{}), want: want}
 }
 
 func (r *recorder) Handle(ctx context.Context, msg *stream.Message) error {
@@ -129,11 +143,29 @@ func (r *recorder) Handle(ctx context.Context, msg *stream.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.runs[string(msg.Data())]++
+	r.deliveries[msg.ID] = msg.Deliveries
 	r.total++
 	if r.total == r.want {
 		close(r.done)
 	}
 	return nil
+}
+
+// delivery returns the delivery count of the last run of entry id (0: it
+// did not run).
+func (r *recorder) delivery(id string) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.deliveries[id]
+}
+
+// gate is a handler's wait for the test's go-ahead. open may be called
+// more than once: tests defer it, so that a failing test leaves no handler
+// hanging (deferred calls run before the cleanups that stop consumers).
+func gate() (wait <-chan struct{}, open func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	return ch, func() { once.Do(func() { close(ch) }) }
 }
 
 func (r *recorder) snapshot() (map[string]int, int) {
@@ -199,4 +231,89 @@ func deadEntries(t testing.TB, rdb redis.UniversalClient, s string) []redis.XMes
 		t.Fatal(err)
 	}
 	return msgs
+}
+
+// events records what consumers report through Config.Hook, so that tests
+// wait for what happened instead of sleeping.
+type events struct {
+	mu      sync.Mutex
+	seen    []stream.Event
+	changed chan struct{} // closed and replaced at each event
+}
+
+func newEvents() *events { return &events{changed: make(chan struct{})} }
+
+// hook is a Config.Hook.
+func (e *events) hook(ev stream.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.seen = append(e.seen, ev)
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// count returns how many events of kind were seen for the entry id ("" for
+// any entry).
+func (e *events) count(kind stream.EventKind, id string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, ev := range e.seen {
+		if ev.Kind == kind && (id == "" || ev.ID == id) {
+			n++
+		}
+	}
+	return n
+}
+
+// wait waits until cond holds, re-checking it at each event; it fails the
+// test after timeout, a bound far above what the condition needs.
+func (e *events) wait(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !e.until(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// until waits until cond holds, re-checking it at each event, and reports
+// whether it did within timeout.
+func (e *events) until(timeout time.Duration, cond func() bool) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		e.mu.Lock()
+		changed := e.changed
+		e.mu.Unlock()
+		if cond() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return false
+		}
+	}
+}
+
+// waitCount waits until at least n events of kind were seen for id.
+func (e *events) waitCount(t testing.TB, timeout time.Duration, kind stream.EventKind, id string, n int) {
+	t.Helper()
+	e.wait(t, timeout, fmt.Sprintf("%d %s events for %q", n, kind, id), func() bool { return e.count(kind, id) >= n })
+}
+
+// pendingFor returns the ids of the entries pending for consumer in group g
+// of s, oldest first.
+func pendingFor(t testing.TB, rdb redis.UniversalClient, s, g, consumer string) []string {
+	t.Helper()
+	p, err := rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{
+		Stream: s, Group: g, Start: "-", End: "+", Count: 1000, Consumer: consumer,
+	}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, len(p))
+	for i, e := range p {
+		ids[i] = e.ID
+	}
+	return ids
 }

@@ -88,6 +88,13 @@ func (c *Consumer) markRenewed(st *streamState, batch []*delivery, lost []string
 		}
 	}
 	c.mu.Unlock()
+	if c.cfg.Hook != nil {
+		for _, d := range batch {
+			if !lostSet[d.msg.ID] {
+				c.emit(EventRenewed, st.name, d.msg.ID)
+			}
+		}
+	}
 	for _, d := range cancelled {
 		c.log.Warn().Str("stream", st.name).Str("msg_id", d.msg.ID).Msg("lease lost: cancelling handler")
 		d.cancel(ErrLeaseLost)
@@ -115,15 +122,17 @@ func (c *Consumer) ackLoop(ctx context.Context) {
 	}
 }
 
-// waitAcksFlushed waits until the ack queue is empty and nothing is in
-// flight, or until d passes.
+// waitAcksFlushed waits until nothing is in flight any more (every entry
+// acknowledged, released or left), or until d passes.
 func (c *Consumer) waitAcksFlushed(d time.Duration) {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if c.acks.len() == 0 && c.inFlight() == 0 {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for c.inFlight() > 0 {
+		select {
+		case <-c.emptied:
+		case <-t.C:
 			return
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -148,6 +157,7 @@ func (c *Consumer) flushAcks(ctx context.Context, batch []*delivery) {
 		switch {
 		case d.lost:
 			// Lost while queued: leave it to its new owner.
+			c.emit(EventLeft, d.st.name, d.msg.ID)
 		case now.Sub(d.renewSent) < c.cfg.Lease/2:
 			g.plain = append(g.plain, d)
 		default:
@@ -164,6 +174,7 @@ func (c *Consumer) flushAcks(ctx context.Context, batch []*delivery) {
 			if err != nil {
 				if ctx.Err() != nil {
 					c.log.Warn().Err(err).Int("entries", len(chunk)).Msg("acks not sent: entries will be redelivered")
+					c.emitEach(EventLeft, g.plain)
 					break
 				}
 				c.log.Warn().Err(err).Str("stream", st.name).Msg("xack failed: retrying")
@@ -180,17 +191,20 @@ func (c *Consumer) flushAcks(ctx context.Context, batch []*delivery) {
 			if err != nil {
 				if ctx.Err() != nil || isNoGroup(err) {
 					c.log.Warn().Err(err).Int("entries", len(chunk)).Msg("acks not sent: entries will be redelivered")
+					c.emitEach(EventLeft, g.fenced)
 					break
 				}
 				c.log.Warn().Err(err).Str("stream", st.name).Msg("fenced ack failed: retrying")
 				sleepCtx(ctx, bo.NextBackOff())
 				continue
 			}
+			acked := chunk
 			if len(lost) > 0 {
 				st.m.add(cLeaseLost, len(lost))
 				c.log.Warn().Strs("msg_ids", lost).Str("stream", st.name).Msg("not acknowledged: taken over by another consumer")
+				acked = c.leave(chunk, lost)
 			}
-			c.acked(st, chunk)
+			c.acked(st, acked)
 			g.fenced = g.fenced[len(chunk):]
 		}
 	}
@@ -201,6 +215,25 @@ func (c *Consumer) flushAcks(ctx context.Context, batch []*delivery) {
 func (c *Consumer) acked(st *streamState, ds []*delivery) {
 	st.m.add(cAcked, len(ds))
 	c.forget(ds...)
+	c.emitEach(EventAcked, ds)
+}
+
+// leave reports the deliveries of chunk whose ids are in lost as left, and
+// returns the others.
+func (c *Consumer) leave(chunk []*delivery, lost []string) []*delivery {
+	lostSet := make(map[string]bool, len(lost))
+	for _, id := range lost {
+		lostSet[id] = true
+	}
+	kept := make([]*delivery, 0, len(chunk))
+	for _, d := range chunk {
+		if lostSet[d.msg.ID] {
+			c.emit(EventLeft, d.st.name, d.msg.ID)
+		} else {
+			kept = append(kept, d)
+		}
+	}
+	return kept
 }
 
 func toAny(ss []string) []any {

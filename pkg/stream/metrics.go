@@ -48,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		released: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "released_total", Help: "Entries released to other consumers at shutdown."}, sg),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "in_flight", Help: "Entries held by this process: handler running or acknowledgement pending."}, sg),
+			Name: "in_flight", Help: "Entries held by this process: prefetched and waiting for a handler, handler running, or acknowledgement pending."}, sg),
 		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 			Name: "handler_duration_seconds", Help: "Handler run time.",
 			Buckets: []float64{.0001, .001, .01, .1, .5, 1, 5, 15, 60, 300, 900, 3600}}, sg),

@@ -118,17 +118,34 @@ func (s *slots) handOverLocked() {
 }
 
 // ackQueue collects settled deliveries for the ack loop. Pushing takes a
-// mutex and, when the queue was empty, signals the loop without blocking.
+// mutex and, when the queue was empty, signals the loop without blocking;
+// a push into a full queue waits until the loop takes what is queued.
 type ackQueue struct {
 	mu    sync.Mutex
 	items []*delivery
 	wake  chan struct{}
+	room  chan struct{} // closed by take; made by a push that waits for room
 }
 
 func newAckQueue() *ackQueue { return &ackQueue{wake: make(chan struct{}, 1)} }
 
-func (q *ackQueue) push(d *delivery) {
+// push queues d once fewer than limit deliveries are queued. It returns
+// false, queuing nothing, when ctx ends first.
+func (q *ackQueue) push(ctx context.Context, d *delivery, limit int) bool {
 	q.mu.Lock()
+	for len(q.items) >= limit {
+		if q.room == nil {
+			q.room = make(chan struct{})
+		}
+		room := q.room
+		q.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return false
+		}
+		q.mu.Lock()
+	}
 	q.items = append(q.items, d)
 	first := len(q.items) == 1
 	q.mu.Unlock()
@@ -138,6 +155,7 @@ func (q *ackQueue) push(d *delivery) {
 		default:
 		}
 	}
+	return true
 }
 
 // take removes and returns everything queued.
@@ -146,11 +164,9 @@ func (q *ackQueue) take() []*delivery {
 	defer q.mu.Unlock()
 	items := q.items
 	q.items = nil
+	if q.room != nil {
+		close(q.room)
+		q.room = nil
+	}
 	return items
-}
-
-func (q *ackQueue) len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.items)
 }

@@ -1,6 +1,7 @@
 package time4vps
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/url"
@@ -53,30 +54,13 @@ type Config struct {
 
 // withDefaults returns c with zero fields set to their defaults.
 func (c Config) withDefaults() Config {
-	if c.URL == "" {
-		c.URL = DefaultURL
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnectTimeout
-	}
-	if c.TaskPollInterval == 0 {
-		c.TaskPollInterval = DefaultTaskPollInterval
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = DefaultRetryMax
-	}
-	if c.RetryMax < 0 {
-		c.RetryMax = 0
-	}
-	if c.RetryWaitMin == 0 {
-		c.RetryWaitMin = DefaultRetryWaitMin
-	}
-	if c.RetryWaitMax == 0 {
-		c.RetryWaitMax = DefaultRetryWaitMax
-	}
+	c.URL = cmp.Or(c.URL, DefaultURL)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.TaskPollInterval = cmp.Or(c.TaskPollInterval, DefaultTaskPollInterval)
+	c.RetryMax = max(cmp.Or(c.RetryMax, DefaultRetryMax), 0) // negative: no retries
+	c.RetryWaitMin = cmp.Or(c.RetryWaitMin, DefaultRetryWaitMin)
+	c.RetryWaitMax = cmp.Or(c.RetryWaitMax, DefaultRetryWaitMax)
 	return c
 }
 

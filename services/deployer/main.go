@@ -3,42 +3,16 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"io"
-	"os"
-
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/app"
 )
 
 func main() {
-	// The first SIGINT/SIGTERM cancels ctx and the service drains; a second
-	// one exits at once with status 130/143.
-	ctx, stop := service.WithShutdownSignals(context.Background(), nil)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
-	if err != nil && service.ExitCode(err) != 0 {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", app.Name, err)
-	}
-	os.Exit(service.ExitCode(err))
-}
-
-// run parses the command line and the configuration, builds the logger and
-// runs the service until ctx is done.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg := app.NewConfig()
-	if err := service.ParseArgs(args, stdout, app.Name, app.Summary, cfg); err != nil {
-		return err // ErrHelp after --help: exit status 0
-	}
-	if err := service.Load(getenv, cfg); err != nil {
-		return err
-	}
-	logger, err := service.NewLogger(stderr, cfg.LogLevel, cfg.LogFormat)
-	if err != nil {
-		return err
-	}
-	logger = logger.With().Str("service", app.Name).Logger()
-	return app.Run(ctx, logger, cfg)
+	service.Main(service.Program[*app.Config]{
+		Name:       app.Name,
+		Summary:    app.Summary,
+		NewConfig:  app.NewConfig,
+		Components: app.Components,
+	})
 }

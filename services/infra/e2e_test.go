@@ -81,9 +81,7 @@ func TestProvisionSucceeds(t *testing.T) {
 	}
 	// Nothing is left behind, the entry was acknowledged, metrics counted it.
 	assertRunRootEmpty(t, e.runRoot)
-	if n := pendingOf(t, e.rdb, messages.StreamProvisionerQueue); n != 0 {
-		t.Errorf("%d entries still pending", n)
-	}
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
 	m := p.metrics(t)
 	if !strings.Contains(m, `autoprov_infra_jobs_total{kind="provision",playbook="setup_server.yml",status="succeeded"} 1`) {
 		t.Errorf("jobs metric missing:\n%s", grepLines(m, "autoprov_infra_jobs_total"))
@@ -114,8 +112,9 @@ func TestFailingTaskIsReportedAndNotRetried(t *testing.T) {
 	if s.Status != store.ServerFailed || !strings.Contains(s.LastError, "setup_server.yml") || s.Attempts != 1 {
 		t.Errorf("server = status %s, last_error %q, attempts %d", s.Status, s.LastError, s.Attempts)
 	}
-	// No automatic retry: one run, one result, nothing pending, no dead letter.
-	time.Sleep(3 * time.Second)
+	// No automatic retry: one run, one result, nothing pending, no dead
+	// letter. Once acknowledged, the entry is never delivered again.
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
 	if spans := e.spans("web-1"); len(spans) != 1 || spans[0].end != 0 {
 		t.Errorf("runs on the server: %+v, want exactly one that failed", spans)
 	}
@@ -249,7 +248,8 @@ func TestKilledInfraRunIsTakenOverOnce(t *testing.T) {
 		t.Fatalf("result = %s attempt %d %+v", r.Status, r.Attempt, r.Error)
 	}
 	t.Logf("taken over and finished %v after the kill", time.Since(killedAt).Round(time.Millisecond))
-	time.Sleep(2 * time.Second)
+	// Once acknowledged, the entry is never delivered again: no second run.
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
 	if n := len(e.provisionResults("job-k")); n != 1 {
 		t.Errorf("%d results, want exactly 1", n)
 	}

@@ -50,7 +50,7 @@ func binaries(t testing.TB) string {
 		if buildErr = testenv.GoBuild(filepath.Join(builtDir, "infra"), ".", false); buildErr != nil {
 			return
 		}
-		buildErr = testenv.GoBuild(filepath.Join(builtDir, "runguard"), "./cmd/runguard", true)
+		buildErr = testenv.GoBuild(filepath.Join(builtDir, "runguard"), "github.com/autoprovisioner/autoprovisioner/pkg/ansible/cmd/runguard", true)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -282,6 +282,31 @@ func (e *e2e) waitProvision(jobID string, timeout time.Duration) *messages.Provi
 		return false
 	})
 	return got
+}
+
+// waitAcked waits until infra's group got every entry of streamName and
+// acknowledged it: the consumer's own signal that a request is settled. An
+// acknowledged entry is never delivered again, so what its handling left
+// (results, runs) is final once this returns.
+func (e *e2e) waitAcked(streamName string, timeout time.Duration) {
+	e.t.Helper()
+	ctx := context.Background()
+	testenv.WaitFor(e.t, timeout, "every "+streamName+" entry acknowledged", func() bool {
+		info, err := e.rdb.XInfoStream(ctx, streamName).Result()
+		if err != nil {
+			return false
+		}
+		groups, err := e.rdb.XInfoGroups(ctx, streamName).Result()
+		if err != nil {
+			return false
+		}
+		for _, g := range groups {
+			if g.Name == "infra" {
+				return g.LastDeliveredID == info.LastGeneratedID && g.Pending == 0
+			}
+		}
+		return false
+	})
 }
 
 // deployResults returns the deploy results for jobID.

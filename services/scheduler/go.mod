@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/autoprovisioner/autoprovisioner/pkg v0.0.0
+	github.com/autoprovisioner/autoprovisioner/pkg/messages v0.0.0
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/config v1.33.18
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
@@ -116,3 +117,5 @@ require (
 )
 
 replace github.com/autoprovisioner/autoprovisioner/pkg => ../../pkg
+
+replace github.com/autoprovisioner/autoprovisioner/pkg/messages => ../../pkg/messages

@@ -9,6 +9,7 @@ package target
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -63,18 +64,12 @@ func (c *ImageConfig) setDefaults() error {
 		}
 		c.CacheDir = dir
 	}
-	if c.Suite == "" {
-		c.Suite = "bookworm"
-	}
-	if c.Mirror == "" {
-		c.Mirror = "http://deb.debian.org/debian"
-	}
+	c.Suite = cmp.Or(c.Suite, "bookworm")
+	c.Mirror = cmp.Or(c.Mirror, "http://deb.debian.org/debian")
 	if len(c.Include) == 0 {
 		c.Include = DefaultInclude
 	}
-	if c.Progress == nil {
-		c.Progress = io.Discard
-	}
+	c.Progress = cmp.Or(c.Progress, io.Discard)
 	return nil
 }
 

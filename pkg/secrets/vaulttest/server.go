@@ -35,14 +35,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
-
-// Clock is the stand-in's time source for token expiry.
-type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Endpoint names a counted kind of request.
 type Endpoint string
@@ -86,7 +81,7 @@ type AppRole struct {
 // Server is the stand-in. Create it with [New].
 type Server struct {
 	srv   *httptest.Server
-	clock Clock
+	clock clock.Clock
 
 	mu         sync.Mutex
 	namespaces map[string]*namespace
@@ -125,13 +120,13 @@ type token struct {
 type Option func(*options)
 
 type options struct {
-	clock Clock
+	clock clock.Clock
 	tls   bool
 }
 
 // WithClock makes the server measure token lifetimes with c (typically a
-// *FakeClock shared with the code under test).
-func WithClock(c Clock) Option { return func(o *options) { o.clock = c } }
+// *clocktest.Fake shared with the code under test).
+func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
 
 // WithTLS serves HTTPS with a self-signed certificate; see
 // [Server.CACertFile].
@@ -141,7 +136,7 @@ func WithTLS() Option { return func(o *options) { o.tls = true } }
 // namespace (as a Vault dev server has) and closes it when the test ends.
 func New(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	o := options{clock: systemClock{}}
+	o := options{clock: clock.System()}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock/clocktest"
 )
 
 type reply struct {
@@ -60,7 +62,7 @@ var envelopeKeys = []string{"auth", "data", "lease_duration", "lease_id", "mount
 // "Lookup a Token (Self)" and "Renew a Token (Self)", secret/kv/kv-v2 "Read
 // Secret Version").
 func TestDocumentedShapes(t *testing.T) {
-	clock := NewFakeClock(time.Unix(1_700_000_000, 0))
+	clock := clocktest.NewFake(time.Unix(1_700_000_000, 0))
 	s := New(t, WithClock(clock))
 	s.AddAppRole("", "approle", AppRole{Name: "app", RoleID: "rid", SecretID: "sid",
 		Token: TokenSpec{TTL: time.Hour, MaxTTL: 90 * time.Minute, Renewable: true}})

@@ -19,6 +19,7 @@
 package time4vpstest
 
 import (
+	"cmp"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -33,6 +34,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
 
 // Endpoint keys, for Count and Fault.Endpoint.
@@ -98,8 +101,8 @@ type Config struct {
 	// server, invalid task ID). Default 200: the official library looks for
 	// errors in the body, never at the status (assumed).
 	AppErrorStatus int
-	// Now is the clock (default time.Now).
-	Now func() time.Time
+	// Clock is the stand-in's clock (default: the system clock).
+	Clock clock.Clock
 }
 
 // VPS is a server of the stand-in. Zero fields take defaults in AddServer.
@@ -216,21 +219,13 @@ type Server struct {
 
 // New starts a stand-in; Close it when done (or use Start).
 func New(cfg Config) *Server {
-	if cfg.Username == "" {
-		cfg.Username = DefaultUsername
-	}
-	if cfg.Password == "" {
-		cfg.Password = DefaultPassword
-	}
+	cfg.Username = cmp.Or(cfg.Username, DefaultUsername)
+	cfg.Password = cmp.Or(cfg.Password, DefaultPassword)
 	if cfg.TaskPolls <= 0 {
 		cfg.TaskPolls = DefaultTaskPolls
 	}
-	if cfg.AppErrorStatus == 0 {
-		cfg.AppErrorStatus = http.StatusOK
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg.AppErrorStatus = cmp.Or(cfg.AppErrorStatus, http.StatusOK)
+	cfg.Clock = cmp.Or(cfg.Clock, clock.System())
 	s := &Server{
 		cfg:        cfg,
 		done:       make(chan struct{}),
@@ -306,7 +301,7 @@ func (s *Server) AddServer(v VPS) {
 		v.OSes = slices.Clone(DefaultOSes)
 	}
 	if v.DateCreated == "" {
-		v.DateCreated = s.cfg.Now().UTC().Format("2006-01-02")
+		v.DateCreated = s.cfg.Clock.Now().UTC().Format("2006-01-02")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -525,7 +520,7 @@ func isoTime(t time.Time) string {
 
 func (s *Server) listServers(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
-	now := s.cfg.Now()
+	now := s.cfg.Clock.Now()
 	ids := make([]int64, 0, len(s.servers))
 	for id, v := range s.servers {
 		if v.Status == "Active" {
@@ -569,7 +564,7 @@ func (s *Server) getServer(w http.ResponseWriter, r *http.Request) {
 	if v == nil {
 		return
 	}
-	now := s.cfg.Now()
+	now := s.cfg.Clock.Now()
 	var active any
 	if v.activeTask != 0 {
 		t := s.tasks[v.activeTask]
@@ -654,7 +649,7 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 		s.appError(w, MsgInvalidTask)
 		return
 	}
-	s.advance(t, s.cfg.Now(), true)
+	s.advance(t, s.cfg.Clock.Now(), true)
 	writeJSON(w, http.StatusOK, taskJSON(t))
 }
 
@@ -717,14 +712,14 @@ func (s *Server) busy(v *vpsState) bool {
 		return false
 	}
 	t := s.tasks[v.activeTask]
-	s.advance(t, s.cfg.Now(), false)
+	s.advance(t, s.cfg.Clock.Now(), false)
 	return t.completed.IsZero()
 }
 
 // newTask creates a task on v. The caller holds s.mu.
 func (s *Server) newTask(v *vpsState, name string) *task {
 	s.nextTaskID++
-	t := &task{id: s.nextTaskID, serverID: v.ID, name: name, activated: s.cfg.Now()}
+	t := &task{id: s.nextTaskID, serverID: v.ID, name: name, activated: s.cfg.Clock.Now()}
 	if len(s.failNext) > 0 {
 		t.fail, t.failMsg = true, s.failNext[0]
 		s.failNext = s.failNext[1:]

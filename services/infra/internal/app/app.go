@@ -1,51 +1,37 @@
-// Package app holds the infra service: its configuration and Run, which
-// opens what the service needs and runs its components until shutdown.
+// Package app holds the infra service: its configuration and its
+// Components. service.Serve runs them: it opens the admin server, Postgres
+// (with migrations) and Redis, and stops everything in order.
 package app
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
-
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
-	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
-// Deps are the resources Run opens and hands to the service's components.
-// Components use them but never close them: Run does, after every
-// component has stopped.
-type Deps struct {
-	Config  *Config
-	Logger  zerolog.Logger
-	DB      *pgxpool.Pool
-	Redis   redis.UniversalClient
-	Metrics *prometheus.Registry
-	Admin   *service.Admin // for extra readiness checks and endpoints
-	// LookupEnv reads the process environment, for env: secret references.
-	LookupEnv func(string) (string, bool)
-}
-
 // Components returns the service's long-running parts, in the order
 // service.RunComponents documents: they are stopped in reverse order, so
 // the stream consumer, which feeds the handlers, comes last and stops first.
-func Components(ctx context.Context, d Deps) ([]service.Component, error) {
-	cfg := d.Config
+// env: secret references are read from d.Getenv, the environment the
+// configuration came from.
+func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Component, error) {
 	log := d.Logger
 
+	lookupEnv := func(name string) (string, bool) {
+		v := d.Getenv(name)
+		return v, v != ""
+	}
 	redactor := secrets.NewRedactor()
-	resolver, err := secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: d.LookupEnv})
+	resolver, err := secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: lookupEnv})
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +63,8 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 		Attempts:       cfg.SSH.Attempts,
 		BaseDelay:      cfg.SSH.BaseDelay,
 		MaxDelay:       cfg.SSH.MaxDelay,
+		Factor:         cfg.SSH.DelayFactor,
+		Jitter:         cfg.SSH.DelayJitter,
 		AttemptTimeout: cfg.SSH.AttemptTimeout,
 		Policy:         cfg.SSH.HostKeyPolicy,
 	}, log, sshcheck.WithMetrics(sshMetrics))
@@ -110,6 +98,7 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
+		Playbooks:        jobs.DefaultPlaybooks,
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
 		DeploySSHUser:    cfg.SSH.DeployUser,
 		MaxDeliveries:    cfg.Stream.MaxDeliveries,
@@ -117,6 +106,7 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 		ProgressTTL:      cfg.Jobs.ProgressTTL,
 		ReinstallOS:      cfg.Jobs.ReinstallOS,
 		ReinstallSSHWait: cfg.Jobs.ReinstallSSHWait,
+		SSHCheckReuse:    cfg.SSH.CheckReuse,
 		Limits:           limits,
 		SiteVars:         siteVars,
 	}, jobs.Deps{
@@ -171,92 +161,4 @@ func Components(ctx context.Context, d Deps) ([]service.Component, error) {
 		}},
 		{Name: "consumer", Run: consumer.Run},
 	}, nil
-}
-
-// Run runs the service until ctx is done, then shuts it down within
-// cfg.ShutdownGrace. It returns nil after a requested shutdown (also one
-// requested while starting).
-//
-// Startup order: the admin server first, so /healthz answers while
-// migrations wait for their lock (/readyz stays 503 until everything is
-// open), then Postgres and its migrations, Redis, and the components.
-//
-// Shutdown order: /readyz turns 503 as soon as shutdown begins; the
-// components stop in reverse order (readers before what they feed); the
-// admin server stops last, so /healthz and /metrics answer until the end;
-// then Redis and Postgres are closed (deferred), once nothing uses them.
-//
-// getenv reads the process environment for env: secret references.
-func Run(ctx context.Context, logger zerolog.Logger, cfg *Config, getenv func(string) string) (err error) {
-	starting := true
-	defer func() {
-		if starting && err != nil && ctx.Err() != nil {
-			logger.Info().Err(err).Msg("shutdown requested while starting")
-			err = nil
-		}
-	}()
-	service.LogConfig(logger, cfg)
-
-	admin, err := service.NewAdmin(service.AdminConfig{Addr: cfg.AdminAddr, Logger: logger, Registry: service.NewRegistry()})
-	if err != nil {
-		return err
-	}
-	if err := admin.Start(ctx); err != nil {
-		return err
-	}
-	defer func() { // when starting fails; a no-op after RunComponents stopped it
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = admin.Stop(stopCtx)
-	}()
-
-	db, err := store.Open(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	// Replicas starting together are safe: Migrate holds a Postgres
-	// advisory lock, the others wait and then find nothing to apply.
-	applied, err := store.Migrate(ctx, db)
-	if err != nil {
-		return err
-	}
-	for _, m := range applied {
-		logger.Info().Int64("version", m.Version).Str("source", m.Source).
-			Float64("took_ms", float64(m.Duration.Microseconds())/1000).Msg("migration applied")
-	}
-	version, err := store.SchemaVersion(ctx, db)
-	if err != nil {
-		return err
-	}
-	logger.Info().Int64("schema_version", version).Int("applied", len(applied)).Msg("database ready")
-
-	rdb, err := service.NewRedis(ctx, cfg.Redis)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = rdb.Close() }()
-
-	admin.AddCheck("postgres", db.Ping)
-	admin.AddCheck("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
-
-	lookupEnv := func(name string) (string, bool) {
-		v := getenv(name)
-		return v, v != ""
-	}
-	parts, err := Components(ctx, Deps{Config: cfg, Logger: logger, DB: db, Redis: rdb, Metrics: admin.Registry(), Admin: admin, LookupEnv: lookupEnv})
-	if err != nil {
-		return fmt.Errorf("set up components: %w", err)
-	}
-	// The admin server comes first: RunComponents stops it last.
-	parts = append([]service.Component{admin.Component()}, parts...)
-	admin.MarkReady()
-	starting = false
-	logger.Info().Str("admin_addr", admin.Addr()).Msg("started")
-	err = service.RunComponents(ctx, logger, cfg.ShutdownGrace, parts...)
-	if err != nil {
-		return err
-	}
-	logger.Info().Msg("stopped")
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,11 +66,14 @@ type PlaybookConfig struct {
 type SSHConfig struct {
 	KeyRef         string          `env:"KEY_REF" desc:"secret reference of the SSH private key for servers without ssh_key_ref (e.g. vault:secret/infra/ssh#private_key)"`
 	Attempts       int             `env:"ATTEMPTS" envDefault:"3" desc:"connection attempts before a server counts as unreachable"`
-	BaseDelay      time.Duration   `env:"BASE_DELAY" envDefault:"2s" desc:"delay before the second attempt; it doubles, with jitter"`
+	BaseDelay      time.Duration   `env:"BASE_DELAY" envDefault:"2s" desc:"delay before the second attempt; it grows by SSH_DELAY_FACTOR, with jitter"`
 	MaxDelay       time.Duration   `env:"MAX_DELAY" envDefault:"30s" desc:"longest delay between attempts"`
+	DelayFactor    float64         `env:"DELAY_FACTOR" envDefault:"2" desc:"each further delay is this many times the one before (at least 1)"`
+	DelayJitter    float64         `env:"DELAY_JITTER" envDefault:"0.2" desc:"spread of each delay (0.2: ±20%; 0: none; below 1)"`
 	AttemptTimeout time.Duration   `env:"ATTEMPT_TIMEOUT" envDefault:"15s" desc:"timeout of one attempt (TCP connect and SSH handshake)"`
 	HostKeyPolicy  sshcheck.Policy `env:"HOST_KEY_POLICY" envDefault:"tofu" desc:"tofu (pin the first host key, enforce it after), strict (require a pinned key) or off (insecure)"`
 	DeployUser     string          `env:"DEPLOY_USER" envDefault:"deploy" desc:"user setup_server.yml creates and later runs log in as; deploys to unregistered servers use it too"`
+	CheckReuse     time.Duration   `env:"CHECK_REUSE" envDefault:"5s" desc:"a run goes without an SSH check when the same address, port and user passed one (or ran a play that succeeded) this recently with the same host key and SSH key; never after a failed check or an unreachable play; 0 checks before every run"`
 }
 
 // JobsConfig configures the handling of requests.
@@ -115,6 +119,24 @@ func (c *Config) Validate() error {
 	}
 	if c.SSH.Attempts < 1 {
 		errs = append(errs, service.Invalid("SSH_ATTEMPTS", "must be at least 1"))
+	}
+	if c.SSH.BaseDelay < 0 {
+		errs = append(errs, service.Invalid("SSH_BASE_DELAY", "must not be negative"))
+	}
+	if c.SSH.MaxDelay < c.SSH.BaseDelay {
+		errs = append(errs, service.Invalid("SSH_MAX_DELAY", "must be at least SSH_BASE_DELAY (%s)", c.SSH.BaseDelay))
+	}
+	if !(c.SSH.DelayFactor >= 1) || math.IsInf(c.SSH.DelayFactor, 0) {
+		errs = append(errs, service.Invalid("SSH_DELAY_FACTOR", "must be a number of at least 1"))
+	}
+	if !(c.SSH.DelayJitter >= 0 && c.SSH.DelayJitter < 1) {
+		errs = append(errs, service.Invalid("SSH_DELAY_JITTER", "must be at least 0 and below 1"))
+	}
+	if c.SSH.AttemptTimeout <= 0 {
+		errs = append(errs, service.Invalid("SSH_ATTEMPT_TIMEOUT", "must be positive"))
+	}
+	if c.SSH.CheckReuse < 0 {
+		errs = append(errs, service.Invalid("SSH_CHECK_REUSE", "must not be negative"))
 	}
 	switch c.SSH.HostKeyPolicy {
 	case sshcheck.PolicyTOFU, sshcheck.PolicyStrict, sshcheck.PolicyOff:

@@ -32,8 +32,8 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 	switch {
 	case errors.Is(err, store.ErrServerNotFound):
 	case errors.As(err, &ambiguous):
-		return j.failEarly(ctx, messages.StatusRejected, messages.KindServerNotFound,
-			fmt.Sprintf("several registered servers have address %s", m.ServerIP))
+		return j.end(ctx, fail(messages.StatusRejected, messages.KindServerNotFound,
+			"several registered servers have address %s", m.ServerIP))
 	case err != nil:
 		return j.infraError(ctx, fmt.Errorf("find server: %w", err))
 	default:
@@ -44,22 +44,19 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 	if j.server != nil {
 		target = "server:" + j.server.Handle
 	}
-	return j.runLocked(ctx, target, h.cfg.Playbooks.Deploy, func(ctx context.Context) error {
-		err := j.deploy(ctx, m)
-		if errors.Is(err, errOutcome) {
-			return nil
-		}
-		return err
+	return j.runLocked(ctx, target, h.cfg.Playbooks.Deploy, func(ctx context.Context) (*outcome, error) {
+		return j.deploy(ctx, m)
 	})
 }
 
-// deploy runs under the job's locks.
-func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) error {
+// deploy runs under the job's locks and returns the outcome of its play;
+// earlier ends come as an *outcome error.
+func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) (*outcome, error) {
 	ep := endpoint{address: m.ServerIP, port: 22, user: j.h.cfg.DeploySSHUser}
 	if j.server != nil {
 		srv, err := store.GetServer(ctx, j.h.DB, j.server.Handle)
 		if err != nil {
-			return fmt.Errorf("read server: %w", err)
+			return nil, fmt.Errorf("read server: %w", err)
 		}
 		j.server = srv
 		ep.port, ep.user = srv.SSHPort, srv.SSHUser
@@ -70,7 +67,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) erro
 
 	creds, err := j.sshCredentials(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	env := map[string]string{}
 	for _, s := range []struct{ name, what, ref string }{
@@ -82,7 +79,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) erro
 		}
 		v, err := j.resolve(ctx, s.what, s.ref)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		env[s.name] = v.Reveal()
 		v.Wipe()
@@ -90,7 +87,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) erro
 
 	hostKey, err := j.checkSSH(ctx, ep, creds)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	modules := m.Modules
 	if modules == nil {
@@ -105,8 +102,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage) erro
 	}
 	res, err := j.play(ctx, j.h.cfg.Playbooks.Deploy, ep, hostKey, creds, vars, env)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	j.applyPlay(j.h.cfg.Playbooks.Deploy, res)
-	return nil
+	return playOutcome(j.h.cfg.Playbooks.Deploy, res), nil
 }

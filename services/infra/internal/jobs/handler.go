@@ -26,6 +26,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,11 +38,12 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
-	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
@@ -74,14 +76,15 @@ var DefaultPlaybooks = Playbooks{
 	Deploy:   "deploy_project.yml",
 }
 
-// Config holds the handler's settings.
+// Config holds the handler's settings. New validates it and fills in
+// nothing: the service's configuration (package app) holds the defaults.
 type Config struct {
 	// Owner names this instance in run rows (the stream consumer name).
 	Owner string
-	// Playbooks to run.
+	// Playbooks to run (DefaultPlaybooks for the project's ansible/).
 	Playbooks Playbooks
 	// DefaultSSHKeyRef is the secret reference of the SSH private key used
-	// for servers without their own ssh_key_ref.
+	// for servers without their own ssh_key_ref; "" means none.
 	DefaultSSHKeyRef string
 	// DeploySSHUser is the user deploys log in as on servers that are not
 	// registered, and the user setup_server.yml creates.
@@ -89,22 +92,69 @@ type Config struct {
 	// MaxDeliveries is the stream consumer's delivery limit: on the last
 	// delivery, infrastructure errors become a failed result.
 	MaxDeliveries int64
-	// CancelPoll is how often a running job checks for a cancel request.
+	// CancelPoll is how often the cancel keys of the running jobs are
+	// checked (all of them in one round trip).
 	CancelPoll time.Duration
 	// ProgressTTL is how long a job's progress stream is kept after the job.
 	ProgressTTL time.Duration
-	// ProgressMaxLen is the approximate length kept of a progress stream.
+	// ProgressMaxLen is the approximate length kept of a progress stream;
+	// 0 means 10,000 entries.
 	ProgressMaxLen int64
 	// ReinstallOS is the OS template for provider reinstalls when the server
 	// has no "os" label.
 	ReinstallOS string
 	// ReinstallSSHWait is how long to wait for SSH after a reinstall.
 	ReinstallSSHWait time.Duration
+	// SSHCheckReuse is how long an SSH check that passed (or a play that
+	// succeeded) stands: a run to the same address, port and user within
+	// it, with the same pinned host key and SSH key, goes without a check
+	// of its own. 0 checks before every run. After a failed check, or a
+	// play that found the server unreachable, the next run checks.
+	SSHCheckReuse time.Duration
+	// LockCheck is how often a running job checks that its lock session
+	// lives; 0 means the store's default (store.LockOptions).
+	LockCheck time.Duration
 	// Limits overrides the runner's time limits per playbook name.
 	Limits map[string]Limits
 	// SiteVars are extra vars of every run (role defaults of the site);
 	// a run's own vars win.
 	SiteVars map[string]any
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	pb := c.Playbooks
+	if pb.Setup == "" || pb.Recovery == "" || pb.Nuke == "" || pb.Deploy == "" {
+		errs = append(errs, fmt.Errorf("playbooks %+v: every playbook must be named", pb))
+	}
+	if c.DeploySSHUser == "" {
+		errs = append(errs, errors.New("deploy ssh user not set"))
+	}
+	if c.MaxDeliveries < 1 {
+		errs = append(errs, fmt.Errorf("max deliveries %d: must be at least 1", c.MaxDeliveries))
+	}
+	if c.ReinstallOS == "" {
+		errs = append(errs, errors.New("reinstall os not set"))
+	}
+	for name, d := range map[string]time.Duration{"cancel poll": c.CancelPoll, "progress ttl": c.ProgressTTL,
+		"reinstall ssh wait": c.ReinstallSSHWait} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must be positive", name, d))
+		}
+	}
+	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must not be negative", name, d))
+		}
+	}
+	if c.ProgressMaxLen < 0 {
+		errs = append(errs, fmt.Errorf("progress max length %d: must not be negative", c.ProgressMaxLen))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("jobs: invalid config: %w", err)
+	}
+	return nil
 }
 
 // Limits are a playbook's wall-clock and idle limits; zero means the
@@ -124,49 +174,32 @@ type Deps struct {
 	Provider Provider // nil when no Time4VPS account is configured
 	Log      zerolog.Logger
 	Metrics  *Metrics
-	Now      func() time.Time
+	Clock    clock.Clock // nil: the system clock
 }
 
 // Handler handles the entries of provisioner:queue and ansible:deploy:queue.
 type Handler struct {
 	cfg Config
 	Deps
+	routes  *stream.Mux        // stream -> handler
+	cancels *stream.KeyWatcher // cancel keys of running jobs
+	checks  *passedChecks      // SSH checks that passed lately
 }
 
 var _ stream.Handler = (*Handler)(nil)
 
-// New returns a Handler; zero Config fields take defaults.
+// New returns a Handler for a valid cfg (see Config.Validate).
 func New(cfg Config, deps Deps) (*Handler, error) {
-	if cfg.Playbooks == (Playbooks{}) {
-		cfg.Playbooks = DefaultPlaybooks
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.DeploySSHUser == "" {
-		cfg.DeploySSHUser = "deploy"
-	}
-	if cfg.MaxDeliveries == 0 {
-		cfg.MaxDeliveries = 5
-	}
-	if cfg.CancelPoll == 0 {
-		cfg.CancelPoll = time.Second
-	}
-	if cfg.ProgressTTL == 0 {
-		cfg.ProgressTTL = 24 * time.Hour
-	}
-	if cfg.ProgressMaxLen == 0 {
-		cfg.ProgressMaxLen = 10_000
-	}
-	if cfg.ReinstallOS == "" {
-		cfg.ReinstallOS = "kvm-debian-12-x86_64"
-	}
-	if cfg.ReinstallSSHWait == 0 {
-		cfg.ReinstallSSHWait = 15 * time.Minute
-	}
+	cfg.ProgressMaxLen = cmp.Or(cfg.ProgressMaxLen, 10_000)
 	if deps.DB == nil || deps.Redis == nil || deps.Producer == nil || deps.Secrets == nil ||
 		deps.Redactor == nil || deps.SSH == nil || deps.Runner == nil {
 		return nil, errors.New("jobs: missing dependency")
 	}
-	if deps.Now == nil {
-		deps.Now = time.Now
+	if deps.Clock == nil {
+		deps.Clock = clock.System()
 	}
 	if deps.Metrics == nil {
 		deps.Metrics = NewMetrics(prometheus.NewRegistry())
@@ -174,20 +207,25 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	if deps.Locker == nil {
 		deps.Locker = store.NewLocker(deps.DB, 0)
 	}
-	return &Handler{cfg: cfg, Deps: deps}, nil
+	h := &Handler{cfg: cfg, Deps: deps, checks: newPassedChecks(cfg.SSHCheckReuse)}
+	h.routes = stream.NewMux()
+	h.routes.RouteFunc(messages.StreamProvisionerQueue, h.handleProvision)
+	h.routes.RouteFunc(messages.StreamAnsibleDeployQueue, h.handleDeploy)
+	h.cancels = stream.NewKeyWatcher(deps.Redis, stream.KeyWatcherOptions{Interval: cfg.CancelPoll, Logger: deps.Log})
+	return h, nil
 }
 
-// Handle processes one request entry; see the package documentation.
+// Now returns the time on the handler's clock.
+func (h *Handler) Now() time.Time { return h.Clock.Now() }
+
+// Handle processes one request entry; see the package documentation. An
+// entry of any other stream is dead-lettered (stream.ReasonUnknownStream).
 func (h *Handler) Handle(ctx context.Context, msg *stream.Message) error {
-	switch msg.Stream {
-	case messages.StreamProvisionerQueue:
-		return h.handleProvision(ctx, msg)
-	case messages.StreamAnsibleDeployQueue:
-		return h.handleDeploy(ctx, msg)
-	default:
-		return stream.Permanent("unknown_stream", fmt.Errorf("no handler for stream %q", msg.Stream))
-	}
+	return h.routes.Handle(ctx, msg)
 }
+
+// Streams returns the streams Handle serves.
+func (h *Handler) Streams() []string { return h.routes.Streams() }
 
 // lastDelivery reports whether msg will not be delivered again after a
 // failure.

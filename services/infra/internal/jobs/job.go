@@ -36,22 +36,24 @@ type job struct {
 	kind         string
 	id           string
 	log          zerolog.Logger
-	out          *messages.Outcome // the result's common part
+	out          *messages.Outcome // the result's common part: written only by record and reject
 	result       any               // *messages.ProvisionerResult or *messages.AnsibleDeployResult
 	resultStream string
 	started      time.Time
 
-	server *store.Server     // nil for a deploy to an unregistered address
-	run    *store.Run        // set once the run row is ours
-	red    *secrets.Redactor // this job's secrets; released when the job ends
-	res    *secrets.Resolver // resolves into red
-	prog   *progress         // nil until the run starts
+	server   *store.Server     // nil for a deploy to an unregistered address
+	run      *store.Run        // set once the run row is ours
+	playbook string            // what the run is for (result.playbook unless a play says otherwise)
+	red      *secrets.Redactor // this job's secrets; released when the job ends
+	res      *secrets.Resolver // resolves into red
+	prog     *progress         // nil until the run starts
 
 	// Timings of the service's own overhead (see play and complete).
-	sshCheck    time.Duration // the SSH check before the play
-	lockWait    time.Duration // waiting for another run on the server
-	playStarted time.Time     // first ansible-playbook exec
-	playEnded   time.Time     // last playbook run over
+	sshCheck       time.Duration // the SSH check before the play
+	sshCheckReused bool          // a check that passed moments ago stood in for it
+	lockWait       time.Duration // waiting for another run on the server
+	playStarted    time.Time     // first ansible-playbook exec
+	playEnded      time.Time     // when the last ansible-playbook exited
 }
 
 func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *messages.Outcome, resultStream string) *job {
@@ -87,25 +89,25 @@ func (j *job) reject(ctx context.Context, err error) error {
 	return stream.Permanent(string(messages.KindInvalidMessage), err)
 }
 
-// failEarly publishes a failed result for a request that never got as far
-// as a run (no run row, no locks), e.g. an unknown server.
-func (j *job) failEarly(ctx context.Context, status messages.Status, kind messages.ErrorKind, message string) error {
-	j.log.Warn().Str("error_kind", string(kind)).Str("reason", message).Msg("request failed before a run")
-	j.out.Fail(status, kind, j.red.RedactString(message))
-	j.out.SetTimes(j.started, j.h.Now())
+// end publishes the outcome of a request that never got as far as a run (no
+// run row, no locks), e.g. an unknown server.
+func (j *job) end(ctx context.Context, o *outcome) error {
+	j.log.Warn().Str("error_kind", string(o.kind)).Str("reason", j.red.RedactString(o.message)).Msg("request failed before a run")
+	j.record(o)
 	if err := j.publish(ctx); err != nil {
 		return err
 	}
-	j.h.Metrics.finished(j.kind, "", status, 0)
+	j.h.Metrics.finished(j.kind, "", o.status, 0)
 	return nil
 }
 
 // runLocked runs body as the job's run: it re-publishes a stored result,
 // leaves a job running elsewhere alone, takes the job and target locks, and
-// records and publishes the outcome body leaves in j.out. body returns an
-// error only for infrastructure failures or interruptions; outcomes of the
-// work itself (failed plays, unreachable servers) go into j.out.
-func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) error) error {
+// records and publishes the outcome body returns (as a value or as an
+// error). Any other error body returns is an infrastructure failure or an
+// interruption: the run is handed over, retried or, on the last delivery,
+// failed.
+func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) (*outcome, error)) error {
 	db := j.h.DB
 	if r, err := store.GetRun(ctx, db, j.id); err == nil && r.State == store.RunDone {
 		return j.republish(ctx, r)
@@ -114,6 +116,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	}
 
 	locks, err := j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{
+		PingInterval: j.h.cfg.LockCheck,
 		OnWait: func() {
 			j.log.Info().Str("target", target).Msg("waiting for another run on this server to finish")
 		},
@@ -142,6 +145,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	if j.server != nil {
 		start.ServerHandle = j.server.Handle
 	}
+	j.playbook = playbook
 	run, started, err := store.StartRun(ctx, db, start)
 	if err != nil {
 		return j.infraError(ctx, fmt.Errorf("start run: %w", err))
@@ -150,8 +154,6 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		return j.republish(ctx, run) // finished while we waited for the locks
 	}
 	j.run = run
-	j.out.Attempt = run.Attempt
-	j.out.Playbook = playbook
 	if run.Attempt > 1 {
 		j.log.Warn().Int("attempt", run.Attempt).Msg("taking over a run whose previous owner stopped")
 	}
@@ -173,12 +175,15 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	j.prog = j.h.startProgress(j.id, j.log)
 	j.prog.emit(messages.ProgressEvent{Type: messages.EventRunStarted, Message: fmt.Sprintf("attempt %d of %s", run.Attempt, playbook)})
 
-	err = body(rctx)
+	o, err := body(rctx)
+	if end, ok := asOutcome(err); ok {
+		o, err = end, nil
+	}
 
 	// A play that finished has an outcome that stands, whatever happened
 	// around it meanwhile; only an interrupted run is handed over or retried.
 	cause := context.Cause(rctx)
-	interrupted := j.out.Status == "" || j.out.Status == messages.StatusCancelled
+	interrupted := o == nil || o.status == messages.StatusCancelled
 	switch {
 	case stream.LeaseLost(ctx):
 		// Another consumer owns the entry now: publish nothing.
@@ -194,22 +199,22 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	case errors.Is(cause, errLockLost):
 		return j.infraError(ctx, errLockLost)
 	case errors.Is(cause, errUserCancel):
-		j.out.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled on request")
+		o = cancelledOnRequest(o)
 	case err != nil:
 		return j.infraError(ctx, err)
+	case o == nil:
+		return j.infraError(ctx, errors.New("the run ended without an outcome"))
 	}
-	return j.complete(ctx)
+	return j.complete(ctx, o)
 }
 
-// complete stores the outcome with the run and the server's new state in
+// complete records o, stores it with the run and the server's new state in
 // one transaction, then publishes it. A crash between the two is mended by
 // the redelivery, which finds the stored result and publishes it again.
-func (j *job) complete(ctx context.Context) error {
+func (j *job) complete(ctx context.Context, o *outcome) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if j.out.StartedAt == "" {
-		j.out.SetTimes(j.started, j.h.Now())
-	}
+	j.record(o)
 	data, err := messages.Encode(j.result)
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
@@ -251,7 +256,7 @@ func (j *job) complete(ctx context.Context) error {
 		start, finish := j.playStarted.Sub(j.started), published.Sub(j.playEnded)
 		j.h.Metrics.overhead.WithLabelValues("start").Observe(start.Seconds())
 		j.h.Metrics.overhead.WithLabelValues("finish").Observe(finish.Seconds())
-		ev = ev.Float64("overhead_start_ms", ms(start)).Float64("ssh_check_ms", ms(j.sshCheck)).
+		ev = ev.Float64("overhead_start_ms", ms(start)).Float64("ssh_check_ms", ms(j.sshCheck)).Bool("ssh_check_reused", j.sshCheckReused).
 			Float64("lock_wait_ms", ms(j.lockWait)).Float64("overhead_finish_ms", ms(finish))
 	}
 	ev.Msg("job finished")
@@ -357,10 +362,8 @@ func (j *job) infraError(ctx context.Context, err error) error {
 		return err
 	}
 	j.log.Error().Str("error", msg).Msg("infrastructure error on the last delivery: failing the job")
-	j.out.Fail(messages.StatusFailed, messages.KindInternal,
-		fmt.Sprintf("gave up after %d deliveries: %s", j.msg.Deliveries, msg))
-	j.out.SetTimes(j.started, j.h.Now())
-	if cerr := j.complete(ctx); cerr != nil {
+	o := fail(messages.StatusFailed, messages.KindInternal, "gave up after %d deliveries: %s", j.msg.Deliveries, msg)
+	if cerr := j.complete(ctx, o); cerr != nil {
 		// Postgres itself is down: publish the result anyway, so that the
 		// requester hears of it, and let the entry be dead-lettered.
 		if perr := j.publish(ctx); perr != nil {

@@ -16,6 +16,7 @@ type Metrics struct {
 	inFlight        prometheus.Gauge
 	progressDropped prometheus.Counter
 	overhead        *prometheus.HistogramVec
+	sshChecksReused prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -35,10 +36,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Routine progress events dropped under load."}),
 		overhead: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "overhead_seconds",
 			Help: "The service's own time around a play: start (request read to ansible-playbook started, SSH check " +
-				"included) and finish (play over to result published).",
+				"included) and finish (ansible-playbook's exit to result published, the runner's clean-up included).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"phase"}),
+		sshChecksReused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "ssh_checks_reused_total",
+			Help: "Runs that went without an SSH check because the same server passed one moments before."}),
 	}
-	reg.MustRegister(m.runs, m.duration, m.unreachable, m.inFlight, m.progressDropped, m.overhead)
+	reg.MustRegister(m.runs, m.duration, m.unreachable, m.inFlight, m.progressDropped, m.overhead, m.sshChecksReused)
 	return m
 }
 

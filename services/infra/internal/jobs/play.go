@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"regexp"
 
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 )
 
 // aliasRE is what an inventory host name may look like.
@@ -24,7 +23,10 @@ func hostAlias(handle, address string) string {
 }
 
 // play runs one playbook against the endpoint. It returns an error only when
-// the run could not start; the run's own outcome is in the result.
+// the run could not start, or when it found the server unreachable after an
+// SSH check was skipped (see passedChecks) and the check it then makes
+// fails: that check's outcome is the job's; otherwise how the run went is in
+// the result (see playOutcome).
 func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey string, creds *credentials,
 	vars map[string]any, env map[string]string) (*ansible.Result, error) {
 	j.log.Info().Str("playbook", playbook).Str("host", ep.alias).Msg("starting playbook")
@@ -56,47 +58,27 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	if err != nil {
 		return nil, fmt.Errorf("run %s: %w", playbook, err)
 	}
-	j.playEnded = res.FinishedAt
-	return res, nil
-}
-
-// applyPlay records a playbook result in the outcome: hosts, failed task,
-// output tail, and the status its outcome implies. It reports whether the
-// playbook succeeded.
-func (j *job) applyPlay(playbook string, res *ansible.Result) bool {
-	j.out.Playbook = playbook
-	if len(res.Hosts) > 0 {
-		j.out.Hosts = make(map[string]messages.HostRecap, len(res.Hosts))
-		for h, r := range res.Hosts {
-			j.out.Hosts[h] = messages.HostRecap{Ok: r.OK, Changed: r.Changed, Failed: r.Failed,
-				Unreachable: r.Unreachable, Skipped: r.Skipped, Rescued: r.Rescued, Ignored: r.Ignored}
-		}
-	}
-	j.out.FailedTask = nil
-	if ft := res.FailedTask; ft != nil {
-		j.out.FailedTask = &messages.FailedTask{Name: ft.Name, Host: ft.Host, Play: ft.Play, Message: j.red.RedactString(ft.Message)}
-	}
-	j.out.SetOutputTail(res.OutputTail)
-	why := playbook
-	if res.Err != nil {
-		why = fmt.Sprintf("%s: %v", playbook, res.Err)
+	// The finish overhead counts from ansible-playbook's exit: the runner's
+	// clean-up after it is the service's own time.
+	j.playEnded = res.ExitedAt
+	if j.playEnded.IsZero() { // it never started
+		j.playEnded = res.FinishedAt
 	}
 	switch res.Outcome {
 	case ansible.OutcomeSucceeded:
-		j.out.Succeed()
-		return true
+		// ssh reached the server with this key, holding it to the pinned
+		// key: as good as a check that passed now.
+		j.h.checks.pass(keyOf(ep), hostKey, creds.clients, j.h.Now())
 	case ansible.OutcomeUnreachable:
-		j.out.Fail(messages.StatusUnreachable, messages.KindHostsUnreachable, j.red.RedactString(why))
-	case ansible.OutcomeTimeout:
-		j.out.Fail(messages.StatusFailed, messages.KindTimeout, j.red.RedactString(why))
-	case ansible.OutcomeIdleTimeout:
-		j.out.Fail(messages.StatusFailed, messages.KindIdleTimeout, j.red.RedactString(why))
-	case ansible.OutcomeCancelled:
-		j.out.Fail(messages.StatusCancelled, messages.KindCancelled, j.red.RedactString(why))
-	case ansible.OutcomeFailed:
-		j.out.Fail(messages.StatusFailed, messages.KindPlaybookFailed, j.red.RedactString(why))
-	default:
-		j.out.Fail(messages.StatusFailed, messages.KindInternal, j.red.RedactString(why))
+		j.h.checks.forget(keyOf(ep)) // the next run checks again
+		if j.sshCheckReused {
+			// The play went without a check of its own: check now, so that
+			// the result says what the check would have said before the
+			// play (down, host key changed, our key refused).
+			if _, err := j.checkSSH(ctx, ep, creds); err != nil {
+				return nil, err
+			}
+		}
 	}
-	return false
+	return res, nil
 }

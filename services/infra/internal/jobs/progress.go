@@ -1,46 +1,43 @@
 package jobs
 
 import (
-	"context"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
 // progressBuffer bounds the events waiting to be published for one job.
 const progressBuffer = 1024
 
 // progress publishes a job's progress events on its own stream
-// (messages.ProgressStream) from one goroutine, in order. When the buffer is
-// full, routine host results (ok, changed, skipped) are dropped and counted;
-// run, play and task starts, failures and the end are never dropped.
+// (messages.ProgressStream) through a stream.BatchPublisher, in order. When
+// its buffer is full, routine host results (ok, changed, skipped) are
+// dropped and counted; run, play and task starts, failures and the end are
+// never dropped. The stream expires ProgressTTL after its last event.
 type progress struct {
-	h       *Handler
-	jobID   string
-	stream  string
-	log     zerolog.Logger
-	ch      chan messages.ProgressEvent
-	done    chan struct{}
-	seq     int64
-	dropped int
-	closed  bool // emit and close do nothing once closed
+	h      *Handler
+	jobID  string
+	log    zerolog.Logger
+	pub    *stream.BatchPublisher
+	seq    int64
+	closed bool // emit and close do nothing once closed
 }
 
 func (h *Handler) startProgress(jobID string, log zerolog.Logger) *progress {
-	p := &progress{
-		h:      h,
-		jobID:  jobID,
-		stream: messages.ProgressStream(jobID),
-		log:    log,
-		ch:     make(chan messages.ProgressEvent, progressBuffer),
-		done:   make(chan struct{}),
+	return &progress{
+		h:     h,
+		jobID: jobID,
+		log:   log,
+		pub: h.Producer.NewBatchPublisher(messages.ProgressStream(jobID), stream.BatchOptions{
+			MaxLen:       h.cfg.ProgressMaxLen,
+			TTL:          h.cfg.ProgressTTL,
+			Buffer:       progressBuffer,
+			MetricsLabel: messages.ProgressStream("*"),
+			Logger:       log,
+		}),
 	}
-	go p.loop()
-	return p
 }
 
 // emit queues an event; see progress for what may be dropped. A nil or
@@ -54,16 +51,18 @@ func (p *progress) emit(ev messages.ProgressEvent) {
 	if ev.Time == "" {
 		ev.Time = messages.FormatTime(p.h.Now())
 	}
+	data, err := messages.Encode(&ev)
+	if err != nil {
+		p.log.Warn().Err(err).Msg("progress event not encodable")
+		return
+	}
 	switch ev.Type {
 	case messages.EventHostOK, messages.EventHostChanged, messages.EventHostSkipped:
-		select {
-		case p.ch <- ev:
-		default:
-			p.dropped++
+		if !p.pub.Offer(data) {
 			p.h.Metrics.progressDropped.Inc()
 		}
 	default:
-		p.ch <- ev
+		p.pub.Publish(data)
 	}
 }
 
@@ -95,9 +94,8 @@ func (p *progress) fromAnsible(e ansible.Event) {
 	p.emit(ev)
 }
 
-// finish publishes run_finished, waits until everything is published and
-// lets the stream expire after the configured TTL. A nil progress does
-// nothing.
+// finish publishes run_finished and waits until everything is published.
+// A nil progress does nothing.
 func (p *progress) finish(status messages.Status, message string) {
 	if p == nil {
 		return
@@ -115,57 +113,12 @@ func (p *progress) close() {
 		return
 	}
 	p.closed = true
-	close(p.ch)
-	<-p.done
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := p.h.Redis.Expire(ctx, p.stream, p.h.cfg.ProgressTTL).Err(); err != nil {
-		p.log.Warn().Err(err).Msg("could not set the progress stream's expiry")
+	st := p.pub.Close()
+	if st.Dropped > 0 {
+		p.log.Warn().Int("dropped", st.Dropped).Msg("progress events dropped under load (routine host results only)")
 	}
-	if p.dropped > 0 {
-		p.log.Warn().Int("dropped", p.dropped).Msg("progress events dropped under load (routine host results only)")
-	}
-}
-
-// loop publishes queued events in pipelined batches.
-func (p *progress) loop() {
-	defer close(p.done)
-	batch := make([]messages.ProgressEvent, 0, 64)
-	for ev := range p.ch {
-		batch = append(batch[:0], ev)
-	drain:
-		for len(batch) < cap(batch) {
-			select {
-			case e, ok := <-p.ch:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, e)
-			default:
-				break drain
-			}
-		}
-		p.publish(batch)
-	}
-}
-
-func (p *progress) publish(batch []messages.ProgressEvent) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	pipe := p.h.Redis.Pipeline()
-	for i := range batch {
-		data, err := messages.Encode(&batch[i])
-		if err != nil {
-			p.log.Warn().Err(err).Msg("progress event not encodable")
-			continue
-		}
-		pipe.XAdd(ctx, &redis.XAddArgs{
-			Stream: p.stream, MaxLen: p.h.cfg.ProgressMaxLen, Approx: true,
-			Values: map[string]any{messages.DataField: data},
-		})
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if st.Failed > 0 {
 		// Progress is best effort: the result carries the outcome.
-		p.log.Warn().Err(err).Int("events", len(batch)).Msg("progress events not published")
+		p.log.Warn().Int("failed", st.Failed).Msg("progress events not published")
 	}
 }

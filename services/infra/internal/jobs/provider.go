@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
@@ -88,7 +89,7 @@ func (j *job) reinstall(ctx context.Context, id int64, creds *credentials) error
 			taskID, err = j.adoptReinstallTask(ctx, id, err)
 		}
 		if err != nil {
-			return j.fail(messages.StatusFailed, messages.KindProviderError, fmt.Sprintf("reinstall: %v", err))
+			return fail(messages.StatusFailed, messages.KindProviderError, "reinstall: %v", err)
 		}
 		if err := j.checkpoint(ctx, map[string]any{cpReinstallTask: taskID}); err != nil {
 			return err
@@ -105,7 +106,7 @@ func (j *job) reinstall(ctx context.Context, id int64, creds *credentials) error
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		return j.fail(messages.StatusFailed, messages.KindProviderError, fmt.Sprintf("reinstall task %d: %v", taskID, err))
+		return fail(messages.StatusFailed, messages.KindProviderError, "reinstall task %d: %v", taskID, err)
 	}
 	j.log.Info().Int64("task_id", taskID).Str("state", task.State()).Msg("reinstall task finished")
 	return j.checkpoint(ctx, map[string]any{cpReinstallDone: true})
@@ -130,11 +131,12 @@ func (j *job) waitForSSH(ctx context.Context, ep endpoint, creds *credentials) (
 	wctx, cancel := context.WithTimeout(ctx, j.h.cfg.ReinstallSSHWait)
 	defer cancel()
 	gaveUp := func() error {
-		return j.fail(messages.StatusUnreachable, messages.KindSSHUnreachable,
-			fmt.Sprintf("%s did not answer SSH within %v of its reinstall", ep.address, j.h.cfg.ReinstallSSHWait))
+		return fail(messages.StatusUnreachable, messages.KindSSHUnreachable,
+			"%s did not answer SSH within %v of its reinstall", ep.address, j.h.cfg.ReinstallSSHWait)
 	}
 	for {
 		key, err := j.checkSSH(wctx, ep, creds)
+		o, ended := asOutcome(err)
 		switch {
 		case err == nil:
 			return key, nil
@@ -142,17 +144,15 @@ func (j *job) waitForSSH(ctx context.Context, ep endpoint, creds *credentials) (
 			return "", context.Cause(ctx)
 		case wctx.Err() != nil:
 			return "", gaveUp()
-		case !errors.Is(err, errOutcome) || j.out.Status != messages.StatusUnreachable:
+		case !ended || o.status != messages.StatusUnreachable:
 			return "", err
 		}
-		j.out.Status, j.out.Error = "", nil // not yet: try again
-		select {
-		case <-wctx.Done():
+		// Not up yet: try again.
+		if err := clock.Sleep(wctx, j.h.Clock, 5*time.Second); err != nil {
 			if ctx.Err() != nil {
 				return "", context.Cause(ctx)
 			}
 			return "", gaveUp()
-		case <-time.After(5 * time.Second):
 		}
 	}
 }

@@ -22,19 +22,15 @@ func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) erro
 	j.log = j.log.With().Str("server", m.ServerHandle).Logger()
 	srv, err := store.GetServer(ctx, h.DB, m.ServerHandle)
 	if errors.Is(err, store.ErrServerNotFound) {
-		return j.failEarly(ctx, messages.StatusRejected, messages.KindServerNotFound,
-			fmt.Sprintf("no server with handle %q is registered", m.ServerHandle))
+		return j.end(ctx, fail(messages.StatusRejected, messages.KindServerNotFound,
+			"no server with handle %q is registered", m.ServerHandle))
 	}
 	if err != nil {
 		return j.infraError(ctx, fmt.Errorf("read server: %w", err))
 	}
 	j.server = srv
-	return j.runLocked(ctx, "server:"+srv.Handle, h.provisionPlaybook(m), func(ctx context.Context) error {
-		err := j.provision(ctx, m)
-		if errors.Is(err, errOutcome) {
-			return nil
-		}
-		return err
+	return j.runLocked(ctx, "server:"+srv.Handle, h.provisionPlaybook(m), func(ctx context.Context) (*outcome, error) {
+		return j.provision(ctx, m)
 	})
 }
 
@@ -50,22 +46,23 @@ func (h *Handler) provisionPlaybook(m *messages.ProvisionerMessage) string {
 	}
 }
 
-// provision runs under the job's locks.
-func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) error {
+// provision runs under the job's locks and returns the outcome of its last
+// play; earlier ends come as an *outcome error.
+func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*outcome, error) {
 	// The transition reads the server afresh: it may have changed while
 	// this job waited for its lock.
 	srv, _, err := store.TransitionServer(ctx, j.h.DB, j.server.Handle, j.id, func(s *store.Server) (string, *string, bool) {
 		return store.ServerProvisioning, nil, s.Status != store.ServerOrphaned
 	})
 	if err != nil {
-		return fmt.Errorf("mark server provisioning: %w", err)
+		return nil, fmt.Errorf("mark server provisioning: %w", err)
 	}
 	j.server = srv
 	j.refreshFromProvider(ctx)
 
 	creds, err := j.sshCredentials(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ep := endpoint{alias: hostAlias(srv.Handle, srv.Address), address: srv.Address, port: srv.SSHPort, user: srv.SSHUser}
 
@@ -73,15 +70,17 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) err
 	switch providerID, viaProvider := j.providerServer(); {
 	case m.ForceReinstall && viaProvider:
 		if err := j.reinstall(ctx, providerID, creds); err != nil {
-			return err
+			return nil, err
 		}
-		j.h.Runner.ForgetHost(ep.alias) // cached facts describe the old OS
+		// Cached facts and a passed SSH check describe the old OS.
+		j.h.Runner.ForgetHost(ep.alias)
+		j.h.checks.forget(keyOf(ep))
 		if hostKey, err = j.waitForSSH(ctx, ep, creds); err != nil {
-			return err
+			return nil, err
 		}
 	default:
 		if hostKey, err = j.checkSSH(ctx, ep, creds); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
@@ -91,7 +90,7 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) err
 	if m.ForceReinstall {
 		if _, viaProvider := j.providerServer(); !viaProvider {
 			if err := j.nuke(ctx, ep, hostKey, creds, env); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
@@ -102,12 +101,15 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) err
 	}
 	res, err := j.play(ctx, playbook, ep, hostKey, creds, vars, env)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if j.applyPlay(playbook, res) && playbook == j.h.cfg.Playbooks.Setup {
-		return j.adoptDeployUser(ctx)
+	o := playOutcome(playbook, res)
+	if o.succeeded() && playbook == j.h.cfg.Playbooks.Setup {
+		if err := j.adoptDeployUser(ctx); err != nil {
+			return nil, err
+		}
 	}
-	return nil
+	return o, nil
 }
 
 // nuke resets what setup and deploys created (force_reinstall on a server
@@ -122,8 +124,8 @@ func (j *job) nuke(ctx context.Context, ep endpoint, hostKey string, creds *cred
 	if err != nil {
 		return err
 	}
-	if !j.applyPlay(playbook, res) {
-		return errOutcome
+	if o := playOutcome(playbook, res); !o.succeeded() {
+		return o
 	}
 	j.h.Runner.ForgetHost(ep.alias)
 	return j.checkpoint(ctx, map[string]any{cpNukeDone: true})

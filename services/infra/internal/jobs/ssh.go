@@ -15,15 +15,12 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
-// errOutcome says the step set a final outcome in j.out (a failed or
-// unreachable result): the job ends there, with that result.
-var errOutcome = errors.New("outcome set")
-
 // credentials are a run's SSH key, held only in memory.
 type credentials struct {
 	signers   []ssh.Signer
 	keys      [][]byte // private keys for the run's in-process agent
 	publicKey string   // authorized_keys line of the key
+	clients   string   // fingerprints of the keys (see passedChecks)
 }
 
 // endpoint is where a run connects.
@@ -44,7 +41,7 @@ func (j *job) sshCredentials(ctx context.Context) (*credentials, error) {
 		ref = j.server.SSHKeyRef
 	}
 	if ref == "" {
-		return nil, j.fail(messages.StatusFailed, messages.KindSecretUnavailable,
+		return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable,
 			"no SSH key: the server has no ssh_key_ref and SSH_KEY_REF is not set")
 	}
 	v, err := j.resolve(ctx, "ssh key", ref)
@@ -55,14 +52,15 @@ func (j *job) sshCredentials(ctx context.Context) (*credentials, error) {
 	signer, err := ssh.ParsePrivateKey(v.Bytes())
 	if err != nil {
 		// Never include the parse error's details: they may quote the key.
-		return nil, j.fail(messages.StatusFailed, messages.KindSecretUnavailable,
-			fmt.Sprintf("secret %s is not a usable SSH private key (unencrypted OpenSSH or PEM)", ref))
+		return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable,
+			"secret %s is not a usable SSH private key (unencrypted OpenSSH or PEM)", ref)
 	}
 	key := bytes.Clone(v.Bytes())
 	return &credentials{
 		signers:   []ssh.Signer{signer},
 		keys:      [][]byte{key},
 		publicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey()))),
+		clients:   ssh.FingerprintSHA256(signer.PublicKey()),
 	}, nil
 }
 
@@ -76,15 +74,8 @@ func (j *job) resolve(ctx context.Context, what, ref string) (secrets.Value, err
 	case secrets.IsUnavailable(err):
 		return secrets.Value{}, fmt.Errorf("resolve %s: %w", what, err)
 	default:
-		return secrets.Value{}, j.fail(messages.StatusFailed, messages.KindSecretUnavailable,
-			fmt.Sprintf("%s: %v", what, err))
+		return secrets.Value{}, fail(messages.StatusFailed, messages.KindSecretUnavailable, "%s: %v", what, err)
 	}
-}
-
-// fail sets a final outcome and returns errOutcome.
-func (j *job) fail(status messages.Status, kind messages.ErrorKind, message string) error {
-	j.out.Fail(status, kind, j.red.RedactString(message))
-	return errOutcome
 }
 
 // pinnedKey returns the host key pinned for the endpoint ("" when none).
@@ -97,15 +88,27 @@ func (j *job) pinnedKey(ctx context.Context, ep endpoint) (string, error) {
 
 // checkSSH checks that the endpoint answers SSH with the credentials, pins
 // its host key on first use, and returns the pinned key. When the server
-// stays down the outcome is set (unreachable) and errOutcome returned.
+// stays down, or its key or ours is refused, the job's outcome is returned
+// as the error. A check that passed moments ago for the same endpoint, host
+// key and credentials stands in for a new one (Config.SSHCheckReuse).
 func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (string, error) {
 	pinned, err := j.pinnedKey(ctx, ep)
 	if err != nil {
 		return "", fmt.Errorf("read pinned host key: %w", err)
 	}
+	key := keyOf(ep)
+	if ago, ok := j.h.checks.reuse(key, pinned, creds.clients, j.h.Now()); ok {
+		j.sshCheckReused = true
+		j.h.Metrics.sshChecksReused.Inc()
+		j.log.Debug().Dur("passed_ago", ago).Msg("SSH check skipped: the server passed one moments ago")
+		return pinned, nil
+	}
 	checkStart := j.h.Now()
 	res, err := j.h.SSH.Check(ctx, sshcheck.Target{Address: ep.address, Port: ep.port, User: ep.user, PinnedKey: pinned}, creds.signers)
 	j.sshCheck += j.h.Now().Sub(checkStart)
+	if err != nil {
+		j.h.checks.forget(key)
+	}
 	var unreachable *sshcheck.UnreachableError
 	var mismatch *sshcheck.HostKeyMismatchError
 	var auth *sshcheck.AuthError
@@ -114,40 +117,50 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 	case ctx.Err() != nil:
 		return "", context.Cause(ctx)
 	case errors.As(err, &unreachable):
-		return "", j.fail(messages.StatusUnreachable, messages.KindSSHUnreachable,
-			fmt.Sprintf("%s:%d did not answer SSH: %v", ep.address, ep.port, err))
+		return "", fail(messages.StatusUnreachable, messages.KindSSHUnreachable,
+			"%s:%d did not answer SSH: %v", ep.address, ep.port, err)
 	case errors.As(err, &mismatch):
-		return "", j.fail(messages.StatusFailed, messages.KindHostKeyMismatch, err.Error())
+		return "", fail(messages.StatusFailed, messages.KindHostKeyMismatch, "%v", err)
 	case errors.As(err, &auth):
-		return "", j.fail(messages.StatusFailed, messages.KindSSHAuthFailed,
-			fmt.Sprintf("%s@%s:%d rejected our SSH key: %v", ep.user, ep.address, ep.port, err))
+		return "", fail(messages.StatusFailed, messages.KindSSHAuthFailed,
+			"%s@%s:%d rejected our SSH key: %v", ep.user, ep.address, ep.port, err)
 	default:
 		return "", fmt.Errorf("ssh check: %w", err)
 	}
-	if pinned != "" {
-		return pinned, nil
+	if pinned == "" {
+		if pinned, err = j.pinFirstKey(ctx, ep, res.HostKey); err != nil {
+			return "", err
+		}
 	}
-	// Trust on first use: pin what the server presented. Another instance
-	// may have pinned a different key meanwhile: then that one stands.
+	j.h.checks.pass(key, pinned, creds.clients, j.h.Now())
+	return pinned, nil
+}
+
+// pinFirstKey pins the host key a server presented on first use. Another
+// instance may have pinned a different key meanwhile: then that one stands
+// and the job ends with a mismatch.
+func (j *job) pinFirstKey(ctx context.Context, ep endpoint, presented string) (string, error) {
+	var pinned string
+	var err error
 	if j.server != nil {
-		pinned, err = store.PinServerHostKey(ctx, j.h.DB, j.server.Handle, res.HostKey)
+		pinned, err = store.PinServerHostKey(ctx, j.h.DB, j.server.Handle, presented)
 	} else {
-		pinned, err = store.PinHostKey(ctx, j.h.DB, ep.address, ep.port, res.HostKey)
+		pinned, err = store.PinHostKey(ctx, j.h.DB, ep.address, ep.port, presented)
 	}
 	if err != nil {
 		return "", fmt.Errorf("pin host key: %w", err)
 	}
-	if !sameKey(pinned, res.HostKey) {
-		return "", j.fail(messages.StatusFailed, messages.KindHostKeyMismatch,
-			fmt.Sprintf("host key of %s:%d changed while it was being pinned", ep.address, ep.port))
+	if !sameKey(pinned, presented) {
+		return "", fail(messages.StatusFailed, messages.KindHostKeyMismatch,
+			"host key of %s:%d changed while it was being pinned", ep.address, ep.port)
 	}
 	j.log.Info().Str("host_key", keyFingerprint(pinned)).Msg("host key pinned on first use")
 	return pinned, nil
 }
 
+// sameKey reports whether two authorized_keys lines hold the same key.
 func sameKey(a, b string) bool {
-	fa, fb := strings.Fields(a), strings.Fields(b)
-	return len(fa) >= 2 && len(fb) >= 2 && fa[0] == fb[0] && fa[1] == fb[1]
+	return len(strings.Fields(a)) >= 2 && keyLine(a) == keyLine(b)
 }
 
 // keyFingerprint returns the SHA256 fingerprint of an authorized_keys line.

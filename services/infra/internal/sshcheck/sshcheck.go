@@ -10,17 +10,20 @@
 package sshcheck
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
 
 // Policy says how host keys are checked.
@@ -64,7 +67,8 @@ type Target struct {
 	PinnedKey string
 }
 
-// Config tunes a Checker. Zero fields take the values of DefaultConfig.
+// Config tunes a Checker. Every field must be set (New validates, it fills
+// no defaults): the infra service's configuration (SSH_*) holds them.
 type Config struct {
 	// Attempts is how many times the target is tried while unreachable.
 	Attempts int
@@ -73,9 +77,9 @@ type Config struct {
 	BaseDelay time.Duration
 	MaxDelay  time.Duration
 	Factor    float64
-	// Jitter spreads each wait uniformly over ±Jitter of it (0.2: ±20%),
-	// so that checks failing together do not retry together; below 1. A
-	// negative value means no jitter. The result never exceeds MaxDelay.
+	// Jitter spreads each wait uniformly over ±Jitter of it (0.2: ±20%; 0:
+	// none), so that checks failing together do not retry together; below
+	// 1. A wait never exceeds MaxDelay.
 	Jitter float64
 	// AttemptTimeout bounds one attempt: connect, handshake and
 	// authentication.
@@ -83,27 +87,66 @@ type Config struct {
 	Policy         Policy
 }
 
-// DefaultConfig returns the defaults: 3 attempts, waits of 2s then 4s
-// (±20%, at most 30s), 15s per attempt, trust on first use.
-func DefaultConfig() Config {
-	return Config{
-		Attempts:       3,
-		BaseDelay:      2 * time.Second,
-		MaxDelay:       30 * time.Second,
-		Factor:         2,
-		Jitter:         0.2,
-		AttemptTimeout: 15 * time.Second,
-		Policy:         PolicyTOFU,
+// Validate reports every problem of the configuration.
+func (cfg Config) Validate() error {
+	var errs []error
+	if cfg.Attempts < 1 {
+		errs = append(errs, fmt.Errorf("attempts %d < 1", cfg.Attempts))
 	}
+	if cfg.BaseDelay < 0 || cfg.MaxDelay < cfg.BaseDelay {
+		errs = append(errs, fmt.Errorf("delays must satisfy 0 <= base (%s) <= max (%s)", cfg.BaseDelay, cfg.MaxDelay))
+	}
+	if !(cfg.Factor >= 1) || math.IsInf(cfg.Factor, 0) { // also NaN
+		errs = append(errs, fmt.Errorf("backoff factor %v: want a finite number >= 1", cfg.Factor))
+	}
+	if !(cfg.Jitter >= 0 && cfg.Jitter < 1) { // also NaN
+		errs = append(errs, fmt.Errorf("jitter %v: want 0 <= jitter < 1", cfg.Jitter))
+	}
+	if cfg.AttemptTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("attempt timeout %s: want > 0", cfg.AttemptTimeout))
+	}
+	switch cfg.Policy {
+	case PolicyTOFU, PolicyStrict, PolicyOff:
+	default:
+		errs = append(errs, fmt.Errorf("host key policy %q: want tofu, strict or off", string(cfg.Policy)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ssh check: %w", err)
+	}
+	return nil
+}
+
+// BackOff returns the waits between the attempts of one check (not safe
+// for concurrent use): cenkalti/backoff's exponential backoff from
+// BaseDelay by Factor up to MaxDelay, spread by Jitter, and capped at
+// MaxDelay after the spread too.
+func (cfg Config) BackOff() backoff.BackOff {
+	return &cappedBackOff{
+		ExponentialBackOff: backoff.ExponentialBackOff{
+			InitialInterval:     cfg.BaseDelay,
+			RandomizationFactor: cfg.Jitter,
+			Multiplier:          cfg.Factor,
+			MaxInterval:         cfg.MaxDelay,
+		},
+		max: cfg.MaxDelay,
+	}
+}
+
+// cappedBackOff keeps the jitter from taking a wait above the maximum.
+type cappedBackOff struct {
+	backoff.ExponentialBackOff
+	max time.Duration
+}
+
+func (b *cappedBackOff) NextBackOff() time.Duration {
+	return min(b.ExponentialBackOff.NextBackOff(), b.max)
 }
 
 // Checker checks SSH reachability; it is safe for concurrent use.
 type Checker struct {
 	cfg     Config
 	log     zerolog.Logger
-	sleep   func(ctx context.Context, d time.Duration) error
-	now     func() time.Time
-	rand    func() float64
+	clock   clock.Clock
 	metrics Metrics
 	dialer  net.Dialer
 }
@@ -111,85 +154,24 @@ type Checker struct {
 // Option customises a Checker.
 type Option func(*Checker)
 
-// WithSleep replaces the wait between attempts (tests record the waits and
-// return at once). sleep must return ctx's error when ctx ends first.
-func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
-	return func(c *Checker) { c.sleep = sleep }
-}
+// WithClock replaces the clock that waits between attempts and times them
+// (tests record the waits and return at once). nil keeps the system clock.
+func WithClock(c clock.Clock) Option { return func(ch *Checker) { ch.clock = cmp.Or(c, ch.clock) } }
 
-// WithClock replaces the clock that times attempts.
-func WithClock(now func() time.Time) Option { return func(c *Checker) { c.now = now } }
+// WithMetrics reports every attempt to m. nil reports nothing.
+func WithMetrics(m Metrics) Option { return func(c *Checker) { c.metrics = cmp.Or(m, c.metrics) } }
 
-// WithRand replaces the jitter's random source (values in [0, 1)).
-func WithRand(rnd func() float64) Option { return func(c *Checker) { c.rand = rnd } }
-
-// WithMetrics reports every attempt to m.
-func WithMetrics(m Metrics) Option { return func(c *Checker) { c.metrics = m } }
-
-// New returns a Checker for cfg (zero fields defaulted, see Config).
+// New returns a Checker for cfg, which must be valid (see Config).
 func New(cfg Config, log zerolog.Logger, opts ...Option) (*Checker, error) {
-	def := DefaultConfig()
-	if cfg.Attempts == 0 {
-		cfg.Attempts = def.Attempts
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.BaseDelay == 0 {
-		cfg.BaseDelay = def.BaseDelay
-	}
-	if cfg.MaxDelay == 0 {
-		cfg.MaxDelay = max(def.MaxDelay, cfg.BaseDelay)
-	}
-	if cfg.Factor == 0 {
-		cfg.Factor = def.Factor
-	}
-	if cfg.Jitter == 0 {
-		cfg.Jitter = def.Jitter
-	}
-	if cfg.AttemptTimeout == 0 {
-		cfg.AttemptTimeout = def.AttemptTimeout
-	}
-	if cfg.Policy == "" {
-		cfg.Policy = def.Policy
-	}
-	switch {
-	case cfg.Attempts < 1:
-		return nil, fmt.Errorf("ssh check: attempts %d < 1", cfg.Attempts)
-	case cfg.BaseDelay < 0 || cfg.MaxDelay < cfg.BaseDelay:
-		return nil, fmt.Errorf("ssh check: delays must satisfy 0 <= base (%s) <= max (%s)", cfg.BaseDelay, cfg.MaxDelay)
-	case cfg.Factor < 1 || math.IsInf(cfg.Factor, 0) || math.IsNaN(cfg.Factor):
-		return nil, fmt.Errorf("ssh check: backoff factor %v: want a finite number >= 1", cfg.Factor)
-	case !(cfg.Jitter < 1): // also NaN
-		return nil, fmt.Errorf("ssh check: jitter %v >= 1", cfg.Jitter)
-	case cfg.AttemptTimeout < 0:
-		return nil, fmt.Errorf("ssh check: attempt timeout %s < 0", cfg.AttemptTimeout)
-	}
-	var p Policy
-	if err := p.UnmarshalText([]byte(cfg.Policy)); err != nil {
-		return nil, fmt.Errorf("ssh check: %w", err)
-	}
-	cfg.Policy = p
-	cfg.Jitter = max(cfg.Jitter, 0)
-
 	c := &Checker{
-		cfg: cfg, log: log,
-		sleep: sleepCtx, now: time.Now, rand: rand.Float64,
+		cfg: cfg, log: log, clock: clock.System(),
 		metrics: MetricsFunc(func(Class, time.Duration) {}),
 	}
-	defaults := *c
 	for _, o := range opts {
 		o(c)
-	}
-	// A nil option value keeps the default.
-	if c.sleep == nil {
-		c.sleep = defaults.sleep
-	}
-	if c.now == nil {
-		c.now = defaults.now
-	}
-	if c.rand == nil {
-		c.rand = defaults.rand
-	}
-	if c.metrics == nil {
-		c.metrics = defaults.metrics
 	}
 	if cfg.Policy == PolicyOff {
 		log.Warn().Str("ssh_host_key_policy", string(PolicyOff)).
@@ -198,30 +180,8 @@ func New(cfg Config, log zerolog.Logger, opts ...Option) (*Checker, error) {
 	return c, nil
 }
 
-// Config returns the effective configuration (defaults applied).
+// Config returns the configuration.
 func (c *Checker) Config() Config { return c.cfg }
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// Delay returns the wait before attempt retry+1 (retry 1 is the wait
-// before the second attempt): BaseDelay·Factor^(retry-1), capped at
-// MaxDelay, spread by Jitter (negative: none) with r (uniform in [0, 1)),
-// never above MaxDelay.
-func (cfg Config) Delay(retry int, r float64) time.Duration {
-	d := float64(cfg.BaseDelay) * math.Pow(cfg.Factor, float64(retry-1))
-	d = min(d, float64(cfg.MaxDelay))
-	d *= 1 + max(cfg.Jitter, 0)*(2*r-1)
-	return time.Duration(max(0, min(d, float64(cfg.MaxDelay))))
-}
 
 // Attempt is one try of a check.
 type Attempt struct {
@@ -284,17 +244,18 @@ func (c *Checker) Check(ctx context.Context, t Target, signers []ssh.Signer) (*R
 	}
 
 	var last Attempt
+	waits := c.cfg.BackOff()
 	for n := 1; n <= c.cfg.Attempts; n++ {
 		var delay time.Duration
 		if n > 1 {
-			delay = c.cfg.Delay(n-1, c.rand())
-			if err := c.sleep(ctx, delay); err != nil {
+			delay = waits.NextBackOff()
+			if err := clock.Sleep(ctx, c.clock, delay); err != nil {
 				return res, fmt.Errorf("ssh check %s canceled after %d attempts (last: %s): %w", addr, n-1, last.Class, err)
 			}
 		}
-		start := c.now()
+		start := c.clock.Now()
 		class, hostKey, err := c.attempt(ctx, addr, t, pinned, signers, log)
-		last = Attempt{Number: n, Delay: delay, Duration: c.now().Sub(start), Class: class, Err: err}
+		last = Attempt{Number: n, Delay: delay, Duration: c.clock.Now().Sub(start), Class: class, Err: err}
 		res.Attempts = append(res.Attempts, last)
 		if hostKey != "" {
 			res.HostKey = hostKey

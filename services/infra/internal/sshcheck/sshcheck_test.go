@@ -1,6 +1,7 @@
 package sshcheck_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -19,28 +20,61 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
-// sleeps records the waits between attempts and returns at once.
+// sleeps is a clock that records the waits between attempts and ends them
+// at once; attempts are timed on the real clock.
 type sleeps struct {
 	mu sync.Mutex
 	d  []time.Duration
 }
 
-func (s *sleeps) sleep(ctx context.Context, d time.Duration) error {
+var _ clock.Clock = (*sleeps)(nil)
+
+func (s *sleeps) Now() time.Time { return time.Now() }
+
+func (s *sleeps) After(d time.Duration) <-chan time.Time {
 	s.mu.Lock()
 	s.d = append(s.d, d)
 	s.mu.Unlock()
-	return ctx.Err()
+	fired := make(chan time.Time, 1)
+	fired <- time.Now()
+	return fired
 }
 
 func (s *sleeps) got() []time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]time.Duration(nil), s.d...)
+}
+
+// defaults are the infra service's defaults (SSH_* in its configuration).
+var defaults = sshcheck.Config{
+	Attempts:       3,
+	BaseDelay:      2 * time.Second,
+	MaxDelay:       30 * time.Second,
+	Factor:         2,
+	Jitter:         0.2,
+	AttemptTimeout: 15 * time.Second,
+	Policy:         sshcheck.PolicyTOFU,
+}
+
+// conf returns c with its zero fields set from defaults (a test's shorthand:
+// New itself takes only complete configurations).
+func conf(c sshcheck.Config) sshcheck.Config {
+	return sshcheck.Config{
+		Attempts:       cmp.Or(c.Attempts, defaults.Attempts),
+		BaseDelay:      cmp.Or(c.BaseDelay, defaults.BaseDelay),
+		MaxDelay:       cmp.Or(c.MaxDelay, defaults.MaxDelay),
+		Factor:         cmp.Or(c.Factor, defaults.Factor),
+		Jitter:         cmp.Or(c.Jitter, defaults.Jitter),
+		AttemptTimeout: cmp.Or(c.AttemptTimeout, defaults.AttemptTimeout),
+		Policy:         cmp.Or(c.Policy, defaults.Policy),
+	}
 }
 
 type harness struct {
@@ -50,11 +84,12 @@ type harness struct {
 }
 
 // newChecker returns a checker whose waits are recorded, not slept, and
-// whose log is kept (and shown when the test fails).
+// whose log is kept (and shown when the test fails). Zero fields of cfg
+// take the defaults.
 func newChecker(t *testing.T, cfg sshcheck.Config, opts ...sshcheck.Option) *harness {
 	t.Helper()
 	h := &harness{sleeps: &sleeps{}, log: &testenv.SafeBuffer{}}
-	c, err := sshcheck.New(cfg, zerolog.New(h.log), append([]sshcheck.Option{sshcheck.WithSleep(h.sleeps.sleep)}, opts...)...)
+	c, err := sshcheck.New(conf(cfg), zerolog.New(h.log), append([]sshcheck.Option{sshcheck.WithClock(h.sleeps)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,26 +381,67 @@ func TestClosedPortUnreachableWithBackoff(t *testing.T) {
 		t.Fatalf("waits do not grow: %v", waits)
 	}
 
-	// With a fixed random value the waits are exact, and capped at MaxDelay.
+	// Without jitter the waits are exact, and capped at MaxDelay.
+	exact := func(attempts int, base, maxDelay time.Duration, factor float64) sshcheck.Config {
+		return sshcheck.Config{Attempts: attempts, BaseDelay: base, MaxDelay: maxDelay, Factor: factor,
+			AttemptTimeout: time.Second, Policy: sshcheck.PolicyTOFU}
+	}
 	for _, tc := range []struct {
-		r    float64
 		cfg  sshcheck.Config
 		want []time.Duration
 	}{
-		{0.5, cfg, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
-		{0, cfg, []time.Duration{80 * time.Millisecond, 160 * time.Millisecond}},
-		{0.75, cfg, []time.Duration{110 * time.Millisecond, 220 * time.Millisecond}},
-		{0.5, sshcheck.Config{Attempts: 5, BaseDelay: time.Second, MaxDelay: 3 * time.Second, Factor: 2, Jitter: 0.2},
-			[]time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second}},
-		{0.99, sshcheck.Config{Attempts: 4, BaseDelay: time.Second, MaxDelay: 3 * time.Second, Factor: 3, Jitter: -1},
-			[]time.Duration{time.Second, 3 * time.Second, 3 * time.Second}},
+		{exact(3, base, time.Second, 2), []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
+		{exact(5, time.Second, 3*time.Second, 2), []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second}},
+		{exact(4, time.Second, 3*time.Second, 3), []time.Duration{time.Second, 3 * time.Second, 3 * time.Second}},
+		{exact(3, 0, 0, 1), nil}, // zero delays: no wait at all
 	} {
-		h := newChecker(t, tc.cfg, sshcheck.WithRand(func() float64 { return tc.r }))
+		h := &harness{sleeps: &sleeps{}, log: &testenv.SafeBuffer{}}
+		c, err := sshcheck.New(tc.cfg, zerolog.New(h.log), sshcheck.WithClock(h.sleeps))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.checker = c
 		if _, err := check(t, h, tg, keys); !errors.As(err, &unreachable) {
 			t.Fatalf("err = %v", err)
 		}
 		if got := h.sleeps.got(); !equalDurations(got, tc.want) {
-			t.Fatalf("r=%v cfg=%+v: waits %v, want %v", tc.r, tc.cfg, got, tc.want)
+			t.Fatalf("cfg=%+v: waits %v, want %v", tc.cfg, got, tc.want)
+		}
+	}
+}
+
+// The jitter spreads each wait over its bounds and never above MaxDelay,
+// over many checks' worth of waits.
+func TestBackOffJitter(t *testing.T) {
+	cfg := sshcheck.Config{Attempts: 6, BaseDelay: time.Second, MaxDelay: 6 * time.Second, Factor: 2, Jitter: 0.5,
+		AttemptTimeout: time.Second, Policy: sshcheck.PolicyTOFU}
+	nominal := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 6 * time.Second, 6 * time.Second}
+	lows, highs := make([]int, len(nominal)), make([]int, len(nominal))
+	const draws = 2000
+	for range draws {
+		waits := cfg.BackOff()
+		for i, n := range nominal {
+			d := waits.NextBackOff()
+			lo, hi := time.Duration(float64(n)*(1-cfg.Jitter)), min(time.Duration(float64(n)*(1+cfg.Jitter)), cfg.MaxDelay)
+			if d < lo || d > hi {
+				t.Fatalf("wait %d = %s, want within [%s, %s]", i+1, d, lo, hi)
+			}
+			switch {
+			case d < n:
+				lows[i]++
+			case d > n:
+				highs[i]++
+			}
+		}
+	}
+	for i := range nominal {
+		// Uniform over ±50%: about half below the nominal wait; above it
+		// too, except where MaxDelay caps the spread.
+		if lows[i] < draws/4 || (nominal[i] < cfg.MaxDelay && highs[i] < draws/4) {
+			t.Errorf("wait %d: %d below and %d above %s in %d draws: not spread", i+1, lows[i], highs[i], nominal[i], draws)
+		}
+		if nominal[i] == cfg.MaxDelay && highs[i] != 0 {
+			t.Errorf("wait %d went above MaxDelay %d times", i+1, highs[i])
 		}
 	}
 }
@@ -509,7 +585,7 @@ func TestContextCancelStopsRetrying(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		// Real sleeps of an hour: only the cancel can end the wait.
-		c, err := sshcheck.New(sshcheck.Config{BaseDelay: time.Hour, MaxDelay: time.Hour}, zerolog.Nop(),
+		c, err := sshcheck.New(conf(sshcheck.Config{BaseDelay: time.Hour, MaxDelay: time.Hour}), zerolog.Nop(),
 			sshcheck.WithMetrics(sshcheck.MetricsFunc(func(sshcheck.Class, time.Duration) { cancel() })))
 		if err != nil {
 			t.Fatal(err)
@@ -522,17 +598,31 @@ func TestContextCancelStopsRetrying(t *testing.T) {
 	})
 
 	t.Run("during an attempt", func(t *testing.T) {
-		d := testenv.StartSSHD(t, testenv.SSHDOptions{})
-		d.Pause()
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		c, err := sshcheck.New(sshcheck.Config{AttemptTimeout: time.Hour}, zerolog.Nop())
+		// A server that accepts and then never speaks, like a hung sshd:
+		// the cancel comes once it accepted, with the attempt connected and
+		// waiting for the banner (an hour's attempt timeout).
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.AfterFunc(200*time.Millisecond, cancel)
+		t.Cleanup(func() { _ = ln.Close() })
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			cancel()
+		}()
+		c, err := sshcheck.New(conf(sshcheck.Config{AttemptTimeout: time.Hour}), zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		hung := sshcheck.Target{Address: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port, User: "root"}
 		res, err := checkWithin(t, 10*time.Second, func() (*sshcheck.Result, error) {
-			return c.Check(ctx, target(d, d.HostKey), signers(t, d.ClientKey))
+			return c.Check(ctx, hung, []ssh.Signer{s})
 		})
 		if !errors.Is(err, context.Canceled) || len(res.Attempts) != 1 || res.Attempts[0].Class != sshcheck.ClassCanceled {
 			t.Fatalf("err = %v, attempts %v: want one canceled attempt", err, classes(res))
@@ -564,25 +654,40 @@ func checkWithin(t *testing.T, limit time.Duration, check func() (*sshcheck.Resu
 }
 
 func TestConfig(t *testing.T) {
-	c, err := sshcheck.New(sshcheck.Config{}, zerolog.Nop())
+	c, err := sshcheck.New(defaults, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	def := sshcheck.DefaultConfig()
-	if got := c.Config(); got != def {
-		t.Fatalf("defaults = %+v, want %+v", got, def)
+	if got := c.Config(); got != defaults {
+		t.Fatalf("Config() = %+v, want %+v", got, defaults)
 	}
-	for _, cfg := range []sshcheck.Config{
-		{Attempts: -1},
-		{BaseDelay: -time.Second},
-		{BaseDelay: time.Minute, MaxDelay: time.Second},
-		{Factor: 0.5},
-		{Jitter: 1},
-		{AttemptTimeout: -time.Second},
-		{Policy: "yolo"},
+	// No defaults are filled in: every field must be valid.
+	for _, tc := range []struct {
+		name string
+		edit func(*sshcheck.Config)
+		want string
+	}{
+		{"zero attempts", func(c *sshcheck.Config) { c.Attempts = 0 }, "attempts 0 < 1"},
+		{"negative base", func(c *sshcheck.Config) { c.BaseDelay = -time.Second }, "delays must satisfy"},
+		{"max below base", func(c *sshcheck.Config) { c.BaseDelay, c.MaxDelay = time.Minute, time.Second }, "delays must satisfy"},
+		{"zero factor", func(c *sshcheck.Config) { c.Factor = 0 }, "backoff factor 0"},
+		{"factor below 1", func(c *sshcheck.Config) { c.Factor = 0.5 }, "backoff factor 0.5"},
+		{"jitter 1", func(c *sshcheck.Config) { c.Jitter = 1 }, "jitter 1"},
+		{"negative jitter", func(c *sshcheck.Config) { c.Jitter = -0.1 }, "jitter -0.1"},
+		{"zero attempt timeout", func(c *sshcheck.Config) { c.AttemptTimeout = 0 }, "attempt timeout 0s"},
+		{"no policy", func(c *sshcheck.Config) { c.Policy = "" }, `host key policy ""`},
+		{"unknown policy", func(c *sshcheck.Config) { c.Policy = "yolo" }, `host key policy "yolo"`},
 	} {
-		if _, err := sshcheck.New(cfg, zerolog.Nop()); err == nil {
-			t.Errorf("New accepted %+v", cfg)
+		cfg := defaults
+		tc.edit(&cfg)
+		if _, err := sshcheck.New(cfg, zerolog.Nop()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: New = %v, want an error with %q", tc.name, err, tc.want)
+		}
+	}
+	_, err = sshcheck.New(sshcheck.Config{}, zerolog.Nop())
+	for _, want := range []string{"attempts 0", "backoff factor 0", "attempt timeout 0s", `host key policy ""`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("zero Config: New = %v, want every problem listed, %q too", err, want)
 		}
 	}
 	for in, want := range map[string]sshcheck.Policy{"": sshcheck.PolicyTOFU, "TOFU": sshcheck.PolicyTOFU, " strict ": sshcheck.PolicyStrict, "off": sshcheck.PolicyOff} {

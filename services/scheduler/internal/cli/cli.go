@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -46,6 +47,23 @@ commands:
 
 The database is DATABASE_URL. Requests are recorded; the running scheduler acts on them at its next tick.
 `
+
+// Command is the subcommand of the scheduler binary that Main runs.
+const Command = "servers"
+
+// Main runs `scheduler servers ARGS...` with the process's environment and
+// output, and exits: 0 on success and after --help, 2 for usage errors, 1
+// otherwise. SIGINT/SIGTERM cancel the command.
+func Main(args []string) {
+	ctx, stop := service.WithShutdownSignals(context.Background(), nil)
+	err := Run(ctx, args, os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	code := service.ExitCode(err)
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "scheduler servers: %v\n", err)
+	}
+	os.Exit(code)
+}
 
 // Run runs `scheduler servers ARGS...`.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

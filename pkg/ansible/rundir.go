@@ -1,0 +1,247 @@
+package ansible
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
+)
+
+const (
+	// runDirPrefix starts the name of every run directory this package
+	// creates under RunRoot.
+	runDirPrefix = "ar-"
+	// markerName is the marker file in a run directory; the owning process
+	// holds an exclusive flock on it for the whole run, so a sweep can tell
+	// a live run from a crashed one (flocks die with their process).
+	markerName = ".autoprov-run"
+	// safePath is the PATH of the child.
+	safePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// runDir is the private directory of one run.
+type runDir struct {
+	path       string
+	controlDir string // ANSIBLE_SSH_CONTROL_PATH_DIR
+	tmpDir     string // ANSIBLE_LOCAL_TEMP, TMPDIR
+	agentSock  string // SSH_AUTH_SOCK
+	inventory  string
+	vars       string
+	knownHosts string
+	marker     *os.File // flocked while the run lives
+}
+
+// newRunDir creates a fresh run directory (0700) with its marker file.
+func (r *Runner) newRunDir(jobID string) (*runDir, error) {
+	path, err := os.MkdirTemp(r.cfg.RunRoot, runDirPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	d := &runDir{
+		path:       path,
+		controlDir: filepath.Join(path, "cp"),
+		tmpDir:     filepath.Join(path, "tmp"),
+		agentSock:  filepath.Join(path, "agent.sock"),
+		inventory:  filepath.Join(path, "inventory.yml"),
+		vars:       filepath.Join(path, "vars.yml"),
+		knownHosts: filepath.Join(path, "known_hosts"),
+	}
+	fail := func(err error) (*runDir, error) {
+		d.remove()
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o700); err != nil {
+		return fail(fmt.Errorf("run dir: %w", err))
+	}
+	m, err := os.OpenFile(filepath.Join(path, markerName), os.O_CREATE|os.O_EXCL|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fail(fmt.Errorf("run dir marker: %w", err))
+	}
+	d.marker = m
+	if err := unix.Flock(int(m.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fail(fmt.Errorf("lock run dir marker: %w", err))
+	}
+	if _, err := fmt.Fprintf(m, "autoprovisioner ansible run\npid %d\njob %s\n", os.Getpid(), strconv.Quote(jobID)); err != nil {
+		return fail(fmt.Errorf("write run dir marker: %w", err))
+	}
+	for _, sub := range []string{d.controlDir, d.tmpDir} {
+		if err := os.Mkdir(sub, 0o700); err != nil {
+			return fail(fmt.Errorf("run dir: %w", err))
+		}
+	}
+	return d, nil
+}
+
+// writeFile creates name (which must not exist) with mode 0600.
+func writeFile(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// writeInputs writes inventory.yml, known_hosts and vars.yml for spec.
+func (d *runDir) writeInputs(spec *Spec, key pinnedKey) error {
+	h := spec.Host
+	// -F /dev/null: no ssh_config of this machine or user (a stray
+	// "Host *" there could add a ProxyCommand or weaken checks).
+	sshArgs := strings.Join([]string{
+		"-F /dev/null",
+		"-o UserKnownHostsFile=" + d.knownHosts,
+		"-o GlobalKnownHostsFile=/dev/null",
+		"-o StrictHostKeyChecking=yes",
+		"-o HostKeyAlgorithms=" + key.algorithms,
+	}, " ")
+	inv := fmt.Sprintf("all:\n  hosts:\n    %s:\n      ansible_host: !unsafe %s\n      ansible_port: %d\n      ansible_user: !unsafe %s\n      ansible_ssh_common_args: !unsafe %s\n",
+		quoted(h.Alias), quoted(h.Address), h.Port, quoted(h.User), quoted(sshArgs))
+	if err := writeFile(d.inventory, []byte(inv)); err != nil {
+		return fmt.Errorf("write inventory: %w", err)
+	}
+	if err := writeFile(d.knownHosts, []byte(knownHostsLine(h, key))); err != nil {
+		return fmt.Errorf("write known_hosts: %w", err)
+	}
+	vars, err := unsafeYAML(spec.Vars)
+	if err != nil {
+		return err
+	}
+	if err := writeFile(d.vars, []byte(vars)); err != nil {
+		return fmt.Errorf("write vars: %w", err)
+	}
+	return nil
+}
+
+// remove deletes the run directory and releases its marker lock.
+func (d *runDir) remove() error {
+	err := os.RemoveAll(d.path)
+	if d.marker != nil {
+		_ = d.marker.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("remove run dir %s: %w", d.path, err)
+	}
+	return nil
+}
+
+// SweepLeftovers removes the run directories that crashed runs left under
+// RunRoot, and kills processes still referring to them (an ssh
+// ControlPersist master outlives its run by up to its persist time). Only
+// directories named with this package's prefix, owned by this user, holding
+// a marker file that no live process has locked are touched; symlinks are
+// never followed. Call it once at start; it is safe while other runs (of this
+// or another process) are live.
+func (r *Runner) SweepLeftovers() (removed int, err error) {
+	entries, err := os.ReadDir(r.cfg.RunRoot)
+	if err != nil {
+		return 0, fmt.Errorf("sweep %s: %w", r.cfg.RunRoot, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), runDirPrefix) {
+			continue
+		}
+		path := filepath.Join(r.cfg.RunRoot, e.Name())
+		ok, err := sweepOne(path)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			removed++
+			r.log.Info().Str("run_dir", path).Msg("removed run directory left by a crashed run")
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// sweepOne removes path if it is an abandoned run directory.
+func sweepOne(path string) (bool, error) {
+	st, err := os.Lstat(path)
+	if err != nil || !st.IsDir() {
+		return false, nil // gone meanwhile, a file or a symlink: not ours
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || int(sys.Uid) != os.Geteuid() {
+		return false, nil
+	}
+	m, err := os.OpenFile(filepath.Join(path, markerName), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false, nil // no marker: not a run directory of ours
+	}
+	defer m.Close()
+	if st, err := m.Stat(); err != nil || !st.Mode().IsRegular() {
+		return false, nil
+	}
+	if err := unix.Flock(int(m.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return false, nil // a live run holds it
+	}
+	killReferring(path)
+	if err := os.RemoveAll(path); err != nil {
+		return false, fmt.Errorf("sweep %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// killReferring SIGKILLs this user's processes whose command line mentions
+// dir (ssh masters show their control socket path there) and waits (up to
+// about two seconds) until they are gone: on their pidfds, so it returns the
+// moment the last one exits.
+func killReferring(dir string) {
+	var k proc.Killer
+	defer k.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		pids := processesReferring(dir)
+		if len(pids) == 0 {
+			return
+		}
+		for _, p := range pids {
+			k.Signal(p, syscall.SIGKILL)
+		}
+		// Look again once they are gone: one may have forked meanwhile.
+		if !k.WaitAll(deadline) && time.Now().After(deadline) {
+			return
+		}
+	}
+}
+
+// processesReferring lists live processes of this user, other than this
+// one, whose command line contains dir + "/".
+func processesReferring(dir string) []int {
+	needle := []byte(dir + "/")
+	var out []int
+	self := os.Getpid()
+	uid := os.Geteuid()
+	proc.Each(func(pid int) {
+		if pid == self {
+			return
+		}
+		cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil || !bytes.Contains(cmdline, needle) {
+			return
+		}
+		st, err := proc.ReadStat(pid)
+		if err != nil || !st.Live() {
+			return
+		}
+		var fi syscall.Stat_t
+		if syscall.Stat("/proc/"+strconv.Itoa(pid), &fi) != nil || int(fi.Uid) != uid {
+			return
+		}
+		out = append(out, pid)
+	})
+	sort.Ints(out)
+	return out
+}

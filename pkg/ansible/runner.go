@@ -1,0 +1,272 @@
+// Package ansible runs one ansible-playbook process, the way the infra
+// service runs every play (and the Ansible tests run theirs),
+// safely:
+//
+//   - every run gets a private directory (0700, files 0600) under RunRoot with
+//     an inventory for exactly one host, a known_hosts file pinning its host
+//     key, and the non-secret extra vars with every string tagged !unsafe;
+//     the directory is removed when the run ends, whatever the way, and
+//     SweepLeftovers removes those of crashed runs;
+//   - the argv holds only file paths; the environment is built from an
+//     allow-list (never os.Environ()) plus the run's secret variables;
+//   - SSH private keys are served by an in-process ssh-agent on a unix socket
+//     in the run directory and never touch the disk;
+//   - the process runs in its own process group under the runguard binary
+//     (pkg/ansible/cmd/runguard), which kills the whole group, ssh
+//     ControlPersist masters included, when the run ends or when this
+//     process dies (even by SIGKILL); cancellation, a wall-clock timeout and
+//     an idle timeout (no output) send SIGTERM to the group, then SIGKILL
+//     after a grace period;
+//   - the autoprov_events callback plugin (docs/events.md) writes JSON lines
+//     to a pipe on fd 3 of the child (AUTOPROV_EVENTS_PATH=/dev/fd/3); they
+//     are redacted, handed to Spec.OnEvent in order, and decide the outcome,
+//     with the exit code as a cross-check;
+//   - stdout and stderr (one pipe, so their lines stay in order) are drained
+//     continuously; a redacted, size-capped tail is kept for the result.
+//
+// The Spec.Redact function is applied to all text before it leaves the
+// package (events, output tail, errors, logs).
+package ansible
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Config configures a Runner. New validates it; the fields documented with a
+// default may be left zero, the others are required (the infra service's
+// configuration holds their defaults).
+type Config struct {
+	// AnsibleDir is the repository's ansible/ directory (ansible.cfg,
+	// playbooks/, roles/, plugins/); it is the child's working directory.
+	AnsibleDir string
+	// PlaybookBin is the ansible-playbook executable (absolute path).
+	PlaybookBin string
+	// RunRoot is the parent of the per-run directories. It must be an
+	// absolute path of at most 32 bytes
+	// (unix socket paths in the run directory are limited to 108 bytes) of
+	// [A-Za-z0-9/._-], and if it exists a directory of this user that no one
+	// else can write to; it is created 0700 when missing.
+	RunRoot string
+	// GuardPath is the runguard binary. Default: "runguard" next to
+	// os.Executable(). When it is missing, runs go without the guard (with a
+	// warning): ansible-playbook then gets Pdeathsig=SIGKILL, so it dies
+	// with this process (strictly: with the OS thread that started it, which
+	// Go does not end), but its workers and ssh processes, and the ssh
+	// ControlPersist masters that left its group, live on after a crash
+	// until they end or SweepLeftovers kills them; files Ansible writes in
+	// the run dir follow this process's umask instead of 077. Normal ends,
+	// cancellation and timeouts clean up fully in both modes.
+	GuardPath string
+	// KillGrace is the time between SIGTERM and SIGKILL.
+	KillGrace time.Duration
+	// Timeout is the wall-clock limit of a run whose Spec sets none.
+	Timeout time.Duration
+	// IdleTimeout is the limit on the time without output of a run whose
+	// Spec sets none.
+	IdleTimeout time.Duration
+	// FactCacheDir is ANSIBLE_CACHE_PLUGIN_CONNECTION, shared by runs.
+	// Default: autoprov-facts next to RunRoot.
+	FactCacheDir string
+	// OutputTailLines and OutputTailBytes bound Result.OutputTail.
+	// Defaults 60 lines and 16 KiB.
+	OutputTailLines int
+	OutputTailBytes int
+}
+
+// Defaults of Config.
+const (
+	DefaultOutputTailLines = 60
+	DefaultOutputTailBytes = 16 << 10
+	// maxRunRootLen keeps <RunRoot>/ar-NNNNNNNNNN/cp/<40 hex>.<16 chars>
+	// (ssh's temporary control socket name) within 107 bytes.
+	maxRunRootLen = 32
+)
+
+var runRootRe = regexp.MustCompile(`^/[A-Za-z0-9/._-]*$`)
+
+// Runner runs ansible-playbook processes; it is safe for concurrent use.
+type Runner struct {
+	cfg   Config
+	guard string // "" = no guard
+	log   zerolog.Logger
+	hooks hooks
+}
+
+// hooks let tests observe internals.
+type hooks struct {
+	onSpawn   func(pgid int, runDir string)
+	onTimings func(timings)
+}
+
+// New validates cfg, fills the defaults of the optional fields and creates
+// RunRoot and FactCacheDir when missing.
+func New(cfg Config, log zerolog.Logger) (*Runner, error) {
+	var missing []string
+	for name, unset := range map[string]bool{"AnsibleDir": cfg.AnsibleDir == "", "PlaybookBin": cfg.PlaybookBin == "",
+		"RunRoot": cfg.RunRoot == "", "KillGrace": cfg.KillGrace <= 0, "Timeout": cfg.Timeout <= 0, "IdleTimeout": cfg.IdleTimeout <= 0} {
+		if unset {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return nil, fmt.Errorf("ansible runner: %s must be set (durations positive)", strings.Join(missing, ", "))
+	}
+	dir, err := filepath.Abs(cfg.AnsibleDir)
+	if err != nil {
+		return nil, fmt.Errorf("ansible runner: AnsibleDir: %w", err)
+	}
+	cfg.AnsibleDir = dir
+	for _, p := range []string{"ansible.cfg", "playbooks"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			return nil, fmt.Errorf("ansible runner: AnsibleDir %s: %w", dir, err)
+		}
+	}
+	if err := checkExecutable(cfg.PlaybookBin); err != nil {
+		return nil, fmt.Errorf("ansible runner: PlaybookBin: %w", err)
+	}
+	cfg.RunRoot = filepath.Clean(cfg.RunRoot)
+	if !runRootRe.MatchString(cfg.RunRoot) || len(cfg.RunRoot) > maxRunRootLen {
+		return nil, fmt.Errorf("ansible runner: RunRoot %q: want an absolute path of at most %d bytes of [A-Za-z0-9/._-]", cfg.RunRoot, maxRunRootLen)
+	}
+	if err := ensurePrivateDir(cfg.RunRoot); err != nil {
+		return nil, fmt.Errorf("ansible runner: RunRoot: %w", err)
+	}
+	if cfg.FactCacheDir == "" {
+		cfg.FactCacheDir = filepath.Join(filepath.Dir(cfg.RunRoot), "autoprov-facts")
+	}
+	if err := ensurePrivateDir(cfg.FactCacheDir); err != nil {
+		return nil, fmt.Errorf("ansible runner: FactCacheDir: %w", err)
+	}
+	if cfg.OutputTailLines < 0 || cfg.OutputTailBytes < 0 {
+		return nil, errors.New("ansible runner: negative output tail bounds")
+	}
+	cfg.OutputTailLines = cmp.Or(cfg.OutputTailLines, DefaultOutputTailLines)
+	cfg.OutputTailBytes = cmp.Or(cfg.OutputTailBytes, DefaultOutputTailBytes)
+	r := &Runner{cfg: cfg, log: log}
+	guard := cfg.GuardPath
+	if guard == "" {
+		if exe, err := os.Executable(); err == nil {
+			guard = filepath.Join(filepath.Dir(exe), "runguard")
+		}
+	}
+	if err := checkExecutable(guard); err != nil {
+		log.Warn().Str("guard", guard).Err(err).Msg("runguard not usable: ansible-playbook runs without it; it dies with this process (Pdeathsig), but ssh ControlPersist masters may outlive a crash until swept")
+	} else {
+		r.guard = guard
+	}
+	return r, nil
+}
+
+// Config returns the effective configuration (defaults filled).
+func (r *Runner) Config() Config { return r.cfg }
+
+// Guarded tells whether runs go through runguard.
+func (r *Runner) Guarded() bool { return r.guard != "" }
+
+func checkExecutable(path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("%q is not an absolute path", path)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", path)
+	}
+	return nil
+}
+
+// ensurePrivateDir creates dir (0700) when missing and checks that it is a
+// real directory of this user that nobody else can write to.
+func ensurePrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory (or is a symlink)", dir)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is not owned by this user", dir)
+	}
+	if st.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by group or others", dir)
+	}
+	return nil
+}
+
+// Run runs spec.Playbook against spec.Host and returns when the process
+// group is gone and the run directory removed. It returns an error only when
+// the run could not start (invalid spec, run directory, agent, exec);
+// everything after that is in the Result (ctx cancellation gives Outcome
+// cancelled).
+func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
+	called := monoNow()
+	key, err := r.validateSpec(&spec)
+	if err != nil {
+		return nil, err
+	}
+	log := r.log.With().Str("job_id", spec.JobID).Str("host", spec.Host.Alias).Str("playbook", spec.Playbook).Logger()
+	if err := ctx.Err(); err != nil {
+		now := time.Now()
+		return &Result{Outcome: OutcomeCancelled, ExitCode: -1, Hosts: map[string]Recap{}, StartedAt: now, FinishedAt: now,
+			Err: errors.New(spec.Redact(fmt.Sprintf("cancelled before start: %v", context.Cause(ctx))))}, nil
+	}
+	var done *timings // set on success; reported after the deferred cleanup
+	defer func() {
+		if done != nil && r.hooks.onTimings != nil {
+			done.returned = monoNow()
+			r.hooks.onTimings(*done)
+		}
+	}()
+	rd, err := r.newRunDir(spec.JobID)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := rd.remove(); err != nil {
+			log.Error().Err(err).Msg("remove run dir")
+		}
+	}()
+	if err := rd.writeInputs(&spec, key); err != nil {
+		return nil, err
+	}
+	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
+	if err != nil {
+		return nil, err
+	}
+	defer ag.close()
+
+	e := &execution{r: r, spec: &spec, rd: rd, log: log}
+	e.t.runCalled = called
+	defer e.cleanup() // kills the group if a panic cuts supervise short
+	if err := e.start(); err != nil {
+		return nil, err
+	}
+	res, err := e.supervise(ctx)
+	if e.deliverPanic != nil {
+		panic(e.deliverPanic) // after cleanup, from the deferred calls
+	}
+	if err != nil {
+		return nil, err
+	}
+	done = &e.t
+	return res, nil
+}

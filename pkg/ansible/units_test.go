@@ -1,0 +1,408 @@
+package ansible
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+func TestReadLines(t *testing.T) {
+	t.Parallel()
+	type line struct {
+		text string
+		long bool
+	}
+	tests := []struct {
+		name  string
+		input string
+		max   int
+		want  []line
+	}{
+		{"plain", "a\nbb\n", 10, []line{{"a", false}, {"bb", false}}},
+		{"no final newline", "a\nbb", 10, []line{{"a", false}, {"bb", false}}},
+		{"crlf", "a\r\nb\r\n", 10, []line{{"a", false}, {"b", false}}},
+		{"empty lines", "\n\nx\n", 10, []line{{"", false}, {"", false}, {"x", false}}},
+		{"exactly max", "0123456789\nx\n", 10, []line{{"0123456789", false}, {"x", false}}},
+		{"too long", "0123456789AB\nx\n", 10, []line{{"0123456789", true}, {"x", false}}},
+		{"much too long", strings.Repeat("y", 200000) + "\nz\n", 10, []line{{"yyyyyyyyyy", true}, {"z", false}}},
+		{"long line beyond the reader buffer", strings.Repeat("q", 100000) + "\n", 1 << 20, []line{{strings.Repeat("q", 100000), false}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []line
+			touches := 0
+			readLines(strings.NewReader(tt.input), tt.max, func() { touches++ }, func(b []byte, long bool) {
+				got = append(got, line{string(b), long})
+			})
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d lines, want %d", len(got), len(tt.want))
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("line %d = %.40q/%v, want %.40q/%v", i, got[i].text, got[i].long, tt.want[i].text, tt.want[i].long)
+				}
+			}
+			if touches == 0 {
+				t.Error("touch never called")
+			}
+		})
+	}
+}
+
+func TestDecodeEventRedactsAndCounts(t *testing.T) {
+	t.Parallel()
+	redact := func(s string) string { return strings.ReplaceAll(s, "s3cret", "[REDACTED]") }
+	lines := []string{
+		`{"v":1,"seq":1,"ts":"2026-01-02T03:04:05.001Z","event":"playbook_start","playbook":"p.yml"}`,
+		`{"v":1,"seq":2,"ts":"2026-01-02T03:04:05.002Z","event":"task_start","playbook":"p.yml","play":"P","task":"use s3cret","action":"shell"}`,
+		`not json`,
+		`{"v":2,"seq":3,"event":"host_ok"}`,
+		`{"v":1,"seq":4}`,
+		`{"v":1,"seq":5,"ts":"2026-01-02T03:04:06.000Z","event":"host_failed","task":"use s3cret","host":"h","msg":"bad s3cret","rc":3,"ignore_errors":true}`,
+		`{"v":1,"seq":6,"ts":"x","event":"host_failed","task":"t2","host":"h","play":"P","msg":"real failure"}`,
+		`{"v":1,"seq":7,"event":"host_ok","host":"h","changed":true}`,
+		`{"v":1,"seq":8,"event":"host_unreachable","task":"t3","host":"h","msg":"gone"}`,
+		`{"v":1,"seq":9,"event":"future_event","host":"h"}`,
+		`{"v":1,"seq":10,"event":"stats","hosts":{"h":{"ok":1,"changed":1,"failed":1,"unreachable":1,"skipped":0,"rescued":2,"ignored":1}}}`,
+	}
+	var st eventState
+	var evs []Event
+	for _, l := range lines {
+		ev, err := decodeEvent([]byte(l), redact)
+		if err != nil {
+			st.malformed++
+			continue
+		}
+		st.add(ev)
+		evs = append(evs, ev)
+	}
+	if st.malformed != 3 || st.count != 8 {
+		t.Fatalf("malformed %d, count %d; want 3, 8", st.malformed, st.count)
+	}
+	if evs[1].Task != "use [REDACTED]" || evs[2].Msg != "bad [REDACTED]" || *evs[2].RC != 3 || !evs[2].IgnoreErrors {
+		t.Errorf("events = %+v %+v", evs[1], evs[2])
+	}
+	if want := time.Date(2026, 1, 2, 3, 4, 5, 2e6, time.UTC); !evs[1].Time.Equal(want) {
+		t.Errorf("time = %v", evs[1].Time)
+	}
+	if st.failed == nil || st.failed.Name != "t2" || st.failed.Message != "real failure" || st.failed.Play != "P" {
+		t.Errorf("first failure = %+v", st.failed)
+	}
+	if st.unreached == nil || st.unreached.Name != "t3" {
+		t.Errorf("unreachable = %+v", st.unreached)
+	}
+	if got, want := st.derived["h"], (Recap{OK: 1, Changed: 1, Failed: 1, Unreachable: 1, Ignored: 1}); got != want {
+		t.Errorf("derived = %+v, want %+v", got, want)
+	}
+	if got := st.hosts()["h"]; got.Rescued != 2 {
+		t.Errorf("hosts() should be the stats event's: %+v", got)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	failed := &FailedTask{Name: "t", Host: "h", Message: "m"}
+	gone := &FailedTask{Name: "u", Host: "h", Message: "refused"}
+	running := &FailedTask{Name: "Sleep", Host: "h"}
+	tests := []struct {
+		name     string
+		v        verdict
+		want     Outcome
+		ft       *FailedTask
+		mismatch bool
+	}{
+		{"ok", verdict{code: 0, ev: &eventState{stats: map[string]Recap{"h": {OK: 3}}}}, OutcomeSucceeded, nil, false},
+		{"ok without events", verdict{code: 0, ev: &eventState{}}, OutcomeSucceeded, nil, true},
+		{"failed", verdict{code: 2, ev: &eventState{failed: failed, stats: map[string]Recap{"h": {Failed: 1}}}}, OutcomeFailed, failed, false},
+		{"rescued", verdict{code: 0, ev: &eventState{failed: failed, stats: map[string]Recap{"h": {OK: 1, Rescued: 1}}}}, OutcomeSucceeded, nil, false},
+		{"failed before stats", verdict{code: 137, ev: &eventState{failed: failed}}, OutcomeFailed, failed, true},
+		{"unreachable", verdict{code: 4, ev: &eventState{unreached: gone, stats: map[string]Recap{"h": {Unreachable: 1}}}}, OutcomeUnreachable, gone, false},
+		{"unreachable wins over failed", verdict{code: 4, ev: &eventState{failed: failed, unreached: gone, stats: map[string]Recap{"h": {Failed: 1, Unreachable: 1}}}}, OutcomeUnreachable, gone, false},
+		{"exit 2 without events", verdict{code: 2, ev: &eventState{}}, OutcomeFailed, nil, true},
+		{"parse error", verdict{code: 4, ev: &eventState{}, summary: "ERROR! bad"}, OutcomeError, nil, false},
+		{"crash", verdict{code: 250, ev: &eventState{}}, OutcomeError, nil, false},
+		{"stopped", verdict{stop: OutcomeTimeout, stopErr: errors.New("too long"), code: 143, lastTask: running, ev: &eventState{}}, OutcomeTimeout, &FailedTask{Name: "Sleep", Host: "h", Message: "too long"}, false},
+		{"stopped beats events", verdict{stop: OutcomeCancelled, stopErr: errors.New("c"), code: 143, ev: &eventState{failed: failed}}, OutcomeCancelled, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := tt.v
+			v.alias = "h"
+			out, ft, err := v.classify()
+			if out != tt.want {
+				t.Errorf("outcome %s, want %s", out, tt.want)
+			}
+			if (ft == nil) != (tt.ft == nil) || (ft != nil && *ft != *tt.ft) {
+				t.Errorf("failed task %+v, want %+v", ft, tt.ft)
+			}
+			if (err == nil) != (out == OutcomeSucceeded) {
+				t.Errorf("err = %v for %s", err, out)
+			}
+			if (v.mismatch != "") != tt.mismatch {
+				t.Errorf("mismatch = %q", v.mismatch)
+			}
+		})
+	}
+}
+
+func TestTail(t *testing.T) {
+	t.Parallel()
+	redact := func(s string) string {
+		s = strings.ReplaceAll(s, "s3cret", "***")
+		return strings.ReplaceAll(s, "multi\nline", "***")
+	}
+	tl := newTail(3, 1000, redact)
+	for _, l := range []string{"one", "two s3cret", "three", "four"} {
+		tl.add([]byte(l), false)
+	}
+	if got := tl.String(); got != "two ***\nthree\nfour\n" {
+		t.Errorf("tail = %q", got)
+	}
+	tl = newTail(100, 400, redact)
+	tl.add([]byte("multi"), false)
+	tl.add([]byte("line"), false)
+	if got := tl.String(); got != "***\n" {
+		t.Errorf("multi-line secret: tail = %q", got)
+	}
+	// A long line is redacted before it is cut: no half secret remains.
+	long := strings.Repeat("x", 95) + "s3cret" + strings.Repeat("y", 1000)
+	tl.add([]byte(long), false)
+	got := tl.String()
+	if strings.Contains(got, "s3c") || !strings.Contains(got, "…[cut]") {
+		t.Errorf("long line: %q", got)
+	}
+	for i := 0; i < 50; i++ {
+		tl.add([]byte(strings.Repeat("z", 50)), false)
+	}
+	if n := len(tl.String()); n > 400 {
+		t.Errorf("tail holds %d bytes, cap 400", n)
+	}
+	tl.add([]byte("ERROR! the real cause"), false)
+	tl.add([]byte(""), false)
+	tl.add([]byte("  ^ here"), false)
+	if s := tl.summary(); s != "ERROR! the real cause" {
+		t.Errorf("summary = %q", s)
+	}
+	tl.add([]byte("bad utf8 \xff"), false)
+	if s := tl.String(); !strings.Contains(s, "bad utf8 \uFFFD") {
+		t.Errorf("invalid UTF-8 kept: %q", s)
+	}
+}
+
+func TestValidateSpec(t *testing.T) {
+	t.Parallel()
+	r, _ := newTestRunner(t, nil)
+	good := Spec{
+		JobID: "j", Playbook: "ping.yml",
+		Host: Host{Alias: "srv-1", Address: "192.0.2.10", User: "root", KnownHostsKey: testHostKey(t) + " comment"},
+	}
+	good.SecretEnv = map[string]string{"GITHUB_TOKEN": "t", "AUTOPROV_DEPLOY_SSH_PUBKEY": "k", "PROJECT_ENV": "A=1\nB=2"}
+	if _, err := r.validateSpec(&good); err != nil {
+		t.Fatalf("good spec: %v", err)
+	}
+	if good.Host.Port != 22 || good.Timeout != r.cfg.Timeout || good.IdleTimeout != r.cfg.IdleTimeout || good.Redact == nil {
+		t.Errorf("defaults not filled: %+v", good)
+	}
+	tests := map[string]func(*Spec){
+		"no job":             func(s *Spec) { s.JobID = "" },
+		"playbook traversal": func(s *Spec) { s.Playbook = "../ping.yml" },
+		"playbook dir":       func(s *Spec) { s.Playbook = "sub/ping.yml" },
+		"playbook missing":   func(s *Spec) { s.Playbook = "nope.yml" },
+		"playbook not yml":   func(s *Spec) { s.Playbook = "ping" },
+		"alias newline":      func(s *Spec) { s.Host.Alias = "a\nb" },
+		"alias dash":         func(s *Spec) { s.Host.Alias = "-a" },
+		"alias template":     func(s *Spec) { s.Host.Alias = "{{x}}" },
+		"address option":     func(s *Spec) { s.Host.Address = "-oProxyCommand=x" },
+		"address space":      func(s *Spec) { s.Host.Address = "a b" },
+		"port":               func(s *Spec) { s.Host.Port = 70000 },
+		"user":               func(s *Spec) { s.Host.User = "-l" },
+		"user empty":         func(s *Spec) { s.Host.User = "" },
+		"key garbage":        func(s *Spec) { s.Host.KnownHostsKey = "nope" },
+		"key options": func(s *Spec) {
+			s.Host.KnownHostsKey = `command="x" ` + strings.Fields(good.Host.KnownHostsKey)[0] + " " + strings.Fields(good.Host.KnownHostsKey)[1]
+		},
+		"key two lines":    func(s *Spec) { s.Host.KnownHostsKey = good.Host.KnownHostsKey + "\n" + good.Host.KnownHostsKey },
+		"env lower":        func(s *Spec) { s.SecretEnv = map[string]string{"token": "x"} },
+		"env reserved":     func(s *Spec) { s.SecretEnv = map[string]string{"PATH": "x"} },
+		"env ansible":      func(s *Spec) { s.SecretEnv = map[string]string{"ANSIBLE_BECOME_PASS": "x"} },
+		"env ld":           func(s *Spec) { s.SecretEnv = map[string]string{"LD_PRELOAD": "x"} },
+		"env bash":         func(s *Spec) { s.SecretEnv = map[string]string{"BASH_ENV": "x"} },
+		"env events path":  func(s *Spec) { s.SecretEnv = map[string]string{"AUTOPROV_EVENTS_PATH": "x"} },
+		"env nul":          func(s *Spec) { s.SecretEnv = map[string]string{"TOKEN": "a\x00b"} },
+		"negative timeout": func(s *Spec) { s.Timeout = -time.Second },
+	}
+	for name, mutate := range tests {
+		s := good
+		s.Host.Port = 0
+		mutate(&s)
+		if _, err := r.validateSpec(&s); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), "a\x00b") {
+			t.Errorf("%s: error quotes the secret value: %v", name, err)
+		}
+	}
+}
+
+func TestKnownHostsAndInventory(t *testing.T) {
+	t.Parallel()
+	key := pinnedKey{line: "ssh-ed25519 AAAA", algorithms: "ssh-ed25519"}
+	for _, tt := range []struct {
+		h    Host
+		want string
+	}{
+		{Host{Address: "192.0.2.1", Port: 22}, "192.0.2.1 ssh-ed25519 AAAA\n"},
+		{Host{Address: "192.0.2.1", Port: 2222}, "[192.0.2.1]:2222 ssh-ed25519 AAAA\n"},
+		{Host{Address: "2001:db8::1", Port: 2222}, "[2001:db8::1]:2222 ssh-ed25519 AAAA\n"},
+		{Host{Address: "srv.example.org", Port: 22}, "srv.example.org ssh-ed25519 AAAA\n"},
+	} {
+		if got := knownHostsLine(tt.h, key); got != tt.want {
+			t.Errorf("knownHostsLine(%+v) = %q, want %q", tt.h, got, tt.want)
+		}
+	}
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{ExtraHostKeyTypes: []string{"rsa"}})
+	h := hostOf(s)
+	h.KnownHostsKey = s.HostKeys[1]
+	pk, err := validateHost(&h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pk.algorithms != "rsa-sha2-512,rsa-sha2-256" {
+		t.Errorf("rsa algorithms = %q", pk.algorithms)
+	}
+	// The inventory goes through Ansible's own parser.
+	r, _ := newTestRunner(t, nil)
+	d, err := r.newRunDir("j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.remove()
+	spec := Spec{Host: h, Vars: map[string]any{"x": 1}}
+	if err := d.writeInputs(&spec, pk); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{d.inventory, d.knownHosts, d.vars, filepath.Join(d.path, markerName)} {
+		st, err := os.Stat(f)
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v %v, want mode 0600", f, st.Mode(), err)
+		}
+	}
+	if st, _ := os.Stat(d.path); st.Mode().Perm() != 0o700 {
+		t.Errorf("run dir mode %v", st.Mode())
+	}
+	out, err := execOutput(t, "/usr/bin/ansible-inventory", "-i", d.inventory, "--host", "target-1")
+	if err != nil {
+		t.Fatalf("ansible-inventory: %v\n%s", err, out)
+	}
+	for _, want := range []string{`"__ansible_unsafe": "127.0.0.1"`, `"__ansible_unsafe": "root"`, "HostKeyAlgorithms=rsa-sha2-512,rsa-sha2-256", "UserKnownHostsFile=" + d.knownHosts, "StrictHostKeyChecking=yes", "-F /dev/null"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("inventory lacks %s:\n%s", want, out)
+		}
+	}
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
+	base := Config{AnsibleDir: testAnsibleDir(t), PlaybookBin: playbookBin, GuardPath: guardBin, FactCacheDir: t.TempDir(),
+		KillGrace: 3 * time.Second, Timeout: time.Hour, IdleTimeout: 10 * time.Minute}
+	tests := map[string]func(c *Config){
+		"no ansible dir":    func(c *Config) { c.AnsibleDir = "" },
+		"no bin":            func(c *Config) { c.PlaybookBin = "" },
+		"no run root":       func(c *Config) { c.RunRoot = "" },
+		"no kill grace":     func(c *Config) { c.KillGrace = 0 },
+		"no timeout":        func(c *Config) { c.Timeout = 0 },
+		"negative idle":     func(c *Config) { c.IdleTimeout = -time.Second },
+		"negative tail":     func(c *Config) { c.OutputTailLines = -1 },
+		"no ansible.cfg":    func(c *Config) { c.AnsibleDir = t.TempDir() },
+		"relative bin":      func(c *Config) { c.PlaybookBin = "ansible-playbook" },
+		"missing bin":       func(c *Config) { c.PlaybookBin = "/nonexistent/ansible-playbook" },
+		"long run root":     func(c *Config) { c.RunRoot = "/tmp/" + strings.Repeat("r", 40) },
+		"run root with sp":  func(c *Config) { c.RunRoot = "/tmp/a b" },
+		"relative run root": func(c *Config) { c.RunRoot = "tmp/x" },
+		"shared run root":   func(c *Config) { c.RunRoot = "/tmp" },
+		"symlink run root": func(c *Config) {
+			dir := shortTempDir(t, "aps")
+			_ = os.Symlink(t.TempDir(), dir+"/l")
+			c.RunRoot = dir + "/l"
+		},
+	}
+	for name, mutate := range tests {
+		c := base
+		c.RunRoot = shortTempDir(t, "apr")
+		mutate(&c)
+		if _, err := New(c, testLogger(t)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	c := base
+	c.RunRoot = shortTempDir(t, "apr") + "/new"
+	c.FactCacheDir = t.TempDir()
+	r, err := New(c, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(c.RunRoot); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("RunRoot not created 0700: %v %v", st, err)
+	}
+	got := r.Config()
+	if got.PlaybookBin != playbookBin || got.KillGrace != 3*time.Second || got.Timeout != time.Hour ||
+		got.IdleTimeout != 10*time.Minute || got.OutputTailLines != DefaultOutputTailLines ||
+		got.OutputTailBytes != DefaultOutputTailBytes || !r.Guarded() {
+		t.Errorf("config: %+v guarded %v", got, r.Guarded())
+	}
+}
+
+// TestTestdataConfigMatchesRepo keeps testdata/ansible/ansible.cfg equal to
+// the repository's ansible/ansible.cfg except for the settings marked
+// "test:" there.
+func TestTestdataConfigMatchesRepo(t *testing.T) {
+	t.Parallel()
+	repo := readINI(t, "../../ansible/ansible.cfg")
+	test := readINI(t, "testdata/ansible/ansible.cfg")
+	differ := map[string]bool{"defaults.roles_path": true, "defaults.library": true, "defaults.callback_plugins": true, "defaults.timeout": true}
+	for k, v := range repo {
+		if !differ[k] && test[k] != v {
+			t.Errorf("%s: testdata has %q, repository %q", k, test[k], v)
+		}
+	}
+	for k := range test {
+		if _, ok := repo[k]; !ok && !differ[k] {
+			t.Errorf("%s: only in testdata", k)
+		}
+	}
+	for _, k := range []string{"defaults.callbacks_enabled", "ssh_connection.pipelining"} {
+		if test[k] == "" {
+			t.Errorf("testdata config lacks %s", k)
+		}
+	}
+}
+
+// readINI reads an ansible.cfg into section.key -> value.
+func readINI(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	defer f.Close()
+	out := map[string]string{}
+	section := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		switch {
+		case l == "" || strings.HasPrefix(l, "#") || strings.HasPrefix(l, ";"):
+		case strings.HasPrefix(l, "["):
+			section = strings.Trim(l, "[]")
+		default:
+			k, v, _ := strings.Cut(l, "=")
+			out[section+"."+strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return out
+}

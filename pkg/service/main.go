@@ -1,0 +1,70 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Program describes a service binary for Main and Run: its name, its
+// configuration and its components. A service's internal/app package holds
+// the two functions; its main.go only puts them together:
+//
+//	func main() {
+//		service.Main(service.Program[*app.Config]{
+//			Name: app.Name, Summary: app.Summary,
+//			NewConfig: app.NewConfig, Components: app.Components,
+//		})
+//	}
+type Program[C Config] struct {
+	// Name is the service's name in logs, metrics and --help.
+	Name string
+	// Summary is the one-line description --help prints.
+	Summary string
+	// NewConfig returns the configuration with the service's own defaults
+	// (a pointer to a struct embedding Common), ready for Load and Usage.
+	NewConfig func() C
+	// Components returns the service's long-running parts for the loaded
+	// configuration (see ComponentsFunc).
+	Components func(ctx context.Context, cfg C, d Deps) ([]Component, error)
+}
+
+// Run is a service binary's whole life but the exit: it handles the
+// command line (--help), loads the configuration from getenv, builds the
+// logger (with a "service" field) on stderr, and Serves until ctx is done.
+// Map its error to the exit status with ExitCode.
+func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg := p.NewConfig()
+	if err := ParseArgs(args, stdout, p.Name, p.Summary, cfg); err != nil {
+		return err // ErrHelp after --help: exit status 0
+	}
+	if err := Load(getenv, cfg); err != nil {
+		return err
+	}
+	common := cfg.common()
+	logger, err := NewLogger(stderr, common.LogLevel, common.LogFormat)
+	if err != nil {
+		return err
+	}
+	logger = logger.With().Str("service", p.Name).Logger()
+	return Serve(ctx, logger, cfg, getenv, func(ctx context.Context, d Deps) ([]Component, error) {
+		return p.Components(ctx, cfg, d)
+	})
+}
+
+// Main runs the service binary p with the process's arguments, environment
+// and output, and exits: 0 after a requested shutdown or --help, 2 for
+// configuration and usage errors, 1 otherwise (see ExitCode). The first
+// SIGINT/SIGTERM drains the service; a second one exits at once with
+// status 130/143 (see WithShutdownSignals).
+func Main[C Config](p Program[C]) {
+	ctx, stop := WithShutdownSignals(context.Background(), nil)
+	err := Run(ctx, p, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	code := ExitCode(err)
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", p.Name, err)
+	}
+	os.Exit(code)
+}
