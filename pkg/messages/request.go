@@ -22,7 +22,14 @@ const (
 	MaxModuleLen = 64
 	// MaxSecretRefLen is the longest secret reference, in bytes.
 	MaxSecretRefLen = 512
+	// MaxPlaybooks is the most extra playbooks a ProvisionerMessage may
+	// ask for.
+	MaxPlaybooks = 32
 )
+
+// PlaybookNamePattern is the shape of an extra playbook's name: a file name
+// (no path) in the ansible directory's playbooks/, ending in .yml or .yaml.
+const PlaybookNamePattern = `^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\.ya?ml$`
 
 // ServerHandlePattern is the shape of a server handle, the same as the
 // check on servers.handle in pkg/store/migrations.
@@ -35,6 +42,7 @@ var (
 	repoRE         = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 	moduleRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
 	secretRefRE    = regexp.MustCompile(`^(vault|env|file):[!-~]+$`)
+	playbookRE     = regexp.MustCompile(PlaybookNamePattern)
 )
 
 // Validation messages of the request keys.
@@ -49,6 +57,7 @@ const (
 	msgModule    = "must match ^[a-z0-9][a-z0-9_-]*$ and be at most 64 bytes"
 	msgSecretRef = "must be a secret reference (vault:..., env:... or file:..., printable ASCII " +
 		"without spaces), never a secret value"
+	msgPlaybook = "must be a file name in playbooks/ matching " + PlaybookNamePattern
 )
 
 // RequestMeta holds the keys every request may carry.
@@ -109,6 +118,11 @@ type ProvisionerMessage struct {
 	// Recover a server that failed or became unreachable, without a
 	// reinstall. Cannot be combined with force_reinstall.
 	IsRecovery bool `msgpack:"is_recovery,omitempty"`
+	// Extra playbooks to run after the base playbook (setup_server.yml, or
+	// recovery.yml when is_recovery), in this order, each only when every
+	// playbook before it succeeded: file names in the ansible directory's
+	// playbooks/. Absent or empty: none.
+	Playbooks []string `msgpack:"playbooks,omitempty"`
 }
 
 // Validate checks m against the contract and returns a *ValidationError
@@ -125,6 +139,23 @@ func (m *ProvisionerMessage) Validate() error {
 	}
 	if m.ForceReinstall && m.IsRecovery {
 		c.add("is_recovery", msgExclusive)
+	}
+	if len(m.Playbooks) > MaxPlaybooks {
+		c.add("playbooks", fmt.Sprintf("must have at most %d entries", MaxPlaybooks))
+	} else {
+		first := make(map[string]int, len(m.Playbooks))
+		for i, name := range m.Playbooks {
+			field := fmt.Sprintf("playbooks[%d]", i)
+			if !playbookRE.MatchString(name) {
+				c.add(field, msgPlaybook)
+				continue
+			}
+			if j, dup := first[name]; dup {
+				c.add(field, fmt.Sprintf("duplicate of playbooks[%d]", j))
+				continue
+			}
+			first[name] = i
+		}
 	}
 	return c.err()
 }
