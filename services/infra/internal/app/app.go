@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"path/filepath"
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
@@ -99,6 +100,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
 		Playbooks:        jobs.DefaultPlaybooks,
+		PlaybookDir:      filepath.Join(cfg.Playbook.Dir, "playbooks"),
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
 		DeploySSHUser:    cfg.SSH.DeployUser,
 		MaxDeliveries:    cfg.Stream.MaxDeliveries,
