@@ -221,6 +221,9 @@ func (l *Loop) jobs(due []fleet.Candidate) ([]fleet.Job, error) {
 			ServerHandle:   c.Handle,
 			ForceReinstall: c.Action == fleet.ActionRebuild,
 			IsRecovery:     c.Action == fleet.ActionRecovery,
+			// The rules' playbooks run after the base playbook of every
+			// action: a recovery puts back what they set up, too.
+			Playbooks: plan.Playbooks,
 		}
 		data, err := messages.Encode(msg)
 		if err != nil {

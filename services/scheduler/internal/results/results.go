@@ -168,11 +168,18 @@ func (h *Handler) apply(ctx context.Context, res *messages.ProvisionerResult) er
 	return nil
 }
 
-// Summary describes a result's run for the history: the playbook, the
-// failed task.
+// Summary describes a result's run for the history: each playbook with its
+// outcome (or the playbook), the failed task.
 func Summary(res *messages.ProvisionerResult) string {
 	var parts []string
-	if res.Playbook != "" {
+	switch {
+	case len(res.Playbooks) > 0:
+		steps := make([]string, len(res.Playbooks))
+		for i, p := range res.Playbooks {
+			steps[i] = p.Playbook + " " + string(p.Status)
+		}
+		parts = append(parts, "playbooks: "+strings.Join(steps, ", "))
+	case res.Playbook != "":
 		parts = append(parts, "playbook "+res.Playbook)
 	}
 	if ft := res.FailedTask; ft != nil && ft.Name != "" {
