@@ -6,11 +6,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock/clocktest"
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
@@ -19,22 +19,10 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/rules"
 )
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 func TestRecoveryAfterFailuresWithCooldown(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.Pool(t)
-	clk := &clock{t: time.Now()}
+	clk := clocktest.NewFake(time.Now())
 	f := fleet.New(db, fleet.Options{Now: clk.Now})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -90,7 +78,7 @@ func TestRecoveryAfterFailuresWithCooldown(t *testing.T) {
 	if requested() != "" || flagged.Load() != 1 {
 		t.Fatalf("flagged again within the cool-down: %q", requested())
 	}
-	clk.Add(31 * time.Minute)
+	clk.Advance(31 * time.Minute)
 	for range 3 {
 		round()
 	}

@@ -3,13 +3,14 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
-	"sync"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock/clocktest"
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -17,19 +18,8 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/reconcile"
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/results"
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/rules"
 )
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // TestRetryBackoffExhaustionAndDuplicates runs the loop, the relay and the
 // results consumer against real Postgres and Redis, with the test playing
@@ -40,7 +30,7 @@ func TestRetryBackoffExhaustionAndDuplicates(t *testing.T) {
 	defer cancel()
 	db := testenv.Pool(t)
 	rdb := redis.NewClient(mustOpt(t, testenv.RedisDB(t)))
-	clk := &clock{t: time.Now()}
+	clk := clocktest.NewFake(time.Now())
 	f := fleet.New(db, fleet.Options{Now: clk.Now})
 	log := zerolog.Nop()
 	handler := results.New(f, nil, results.Policy{RetryLimit: 3, Backoff: time.Minute, MaxBackoff: time.Hour}, log, nil)
@@ -133,7 +123,7 @@ func TestRetryBackoffExhaustionAndDuplicates(t *testing.T) {
 	if m := tick(); m != nil {
 		t.Fatal("retried before the backoff")
 	}
-	clk.Add(time.Minute)
+	clk.Advance(time.Minute)
 	m2 := tick()
 	if m2 == nil || m2.JobID == m1.JobID {
 		t.Fatalf("retry after 1m: %+v", m2)
@@ -144,11 +134,11 @@ func TestRetryBackoffExhaustionAndDuplicates(t *testing.T) {
 	publish(m1, messages.StatusSucceeded) // a late result of a finished job: duplicate
 	publish(m2, messages.StatusFailed)
 	waitAttempts(2, fleet.StatusFailed)
-	clk.Add(time.Minute) // the second backoff is 2m
+	clk.Advance(time.Minute) // the second backoff is 2m
 	if m := tick(); m != nil {
 		t.Fatal("retried before the doubled backoff")
 	}
-	clk.Add(time.Minute)
+	clk.Advance(time.Minute)
 	m3 := tick()
 	if m3 == nil {
 		t.Fatal("no third attempt")
@@ -158,7 +148,7 @@ func TestRetryBackoffExhaustionAndDuplicates(t *testing.T) {
 	if s := get(); !s.RetriesExhausted {
 		t.Errorf("retries not exhausted: %+v", s)
 	}
-	clk.Add(24 * time.Hour)
+	clk.Advance(24 * time.Hour)
 	if m := tick(); m != nil {
 		t.Fatal("an exhausted server was retried")
 	}
@@ -177,7 +167,7 @@ func TestStuckJobs(t *testing.T) {
 	defer cancel()
 	db := testenv.Pool(t)
 	rdb := redis.NewClient(mustOpt(t, testenv.RedisDB(t)))
-	clk := &clock{t: time.Now()}
+	clk := clocktest.NewFake(time.Now())
 	f := fleet.New(db, fleet.Options{Now: clk.Now})
 	handler := results.New(f, nil, results.Policy{}, zerolog.Nop(), nil)
 	relay := reconcile.NewRelay(f, stream.NewProducer(rdb, stream.ProducerOptions{}), reconcile.RelayConfig{})
@@ -204,7 +194,7 @@ func TestStuckJobs(t *testing.T) {
 		VALUES ($1, 'provision', 'provisioner:queue', '1-0', 'done', 'done', 'done', 'succeeded', $2, now())`, done.PendingJobID, data); err != nil {
 		t.Fatal(err)
 	}
-	clk.Add(2 * time.Hour)
+	clk.Advance(2 * time.Hour)
 	rep, err := loop.Tick(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -235,4 +225,77 @@ func mustOpt(t *testing.T, url string) *redis.Options {
 		t.Fatal(err)
 	}
 	return o
+}
+
+// TestMessagesCarryTheRulesPlaybooks: each queued message names the extra
+// playbooks of the rules that match its server, in the rules file's order,
+// for every action; a server no rule gives playbooks gets none.
+func TestMessagesCarryTheRulesPlaybooks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := testenv.Pool(t)
+	rdb := redis.NewClient(mustOpt(t, testenv.RedisDB(t)))
+	set, err := rules.Parse("rules.yml", []byte(`
+rules:
+  - name: monitoring everywhere but dev
+    match:
+      all: [{label: env, equals: prod}]
+    playbooks: [monitoring.yml]
+  - name: web
+    match:
+      any: [{group: web}, {group: edge}]
+    playbooks: [nginx.yml, monitoring.yml, app.yaml]
+`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fleet.New(db, fleet.Options{})
+	relay := reconcile.NewRelay(f, stream.NewProducer(rdb, stream.ProducerOptions{}), reconcile.RelayConfig{})
+	loop := reconcile.New(f, nil, func() *rules.Set { return set }, results.New(f, nil, results.Policy{}, zerolog.Nop(), nil), reconcile.Config{})
+	if _, err := db.Exec(ctx, `INSERT INTO servers (handle, address, labels) VALUES
+		('web-prod', '192.0.2.1', '{"group:web": "", "env": "prod"}'),
+		('edge-dev', '192.0.2.2', '{"group:edge": "", "env": "dev"}'),
+		('db-prod', '192.0.2.3', '{"group:db": "", "env": "prod"}'),
+		('plain', '192.0.2.4', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.RequestAction(ctx, "db-prod", fleet.ActionRecovery, "test", "check"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loop.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := rdb.XRange(ctx, messages.StreamProvisionerQueue, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*messages.ProvisionerMessage{}
+	for _, e := range entries {
+		m, err := messages.DecodeProvisionerMessage([]byte(e.Values[messages.DataField].(string)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[m.ServerHandle] = m
+	}
+	want := map[string][]string{
+		"web-prod": {"monitoring.yml", "nginx.yml", "app.yaml"},
+		"edge-dev": {"nginx.yml", "monitoring.yml", "app.yaml"},
+		"db-prod":  {"monitoring.yml"},
+		"plain":    nil,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d messages, want %d", len(got), len(want))
+	}
+	for handle, pbs := range want {
+		m := got[handle]
+		if m == nil || !slices.Equal(m.Playbooks, pbs) {
+			t.Errorf("%s: message %+v, want playbooks %v", handle, m, pbs)
+		}
+	}
+	if !got["db-prod"].IsRecovery {
+		t.Errorf("db-prod: recovery asked for, message %+v", got["db-prod"])
+	}
 }
