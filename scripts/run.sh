@@ -10,7 +10,8 @@
 # run/dev/logs/, and runs the main job for real, through the scheduler: it
 # detects the server in the inventory, queues it (outbox, then
 # provisioner:queue), infra runs ansible/playbooks/setup_server.yml against
-# the target, the result moves the server to READY and the scheduler posts a
+# the target, then verify_server.yml, the extra playbook run/dev/rules.yml
+# gives the server's group, the result moves the server to READY and the scheduler posts a
 # notification to the webhook receiver. Each step, the play's progress and
 # the receiver's log are shown. The services keep running until Ctrl-C.
 #
@@ -109,6 +110,16 @@ all:
           ansible_port: $port
           env: local
 YAML
+	# The scheduler's rules: servers of the group "local" get an extra
+	# playbook after setup_server.yml (ProvisionerMessage.playbooks).
+	cat >"$RUN/rules.yml" <<YAML
+rules:
+  - name: verify local servers
+    match:
+      all:
+        - group: local
+    playbooks: [verify_server.yml]
+YAML
 	psql -q "$DATABASE_URL" -v ON_ERROR_STOP=1 \
 		-c "DO \$\$ BEGIN IF to_regclass('servers') IS NOT NULL THEN DELETE FROM servers WHERE handle = 'local-target'; END IF; END \$\$"
 	WEBHOOK_ADDR=${WEBHOOK_ADDR:-127.0.0.1:9199}
@@ -119,6 +130,7 @@ YAML
 	step "local Slack webhook receiver on $WEBHOOK_ADDR (log in run/dev/logs/webhook.log)"
 	SCHEDULER_ENV+=(
 		"INVENTORY_FILES=$RUN/inventory.yml"
+		"RULES_FILE=$RUN/rules.yml"
 		"TICK_INTERVAL=2s"
 		"HEALTH_INTERVAL=15s"
 		"SLACK_WEBHOOK_URL_REF=env:AUTOPROV_SECRET_SLACK_WEBHOOK"
