@@ -210,7 +210,11 @@ func (d *Dispatcher) Once(ctx context.Context) (int, error) {
 			return err
 		}
 		start := time.Now()
-		err := d.ch.Send(ctx, text)
+		// A send that started is not cut short by shutdown: the receiver
+		// may have the message already, and only a send that returns can
+		// be recorded as delivered (else the next run repeats it). The
+		// channel's own timeout bounds it.
+		err := d.ch.Send(context.WithoutCancel(ctx), text)
 		d.cfg.Metrics.sent(d.ch.Name(), len(batch), err, time.Since(start))
 		return err
 	})
