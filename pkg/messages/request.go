@@ -140,23 +140,7 @@ func (m *ProvisionerMessage) Validate() error {
 	if m.ForceReinstall && m.IsRecovery {
 		c.add("is_recovery", msgExclusive)
 	}
-	if len(m.Playbooks) > MaxPlaybooks {
-		c.add("playbooks", fmt.Sprintf("must have at most %d entries", MaxPlaybooks))
-	} else {
-		first := make(map[string]int, len(m.Playbooks))
-		for i, name := range m.Playbooks {
-			field := fmt.Sprintf("playbooks[%d]", i)
-			if !playbookRE.MatchString(name) {
-				c.add(field, msgPlaybook)
-				continue
-			}
-			if j, dup := first[name]; dup {
-				c.add(field, fmt.Sprintf("duplicate of playbooks[%d]", j))
-				continue
-			}
-			first[name] = i
-		}
-	}
+	c.names("playbooks", m.Playbooks, MaxPlaybooks, playbookRE.MatchString, msgPlaybook)
 	return c.err()
 }
 
@@ -235,23 +219,9 @@ func (m *AnsibleDeployMessage) Validate() error {
 	case m.Port < 1 || m.Port > 65535:
 		c.add("port", msgPort)
 	}
-	if len(m.Modules) > MaxModules {
-		c.add("modules", fmt.Sprintf("must have at most %d entries", MaxModules))
-	} else {
-		first := make(map[string]int, len(m.Modules))
-		for i, name := range m.Modules {
-			field := fmt.Sprintf("modules[%d]", i)
-			if len(name) > MaxModuleLen || !moduleRE.MatchString(name) {
-				c.add(field, msgModule)
-				continue
-			}
-			if j, dup := first[name]; dup {
-				c.add(field, fmt.Sprintf("duplicate of modules[%d]", j))
-				continue
-			}
-			first[name] = i
-		}
-	}
+	c.names("modules", m.Modules, MaxModules, func(name string) bool {
+		return len(name) <= MaxModuleLen && moduleRE.MatchString(name)
+	}, msgModule)
 	secretRef(&c, "github_token_ref", m.GitHubTokenRef)
 	secretRef(&c, "secrets_ref", m.SecretsRef)
 	return c.err()
