@@ -4,14 +4,20 @@
 # Installs what is missing from Debian's packages (as root), starts Redis and
 # Postgres under run/dev/, starts a local Debian test target (a debootstrap
 # root in its own network namespace, with sshd) under run/dev/target,
-# registers it as server "local-target", starts every service from bin/ with
-# its log in run/dev/logs/, and runs the main job for real: a
-# ProvisionerMessage is published, infra runs ansible/playbooks/
-# setup_server.yml against the target, and the progress and result are shown.
-# Then the deployer's part: an API key is created (printed once), a
-# deployment of a demo project (served from a local git repository) is made
-# through the HTTP API, its events are followed live, and the commands a user
-# would try next are printed. The services keep running until Ctrl-C.
+# writes it into the static inventory run/dev/inventory.yml as server
+# "local-target", starts a local Slack webhook receiver (bin/notifysink, log
+# in run/dev/logs/webhook.log) and every service from bin/ with its log in
+# run/dev/logs/, and runs the main job for real, through the scheduler: it
+# detects the server in the inventory, queues it (outbox, then
+# provisioner:queue), infra runs ansible/playbooks/setup_server.yml against
+# the target, then verify_server.yml, the extra playbook run/dev/rules.yml
+# gives the server's group, the result moves the server to READY and the scheduler posts a
+# notification to the webhook receiver. Each step, the play's progress and
+# the receiver's log are shown. Then the deployer's part: an API key is
+# created (printed once), a deployment of a demo project (served from a local
+# git repository) is made through the HTTP API, its events are followed live,
+# and the commands a user would try next are printed. The services keep
+# running until Ctrl-C.
 #
 # Nothing outside run/ is changed besides installing packages, the package
 # and image cache in .cache/, and the target's network namespace (removed on
@@ -30,6 +36,7 @@ export REDIS_URL DATABASE_URL
 RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
+
 # Each service logs in to Redis as the ACL user of its role
 # (deploy/redis/users.acl): it can touch only its own streams and keys. Its
 # URL, password included, reaches it in a file (REDIS_URL_FILE), not in its
@@ -42,7 +49,7 @@ done
 
 # Ports may be moved to run two checkouts side by side, e.g.
 #   REDIS_PORT=16391 PG_PORT=15441 SCHEDULER_ADMIN_ADDR=127.0.0.1:9111 INFRA_ADMIN_ADDR=127.0.0.1:9112 \
-#   DEPLOYER_ADMIN_ADDR=127.0.0.1:9113 API_ADDR=127.0.0.1:8090 make run
+#   DEPLOYER_ADMIN_ADDR=127.0.0.1:9113 API_ADDR=127.0.0.1:8090 WEBHOOK_ADDR=127.0.0.1:9198 make run
 declare -A ADMIN=([scheduler]=${SCHEDULER_ADMIN_ADDR:-127.0.0.1:9101} [infra]=${INFRA_ADMIN_ADDR:-127.0.0.1:9102}
 	[deployer]=${DEPLOYER_ADMIN_ADDR:-127.0.0.1:9103})
 API=${API_ADDR:-127.0.0.1:8080}
@@ -52,6 +59,8 @@ if [ ! -s "$RUN/webhook-signing.key" ]; then
 fi
 DEPLOYER_ENV=(
 	"API_ADDR=$API"
+	# Its Redis user may only append to ansible:deploy:queue, not read it.
+	"OBSERVE_QUEUE=false"
 	"WEBHOOK_SIGNING_KEY_FILE=$RUN/webhook-signing.key"
 )
 PIDS=()
@@ -81,15 +90,16 @@ if [ ${#RUN_ROOT} -gt 32 ]; then
 	step "repository path is long: playbook run directories go to $RUN_ROOT"
 fi
 
-# Request signing: the demo job signs its request as producer scheduler-1
-# with a key made once (run/dev/secrets/signing/, 0600); infra verifies every
-# signed request and dead-letters one that fails. (REQUEST_SIGNATURES=verify:
-# the services' own producers do not sign yet, so unsigned requests pass.)
+# Request signing: infra knows producer key scheduler-1, made once
+# (run/dev/secrets/signing/, 0600), verifies every signed request and
+# dead-letters one that fails. (REQUEST_SIGNATURES=verify: the scheduler and
+# the deployer do not sign yet, so their unsigned requests pass.)
 SIGNING_KEY_FILE="$RUN/secrets/signing/scheduler-1.key"
 if [ ! -s "$SIGNING_KEY_FILE" ]; then
 	mkdir -p "$(dirname "$SIGNING_KEY_FILE")"
 	(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$SIGNING_KEY_FILE")
 fi
+SCHEDULER_ENV=("PLAYBOOK_DIR=$ROOT/ansible")
 INFRA_ENV=(
 	"PLAYBOOK_DIR=$ROOT/ansible"
 	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
@@ -102,9 +112,9 @@ demo=""
 if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; then
 	TARGET="$RUN/target"
 	bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
-	# A fresh target each time: the previous one's files (its writable layer,
-	# hardened by setup_server.yml: no root login) must not come back.
-	rm -rf --one-file-system "$TARGET"
+	# A fresh root each time: the overlay's upper layer of an earlier run
+	# holds what its play changed (root login off, ...).
+	if ! grep -q " $TARGET/" /proc/mounts; then rm -rf "$TARGET"; fi
 	step "starting the local Debian target (the first time builds and caches its image: about a minute)"
 	info=$(bin/testtarget up --detach --dir "$TARGET" 2>"$LOGS/target.log") ||
 		{ cat "$LOGS/target.log" >&2; die "the local target did not start (see run/dev/logs/target.log)"; }
@@ -133,6 +143,44 @@ JSON
 		"SECRETS_FILE_ROOT=$(dirname "$keyfile")"
 		"SSH_KEY_REF=file:$(basename "$keyfile")"
 	)
+	# The scheduler's source: a static inventory (a fresh target each time,
+	# so the server is registered anew: no pinned host key, root login).
+	cat >"$RUN/inventory.yml" <<YAML
+all:
+  children:
+    local:
+      hosts:
+        local-target:
+          ansible_host: $addr
+          ansible_port: $port
+          env: local
+YAML
+	# The scheduler's rules: servers of the group "local" get an extra
+	# playbook after setup_server.yml (ProvisionerMessage.playbooks).
+	cat >"$RUN/rules.yml" <<YAML
+rules:
+  - name: verify local servers
+    match:
+      all:
+        - group: local
+    playbooks: [verify_server.yml]
+YAML
+	psql -q "$DATABASE_URL" -v ON_ERROR_STOP=1 \
+		-c "DO \$\$ BEGIN IF to_regclass('servers') IS NOT NULL THEN DELETE FROM servers WHERE handle = 'local-target'; END IF; END \$\$"
+	WEBHOOK_ADDR=${WEBHOOK_ADDR:-127.0.0.1:9199}
+	WEBHOOK_PATH=/services/local/run/webhook
+	: >"$LOGS/webhook.log"
+	bin/notifysink -addr "$WEBHOOK_ADDR" -path "$WEBHOOK_PATH" -log "$LOGS/webhook.log" 2>>"$LOGS/webhook.err" &
+	PIDS+=($!)
+	step "local Slack webhook receiver on $WEBHOOK_ADDR (log in run/dev/logs/webhook.log)"
+	SCHEDULER_ENV+=(
+		"INVENTORY_FILES=$RUN/inventory.yml"
+		"RULES_FILE=$RUN/rules.yml"
+		"TICK_INTERVAL=2s"
+		"HEALTH_INTERVAL=15s"
+		"SLACK_WEBHOOK_URL_REF=env:AUTOPROV_SECRET_SLACK_WEBHOOK"
+		"AUTOPROV_SECRET_SLACK_WEBHOOK=http://$WEBHOOK_ADDR$WEBHOOK_PATH"
+	)
 	demo=1
 else
 	step "not root (or no iproute2): no local target, so no demo job; the services run alone"
@@ -146,10 +194,10 @@ for svc in scheduler infra deployer; do
 		# from /proc/<pid>/environ at start.
 		AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1=$(cat "$SIGNING_KEY_FILE") \
 			env -u REDIS_URL "${INFRA_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
-	elif [ "$svc" = deployer ]; then
-		env -u REDIS_URL "${DEPLOYER_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+	elif [ "$svc" = scheduler ]; then
+		env -u REDIS_URL "${SCHEDULER_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	else
-		env -u REDIS_URL REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
+		env -u REDIS_URL "${DEPLOYER_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	fi
 	PIDS+=($!)
 done
@@ -167,22 +215,14 @@ done
 
 status=0
 if [ -n "$demo" ]; then
-	# A fresh target each time (the services have migrated the schema by
-	# now): register it anew, with no pinned host key and root login.
-	psql -q "$DATABASE_URL" -v ON_ERROR_STOP=1 <<SQL
-DELETE FROM servers WHERE handle = 'local-target';
-INSERT INTO servers (handle, address, ssh_port, labels) VALUES ('local-target', '$addr', $port, '{"env":"local"}');
-SQL
-	step "registered server local-target ($addr:$port)"
-	step "the main job: provision local-target with ansible/playbooks/setup_server.yml"
-	# The demo publishes as the scheduler would, with the scheduler's user.
-	REDIS_URL="${REDIS_USER_URL[scheduler]}" SIGNING_KEY_ID=scheduler-1 SIGNING_KEY_FILE="$SIGNING_KEY_FILE" \
-		/usr/bin/python3 scripts/demo-job.py --server-handle local-target --timeout "${RUN_JOB_TIMEOUT:-1800}" || status=$?
+	step "the main job: the scheduler detects local-target in run/dev/inventory.yml, queues it, infra provisions it"
+	/usr/bin/python3 scripts/follow-server.py --server local-target --scheduler bin/scheduler \
+		--webhook-log "$LOGS/webhook.log" || status=$?
 	if [ "$status" -eq 0 ]; then
 		step "local-target provisioned: $(psql -tA "$DATABASE_URL" -c \
 			"SELECT 'status ' || status || ', ssh user ' || ssh_user FROM servers WHERE handle = 'local-target'")"
 	else
-		printf '\033[1;31merror:\033[0m the main job did not succeed (exit %s); see run/dev/logs/infra.log\n' "$status" >&2
+		printf '\033[1;31merror:\033[0m the main job did not succeed (exit %s); see run/dev/logs/scheduler.log and infra.log\n' "$status" >&2
 	fi
 fi
 

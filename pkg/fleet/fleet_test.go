@@ -14,33 +14,21 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock/clocktest"
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
-// clock is a settable clock for the Store.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 type bundle struct {
 	db    *pgxpool.Pool
-	clock *clock
+	clock *clocktest.Fake
 }
 
 func setup(t *testing.T) (*fleet.Store, *bundle) {
 	t.Helper()
 	db := testenv.Pool(t)
-	c := &clock{t: time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)}
+	c := clocktest.NewFake(time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC))
 	return fleet.New(db, fleet.Options{Now: c.Now}), &bundle{db: db, clock: c}
 }
 
@@ -395,7 +383,7 @@ func TestRelay(t *testing.T) {
 	if n, age, _ := s.OutboxBacklog(ctx); n != 0 || age != 0 {
 		t.Errorf("backlog %d %v", n, age)
 	}
-	b.clock.Add(8 * 24 * time.Hour)
+	b.clock.Advance(8 * 24 * time.Hour)
 	if n, err := s.PruneOutbox(ctx, 7*24*time.Hour); err != nil || n != 30 {
 		t.Errorf("prune: %d %v", n, err)
 	}
@@ -482,7 +470,7 @@ func TestApplyResultRetriesAndDedup(t *testing.T) {
 	if due, _ := s.Due(ctx, 10); len(due) != 0 {
 		t.Errorf("due during backoff: %+v", due)
 	}
-	b.clock.Add(time.Minute)
+	b.clock.Advance(time.Minute)
 	j2 := queueOne(t, s, "a")
 	// A result of another job (j1 again, late) is stale: recorded, ignored.
 	if o, _ := fail("job-other"); o != fleet.Stale {
@@ -497,7 +485,7 @@ func TestApplyResultRetriesAndDedup(t *testing.T) {
 	if n := notifications(t, b.db, "a"); len(n) != 0 {
 		t.Errorf("notified while retries remain: %v", n)
 	}
-	b.clock.Add(2 * time.Minute)
+	b.clock.Advance(2 * time.Minute)
 	j3 := queueOne(t, s, "a")
 	if _, srv = fail(j3); srv.Attempts != 3 || !srv.RetriesExhausted || !srv.NextAttemptAt.IsZero() {
 		t.Errorf("third failure: %+v", srv)
@@ -505,7 +493,7 @@ func TestApplyResultRetriesAndDedup(t *testing.T) {
 	if n := notifications(t, b.db, "a"); !slices.Equal(n, []string{"FAILED"}) {
 		t.Errorf("notifications after exhaustion: %v", n)
 	}
-	b.clock.Add(time.Hour)
+	b.clock.Advance(time.Hour)
 	if due, _ := s.Due(ctx, 10); len(due) != 0 {
 		t.Errorf("exhausted server is due: %+v", due)
 	}
@@ -550,7 +538,7 @@ func TestApplyResultUnreachableRejectedOrphaned(t *testing.T) {
 	if due, _ := s.Due(ctx, 10); len(due) != 3 { // r, o, i
 		t.Errorf("unreachable due before its cool-down: %+v", due)
 	}
-	b.clock.Add(10 * time.Minute)
+	b.clock.Advance(10 * time.Minute)
 	ju2 := queueOne(t, s, "u")
 	if _, srv, _ = s.ApplyResult(ctx, fleet.Result{Handle: "u", JobID: ju2, Status: messages.StatusUnreachable, Error: "still down"}, "results", policy); srv.Status != fleet.StatusUnreachable {
 		t.Fatal(srv.Status)
@@ -787,7 +775,7 @@ func TestStuckAndRequeue(t *testing.T) {
 	if st, _ := s.Stuck(ctx, time.Hour, 10); len(st) != 0 {
 		t.Errorf("stuck right away: %+v", st)
 	}
-	b.clock.Add(2 * time.Hour)
+	b.clock.Advance(2 * time.Hour)
 	st, err := s.Stuck(ctx, time.Hour, 10)
 	if err != nil {
 		t.Fatal(err)

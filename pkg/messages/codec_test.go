@@ -377,14 +377,15 @@ func TestTagsAreTheKeys(t *testing.T) {
 	full := []any{
 		&messages.ProvisionerMessage{
 			RequestMeta:  messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t"},
-			ServerHandle: "h", ForceReinstall: true, IsRecovery: true,
+			ServerHandle: "h", ForceReinstall: true, IsRecovery: true, Playbooks: []string{"p.yml"},
 		},
 		&messages.AnsibleDeployMessage{
 			RequestMeta: messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t"},
 			ProjectID:   "p", RepoFullName: "r", Branch: "b", ServerIP: "i", Port: 1, Modules: []string{"m"},
 			GitHubTokenRef: "g", SecretsRef: "s", TimeoutSeconds: 60,
 		},
-		&messages.ProvisionerResult{Outcome: fullOutcome(), ServerHandle: "h"},
+		&messages.ProvisionerResult{Outcome: fullOutcome(), ServerHandle: "h", Playbooks: []messages.PlaybookOutcome{
+			{Playbook: "p.yml", Status: messages.PlaybookFailed, ErrorKind: messages.KindPlaybookFailed, DurationMS: 1}}},
 		&messages.AnsibleDeployResult{Outcome: fullOutcome(), ProjectID: "p", ServerIP: "i", Port: 1},
 		&messages.ProgressEvent{SchemaVersion: 1, JobID: "j", Seq: 1, Time: "t", Type: "x", Play: "p", Task: "t",
 			Host: "h", Message: "m", Status: "s"},

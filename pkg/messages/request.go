@@ -25,7 +25,14 @@ const (
 	MaxSecretRefLen = 512
 	// MaxTimeoutSeconds is the longest run a request may ask for: a day.
 	MaxTimeoutSeconds = 86400
+	// MaxPlaybooks is the most extra playbooks a ProvisionerMessage may
+	// ask for.
+	MaxPlaybooks = 32
 )
+
+// PlaybookNamePattern is the shape of an extra playbook's name: a file name
+// (no path) in the ansible directory's playbooks/, ending in .yml or .yaml.
+const PlaybookNamePattern = `^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\.ya?ml$`
 
 // ServerHandlePattern is the shape of a server handle, the same as the
 // check on servers.handle in pkg/store/migrations.
@@ -38,6 +45,7 @@ var (
 	repoRE         = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 	moduleRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
 	secretRefRE    = regexp.MustCompile(`^(vault|env|file):[!-~]+$`)
+	playbookRE     = regexp.MustCompile(PlaybookNamePattern)
 )
 
 // Validation messages of the request keys.
@@ -53,6 +61,7 @@ const (
 	msgBranch    = "must use only ASCII letters, digits and . _ / -"
 	msgSecretRef = "must be a secret reference (vault:..., env:... or file:..., printable ASCII " +
 		"without spaces), never a secret value"
+	msgPlaybook = "must be a file name in playbooks/ matching " + PlaybookNamePattern
 )
 
 // RequestMeta holds the keys every request may carry.
@@ -113,6 +122,11 @@ type ProvisionerMessage struct {
 	// Recover a server that failed or became unreachable, without a
 	// reinstall. Cannot be combined with force_reinstall.
 	IsRecovery bool `msgpack:"is_recovery,omitempty"`
+	// Extra playbooks to run after the base playbook (setup_server.yml, or
+	// recovery.yml when is_recovery), in this order, each only when every
+	// playbook before it succeeded: file names in the ansible directory's
+	// playbooks/. Absent or empty: none.
+	Playbooks []string `msgpack:"playbooks,omitempty"`
 }
 
 // Validate checks m against the contract and returns a *ValidationError
@@ -130,6 +144,7 @@ func (m *ProvisionerMessage) Validate() error {
 	if m.ForceReinstall && m.IsRecovery {
 		c.add("is_recovery", msgExclusive)
 	}
+	c.names("playbooks", m.Playbooks, MaxPlaybooks, playbookRE.MatchString, msgPlaybook)
 	return c.err()
 }
 
@@ -214,23 +229,9 @@ func (m *AnsibleDeployMessage) Validate() error {
 	case m.Port < 1 || m.Port > 65535:
 		c.add("port", msgPort)
 	}
-	if len(m.Modules) > MaxModules {
-		c.add("modules", fmt.Sprintf("must have at most %d entries", MaxModules))
-	} else {
-		first := make(map[string]int, len(m.Modules))
-		for i, name := range m.Modules {
-			field := fmt.Sprintf("modules[%d]", i)
-			if len(name) > MaxModuleLen || !moduleRE.MatchString(name) {
-				c.add(field, msgModule)
-				continue
-			}
-			if j, dup := first[name]; dup {
-				c.add(field, fmt.Sprintf("duplicate of modules[%d]", j))
-				continue
-			}
-			first[name] = i
-		}
-	}
+	c.names("modules", m.Modules, MaxModules, func(name string) bool {
+		return len(name) <= MaxModuleLen && moduleRE.MatchString(name)
+	}, msgModule)
 	secretRef(&c, "github_token_ref", m.GitHubTokenRef)
 	secretRef(&c, "secrets_ref", m.SecretsRef)
 	if m.TimeoutSeconds < 0 || m.TimeoutSeconds > MaxTimeoutSeconds {

@@ -359,6 +359,41 @@ func (o *Outcome) normalize() {
 // entryIDRE is the shape of a Redis stream entry id.
 var entryIDRE = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
 
+// PlaybookStatus is how one playbook of a job ended (see PlaybookOutcome).
+type PlaybookStatus string
+
+// The statuses of a playbook.
+const (
+	PlaybookSucceeded   PlaybookStatus = "succeeded"
+	PlaybookFailed      PlaybookStatus = "failed"
+	PlaybookUnreachable PlaybookStatus = "unreachable"
+	PlaybookCancelled   PlaybookStatus = "cancelled"
+	// PlaybookSkipped: not run, because a playbook before it did not
+	// succeed.
+	PlaybookSkipped PlaybookStatus = "skipped"
+)
+
+// PlaybookStatuses returns every valid playbook status.
+func PlaybookStatuses() []PlaybookStatus {
+	return []PlaybookStatus{PlaybookSucceeded, PlaybookFailed, PlaybookUnreachable, PlaybookCancelled, PlaybookSkipped}
+}
+
+// Valid reports whether s is one of the playbook statuses of the contract.
+func (s PlaybookStatus) Valid() bool { return slices.Contains(PlaybookStatuses(), s) }
+
+// PlaybookOutcome is how one playbook of a provisioning job ended.
+type PlaybookOutcome struct {
+	// File name of the playbook.
+	Playbook string `msgpack:"playbook"`
+	// How it ended: succeeded, failed, unreachable, cancelled, or skipped
+	// (not run because a playbook before it did not succeed).
+	Status PlaybookStatus `msgpack:"status"`
+	// Why a playbook that ran did not succeed (see the error kinds).
+	ErrorKind ErrorKind `msgpack:"error_kind,omitempty"`
+	// How long the playbook ran, in milliseconds.
+	DurationMS int64 `msgpack:"duration_ms,omitempty"`
+}
+
 // ProvisionerResult is the result of a ProvisionerMessage, published on
 // StreamProvisionerResults.
 type ProvisionerResult struct {
@@ -366,6 +401,12 @@ type ProvisionerResult struct {
 	// server_handle of the request, echoed (as received, even when invalid,
 	// unless longer than MaxEcho).
 	ServerHandle string `msgpack:"server_handle,omitempty"`
+	// Each playbook of the job in order, with its outcome: the playbooks
+	// that ran (the base playbook, then the extra playbooks of the
+	// request), then the extra playbooks skipped after one that did not
+	// succeed. A job that some playbooks completed before a later one
+	// failed shows it here. Absent when no playbook ran.
+	Playbooks []PlaybookOutcome `msgpack:"playbooks,omitempty"`
 }
 
 // NewProvisionerResult starts the result of msg, read from the stream entry
@@ -384,6 +425,22 @@ func NewProvisionerResult(msg *ProvisionerMessage, requestID string) *Provisione
 func (r *ProvisionerResult) Validate() error {
 	var c checker
 	r.Outcome.validate(&c)
+	for i, p := range r.Playbooks {
+		field := "playbooks[" + strconv.Itoa(i) + "]."
+		if p.Playbook == "" {
+			c.add(field+"playbook", msgRequired)
+		}
+		switch {
+		case p.Status == "":
+			c.add(field+"status", msgRequired)
+		case !p.Status.Valid():
+			c.add(field+"status", "must be one of succeeded, failed, unreachable, cancelled, skipped")
+		}
+		if p.ErrorKind != "" && !errorKindRE.MatchString(string(p.ErrorKind)) {
+			c.add(field+"error_kind", "must match ^[a-z][a-z0-9_]{0,63}$")
+		}
+		c.nonNegative(field+"duration_ms", p.DurationMS)
+	}
 	return c.err()
 }
 

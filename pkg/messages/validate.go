@@ -81,3 +81,25 @@ func (c *checker) nonNegative(field string, v int64) {
 		c.add(field, "must not be negative")
 	}
 }
+
+// names checks a list of names: at most max entries, each valid (else
+// message), none repeated. Errors name the entry: field[i].
+func (c *checker) names(field string, names []string, max int, valid func(string) bool, message string) {
+	if len(names) > max {
+		c.add(field, fmt.Sprintf("must have at most %d entries", max))
+		return
+	}
+	first := make(map[string]int, len(names))
+	for i, name := range names {
+		entry := fmt.Sprintf("%s[%d]", field, i)
+		if !valid(name) {
+			c.add(entry, message)
+			continue
+		}
+		if j, dup := first[name]; dup {
+			c.add(entry, fmt.Sprintf("duplicate of %s[%d]", field, j))
+			continue
+		}
+		first[name] = i
+	}
+}

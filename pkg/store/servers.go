@@ -208,7 +208,9 @@ type TransitionFunc func(s *Server) (newStatus string, lastErr *string, ok bool)
 // writes it with UpdateServerStatus; when someone else changed the row in
 // between it reads again and asks decide again, at most a few times (then
 // ErrVersionConflict). It returns the server as written, or as read when
-// decide declined (changed false). jobID "" keeps last_job_id.
+// decide declined (changed false). jobID "" keeps last_job_id. A change of
+// status is recorded in server_history (event "transition", actor
+// HistoryActor) by the same statement.
 func TransitionServer(ctx context.Context, q Querier, handle, jobID string, decide TransitionFunc) (s *Server, changed bool, err error) {
 	for range transitionTries {
 		cur, err := GetServer(ctx, q, handle)
@@ -224,7 +226,7 @@ func TransitionServer(ctx context.Context, q Querier, handle, jobID string, deci
 		if !ok {
 			return cur, false, nil
 		}
-		next, err := casServerStatus(ctx, q, handle, cur.Version, status, lastErr, jobID)
+		next, err := casServerStatusLogged(ctx, q, cur, status, lastErr, jobID)
 		if errors.Is(err, ErrVersionConflict) {
 			continue
 		}

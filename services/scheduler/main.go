@@ -1,15 +1,32 @@
 // Command scheduler keeps the fleet in Postgres in sync with its sources and
 // queues provisioning. It is configured by environment variables:
-// `scheduler --help` lists them.
+// `scheduler --help` lists them; `scheduler servers --help` lists the
+// operators' commands.
 package main
 
 import (
+	"os"
+	"runtime/debug"
+
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/app"
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/cli"
 )
 
+// defaultMemoryLimit is the Go runtime's soft memory limit unless
+// GOMEMLIMIT says otherwise: a tick over a large fleet makes short-lived
+// garbage, and the limit makes the collector return it instead of letting
+// the heap double (see README, Performance).
+const defaultMemoryLimit = 128 << 20
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == cli.Command {
+		cli.Main(os.Args[2:])
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	service.Main(service.Program[*app.Config]{
 		Name:       app.Name,
 		Summary:    app.Summary,

@@ -137,6 +137,8 @@ func mapType(t reflect.Type) *jsonschema.Schema {
 	switch t {
 	case reflect.TypeFor[messages.Status]():
 		return &jsonschema.Schema{Type: "string", Enum: anys(messages.Statuses())}
+	case reflect.TypeFor[messages.PlaybookStatus]():
+		return &jsonschema.Schema{Type: "string", Enum: anys(messages.PlaybookStatuses())}
 	case reflect.TypeFor[messages.EventType]():
 		return &jsonschema.Schema{Type: "string", Enum: anys(messages.EventTypes())}
 	case reflect.TypeFor[messages.ErrorKind]():
@@ -199,6 +201,16 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 		p.MaxItems = ptr(uint64(messages.MaxModules))
 		p.UniqueItems = true
 		p.Items.Pattern = modulePattern
+	case "playbooks":
+		if owner == "ProvisionerMessage" {
+			p.MaxItems = ptr(uint64(messages.MaxPlaybooks))
+			p.UniqueItems = true
+			p.Items.Pattern = messages.PlaybookNamePattern
+		}
+	case "playbook":
+		if owner == "PlaybookOutcome" {
+			p.MinLength = ptr(uint64(1))
+		}
 	case "github_token_ref", "secrets_ref":
 		p.Pattern = secretRefPattern
 		p.MaxLength = ptr(uint64(messages.MaxSecretRefLen))

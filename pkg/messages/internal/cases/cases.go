@@ -35,6 +35,15 @@ func Goldens() []Golden {
 			ServerHandle:   "vps-101.example",
 			ForceReinstall: true,
 		}},
+		{"provisioner_message_playbooks.msgpack", "ProvisionerMessage", &messages.ProvisionerMessage{
+			RequestMeta: messages.RequestMeta{
+				SchemaVersion: 1,
+				JobID:         "web-1.example-20240501T120000Z-3f9a",
+				CreatedAt:     "2024-05-01T12:00:00.000Z",
+			},
+			ServerHandle: "web-1.example",
+			Playbooks:    []string{"nginx.yml", "monitoring.yaml"},
+		}},
 		{"ansible_deploy_message.msgpack", "AnsibleDeployMessage", &messages.AnsibleDeployMessage{
 			RequestMeta: messages.RequestMeta{
 				SchemaVersion: 1,
@@ -82,6 +91,31 @@ func Goldens() []Golden {
 				StartedAt:  "2024-05-01T12:00:00.001Z",
 				FinishedAt: "2024-05-01T12:00:00.001Z",
 				Attempt:    1,
+			},
+		}},
+		{"provisioner_result_partial.msgpack", "ProvisionerResult", &messages.ProvisionerResult{
+			Outcome: messages.Outcome{
+				SchemaVersion: 1,
+				JobID:         "web-1.example-20240501T120000Z-3f9a",
+				RequestID:     "1714564800004-0",
+				Status:        messages.StatusFailed,
+				Error:         &messages.ErrorInfo{Kind: messages.KindPlaybookFailed, Message: "nginx.yml: failed on web-1.example in task \"Start nginx\""},
+				Hosts:         map[string]messages.HostRecap{"web-1.example": {Ok: 4, Changed: 2, Failed: 1}},
+				FailedTask: &messages.FailedTask{
+					Name: "Start nginx", Host: "web-1.example", Play: "nginx",
+					Message: "Job for nginx.service failed",
+				},
+				Playbook:   "nginx.yml",
+				StartedAt:  "2024-05-01T12:00:00.500Z",
+				FinishedAt: "2024-05-01T12:03:00.500Z",
+				DurationMS: 180000,
+				Attempt:    1,
+			},
+			ServerHandle: "web-1.example",
+			Playbooks: []messages.PlaybookOutcome{
+				{Playbook: "setup_server.yml", Status: messages.PlaybookSucceeded, DurationMS: 150000},
+				{Playbook: "nginx.yml", Status: messages.PlaybookFailed, ErrorKind: messages.KindPlaybookFailed, DurationMS: 29000},
+				{Playbook: "monitoring.yaml", Status: messages.PlaybookSkipped},
 			},
 		}},
 		{"ansible_deploy_result_failed.msgpack", "AnsibleDeployResult", &messages.AnsibleDeployResult{
@@ -270,7 +304,17 @@ const (
 		"without spaces), never a secret value"
 	msgBranchChars = "must use only ASCII letters, digits and . _ / -"
 	msgStatus      = "must be one of succeeded, failed, unreachable, rejected, cancelled"
+	msgPlaybook    = "must be a file name in playbooks/ matching ^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\\.ya?ml$"
 )
+
+// playbooks returns n distinct extra playbook names.
+func playbooks(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("pb-%d.yml", i)
+	}
+	return names
+}
 
 func provisionerCases() []Validation {
 	p := func(edit func(m *messages.ProvisionerMessage)) *messages.ProvisionerMessage {
@@ -295,6 +339,17 @@ func provisionerCases() []Validation {
 			m.ServerHandle = strings.Repeat("h", 128)
 		})},
 		{Name: "recovery", Msg: p(func(m *messages.ProvisionerMessage) { m.IsRecovery = true })},
+		{Name: "extra playbooks", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Playbooks = []string{"nginx.yml", "Z9_app-1.v2.yaml", "x.yml"}
+		})},
+		{Name: "recovery with extra playbooks", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.IsRecovery = true
+			m.Playbooks = []string{"nginx.yml"}
+		})},
+		{Name: "32 extra playbooks", Msg: p(func(m *messages.ProvisionerMessage) { m.Playbooks = playbooks(32) })},
+		{Name: "extra playbook name of 104 characters", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Playbooks = []string{strings.Repeat("p", 100) + ".yml"}
+		})},
 		{Name: "created_at with +00:00 and microseconds", Msg: p(func(m *messages.ProvisionerMessage) {
 			m.CreatedAt = "2024-05-01T12:00:00.123456+00:00"
 		})},
@@ -320,6 +375,27 @@ func provisionerCases() []Validation {
 			Want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
 		{Name: "handle not ASCII", Msg: p(func(m *messages.ProvisionerMessage) { m.ServerHandle = "wéb" }),
 			Want: []messages.FieldError{fe("server_handle", msgServerHandle)}},
+		{Name: "33 extra playbooks", Msg: p(func(m *messages.ProvisionerMessage) { m.Playbooks = playbooks(33) }),
+			Want: []messages.FieldError{fe("playbooks", "must have at most 32 entries")}},
+		{Name: "extra playbook with a path", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Playbooks = []string{"nginx.yml", "../../etc/evil.yml"}
+		}), Want: []messages.FieldError{fe("playbooks[1]", msgPlaybook)}},
+		{Name: "extra playbook in a subdirectory", Msg: p(func(m *messages.ProvisionerMessage) { m.Playbooks = []string{"roles/x.yml"} }),
+			Want: []messages.FieldError{fe("playbooks[0]", msgPlaybook)}},
+		{Name: "extra playbook not YAML", Msg: p(func(m *messages.ProvisionerMessage) { m.Playbooks = []string{"run.sh"} }),
+			Want: []messages.FieldError{fe("playbooks[0]", msgPlaybook)}},
+		{Name: "extra playbook hidden", Msg: p(func(m *messages.ProvisionerMessage) { m.Playbooks = []string{".x.yml"} }),
+			Want: []messages.FieldError{fe("playbooks[0]", msgPlaybook)}},
+		{Name: "extra playbook as an option", Msg: p(func(m *messages.ProvisionerMessage) { m.Playbooks = []string{"-e.yml"} }),
+			Want: []messages.FieldError{fe("playbooks[0]", msgPlaybook)}},
+		{Name: "extra playbook empty", Msg: p(func(m *messages.ProvisionerMessage) { m.Playbooks = []string{""} }),
+			Want: []messages.FieldError{fe("playbooks[0]", msgPlaybook)}},
+		{Name: "extra playbook name of 105 characters", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Playbooks = []string{strings.Repeat("p", 101) + ".yml"}
+		}), Want: []messages.FieldError{fe("playbooks[0]", msgPlaybook)}},
+		{Name: "duplicate extra playbook", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Playbooks = []string{"a.yml", "b.yml", "a.yml"}
+		}), Want: []messages.FieldError{fe("playbooks[2]", "duplicate of playbooks[0]")}},
 		{Name: "reinstall and recovery", Msg: p(func(m *messages.ProvisionerMessage) {
 			m.ForceReinstall, m.IsRecovery = true, true
 		}), Want: []messages.FieldError{fe("is_recovery", "cannot be combined with force_reinstall")}},
@@ -564,6 +640,22 @@ func provisionerResultCases() []Validation {
 			r.Error = &messages.ErrorInfo{Kind: messages.KindInvalidMessage, Fields: []messages.FieldError{fe("server_handle", msgRequired)}}
 			r.ServerHandle = "not a handle" // echoed as received
 		}),
+		valid("partial success of the playbooks", func(r *messages.ProvisionerResult) {
+			failed(r)
+			r.Playbooks = []messages.PlaybookOutcome{
+				{Playbook: "setup_server.yml", Status: messages.PlaybookSucceeded, DurationMS: 1000},
+				{Playbook: "nginx.yml", Status: messages.PlaybookFailed, ErrorKind: messages.KindPlaybookFailed, DurationMS: 10},
+				{Playbook: "app.yml", Status: messages.PlaybookSkipped},
+			}
+		}),
+		invalid("playbook outcome without name and status", func(r *messages.ProvisionerResult) {
+			r.Playbooks = []messages.PlaybookOutcome{{Playbook: "a.yml", Status: messages.PlaybookSucceeded}, {}}
+		}, fe("playbooks[1].playbook", msgRequired), fe("playbooks[1].status", msgRequired)),
+		invalid("playbook outcome with a bad status, kind and duration", func(r *messages.ProvisionerResult) {
+			r.Playbooks = []messages.PlaybookOutcome{{Playbook: "a.yml", Status: "rejected", ErrorKind: "Bad", DurationMS: -1}}
+		}, fe("playbooks[0].status", "must be one of succeeded, failed, unreachable, cancelled, skipped"),
+			fe("playbooks[0].error_kind", "must match ^[a-z][a-z0-9_]{0,63}$"),
+			fe("playbooks[0].duration_ms", "must not be negative")),
 		valid("unknown but well-formed error kind", func(r *messages.ProvisionerResult) {
 			r.Status = messages.StatusFailed
 			r.Error = &messages.ErrorInfo{Kind: "quota_exceeded"}

@@ -6,6 +6,7 @@ package app
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
@@ -135,6 +136,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
 		Playbooks:        jobs.DefaultPlaybooks,
+		PlaybookDir:      filepath.Join(cfg.Playbook.Dir, "playbooks"),
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
 		OwnRefs:          ownRefs,
 		DeploySSHUser:    cfg.SSH.DeployUser,

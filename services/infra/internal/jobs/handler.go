@@ -98,6 +98,11 @@ type Config struct {
 	Owner string
 	// Playbooks to run (DefaultPlaybooks for the project's ansible/).
 	Playbooks Playbooks
+	// PlaybookDir is the directory of the playbooks (the ansible
+	// directory's playbooks/): the extra playbooks a provisioning request
+	// names must be files in it. "": requests with extra playbooks are
+	// rejected.
+	PlaybookDir string
 	// DefaultSSHKeyRef is the secret reference of the SSH private key used
 	// for servers without their own ssh_key_ref; "" means none.
 	DefaultSSHKeyRef string

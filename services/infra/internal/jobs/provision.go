@@ -16,6 +16,9 @@ func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) erro
 	res := messages.NewProvisionerResult(m, msg.ID)
 	j := h.newJob(msg, kindProvision, res, &res.Outcome, messages.StreamProvisionerResults)
 	defer j.close()
+	if err == nil {
+		err = h.checkExtras(m)
+	}
 	if err != nil {
 		return j.reject(ctx, err)
 	}
@@ -30,6 +33,7 @@ func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) erro
 	}
 	j.server = srv
 	return j.runLocked(ctx, "server:"+srv.Handle, h.provisionPlaybook(m), func(ctx context.Context) (*outcome, error) {
+		defer j.skipRemainingExtras(m)
 		return j.provision(ctx, m)
 	})
 }
@@ -99,17 +103,17 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*o
 	if m.IsRecovery {
 		playbook = j.h.cfg.Playbooks.Recovery
 	}
-	res, err := j.play(ctx, playbook, ep, hostKey, creds, vars, env)
+	o, err := j.playbookStep(ctx, playbook, ep, hostKey, creds, vars, env)
 	if err != nil {
 		return nil, err
 	}
-	o := playOutcome(playbook, res)
 	if o.succeeded() && playbook == j.h.cfg.Playbooks.Setup {
 		if err := j.adoptDeployUser(ctx); err != nil {
 			return nil, err
 		}
+		ep.user = j.h.cfg.DeploySSHUser // setup disabled root logins
 	}
-	return o, nil
+	return j.extras(ctx, m, o, ep, hostKey, creds, vars)
 }
 
 // nuke resets what setup and deploys created (force_reinstall on a server
@@ -119,12 +123,11 @@ func (j *job) nuke(ctx context.Context, ep endpoint, hostKey string, creds *cred
 	if done, _ := j.run.Checkpoint[cpNukeDone].(bool); done {
 		return nil
 	}
-	playbook := j.h.cfg.Playbooks.Nuke
-	res, err := j.play(ctx, playbook, ep, hostKey, creds, map[string]any{"autoprov_nuke_confirm": ep.alias}, env)
+	o, err := j.playbookStep(ctx, j.h.cfg.Playbooks.Nuke, ep, hostKey, creds, map[string]any{"autoprov_nuke_confirm": ep.alias}, env)
 	if err != nil {
 		return err
 	}
-	if o := playOutcome(playbook, res); !o.succeeded() {
+	if !o.succeeded() {
 		return o
 	}
 	j.h.Runner.ForgetHost(ep.alias)

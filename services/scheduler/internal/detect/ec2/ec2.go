@@ -1,0 +1,197 @@
+// Package ec2 detects AWS EC2 instances (seed 000's AWS detector) with
+// DescribeInstances: running instances with the configured tags, page by
+// page. Tags become labels; the instance id is the handle (stable) and the
+// provider id; the public or private address is used, as configured. The
+// call is a small Query API client (query.go) on aws-sdk-go-v2's signer and
+// credential chain.
+package ec2
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+)
+
+// Source is the source name of EC2 instances.
+const Source = "ec2"
+
+// SSHUserTag is the tag that overrides the SSH user of an instance.
+const SSHUserTag = "autoprov:ssh_user"
+
+// Config configures the detector.
+type Config struct {
+	Region string
+	// Endpoint overrides the EC2 endpoint (a VPC endpoint, a stand-in).
+	Endpoint string
+	// Tags filter the instances: every tag must have one of its values
+	// ("*" for any value).
+	Tags map[string][]string
+	// Address is "public" or "private" (default public).
+	Address string
+	// SSHUser is the user instances are reached as (default admin, Debian's
+	// AMIs), unless the instance's autoprov:ssh_user tag says otherwise.
+	SSHUser string
+	// AccessKeyID and SecretAccessKey, when set, are the credentials;
+	// otherwise the SDK's default chain is used (environment, shared files,
+	// instance role).
+	AccessKeyID     string
+	SecretAccessKey string
+	// PageSize is MaxResults of each call (5-1000, default 1000).
+	PageSize int32
+	// MaxAttempts bounds the SDK's retries of one call (default 3).
+	MaxAttempts int
+}
+
+// Detector lists EC2 instances.
+type Detector struct {
+	cfg    Config
+	client *client
+}
+
+// New returns a Detector.
+func New(ctx context.Context, cfg Config) (*Detector, error) {
+	if cfg.Region == "" {
+		return nil, errors.New("ec2: region is required")
+	}
+	switch cfg.Address {
+	case "":
+		cfg.Address = "public"
+	case "public", "private":
+	default:
+		return nil, fmt.Errorf("ec2: address must be public or private, not %q", cfg.Address)
+	}
+	if cfg.SSHUser == "" {
+		cfg.SSHUser = "admin"
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = 1000
+	}
+	if cfg.PageSize < 5 || cfg.PageSize > 1000 {
+		return nil, fmt.Errorf("ec2: page size %d not in 5..1000", cfg.PageSize)
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 3
+	}
+	var creds aws.CredentialsProvider
+	if cfg.AccessKeyID != "" {
+		creds = credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, "")
+	} else {
+		// The SDK's default chain: environment, shared files, instance role.
+		awsCfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(cfg.Region))
+		if err != nil {
+			return nil, fmt.Errorf("ec2: load AWS configuration: %w", err)
+		}
+		creds = awsCfg.Credentials
+	}
+	endpoint := cfg.Endpoint
+	if endpoint == "" {
+		endpoint = defaultEndpoint(cfg.Region)
+	}
+	c := &client{endpoint: endpoint, region: cfg.Region, creds: aws.NewCredentialsCache(creds), signer: v4.NewSigner(),
+		http: &http.Client{Timeout: time.Minute}, maxAttempts: cfg.MaxAttempts}
+	return &Detector{cfg: cfg, client: c}, nil
+}
+
+// Name is "ec2".
+func (d *Detector) Name() string { return Source }
+
+// Detect lists the running instances with the configured tags, every page.
+func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
+	filters := []filter{{Name: "instance-state-name", Values: []string{"running"}}}
+	keys := make([]string, 0, len(d.cfg.Tags))
+	for k := range d.cfg.Tags {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		vals := d.cfg.Tags[k]
+		if len(vals) == 0 || (len(vals) == 1 && vals[0] == "*") {
+			filters = append(filters, filter{Name: "tag-key", Values: []string{k}})
+			continue
+		}
+		filters = append(filters, filter{Name: "tag:" + k, Values: vals})
+	}
+	in := describeInput{Filters: filters, MaxResults: d.cfg.PageSize}
+	var out []fleet.Detected
+	seen := map[string]bool{}
+	for {
+		page, err := d.client.describeInstances(ctx, in)
+		if err != nil {
+			return nil, fmt.Errorf("ec2: describe instances: %w", err)
+		}
+		for _, r := range page.Reservations {
+			for _, inst := range r.Instances {
+				if det, ok := d.server(inst); ok {
+					out = append(out, det)
+				}
+			}
+		}
+		// A token seen before would page forever.
+		if page.NextToken == "" || seen[page.NextToken] {
+			return out, nil
+		}
+		seen[page.NextToken] = true
+		in.NextToken = page.NextToken
+	}
+}
+
+func (d *Detector) server(in instance) (fleet.Detected, bool) {
+	id := in.InstanceID
+	addr := in.PublicIP
+	if d.cfg.Address == "private" {
+		addr = in.PrivateIP
+	}
+	if id == "" || addr == "" {
+		return fleet.Detected{}, false // no address of the kind asked for: not reachable
+	}
+	labels := map[string]string{"ec2:instance_type": in.InstanceType}
+	if in.AvailabilityZone != "" {
+		labels["ec2:availability_zone"] = in.AvailabilityZone
+	}
+	user := d.cfg.SSHUser
+	for _, t := range in.Tags {
+		k, v := t.Key, t.Value
+		if k == SSHUserTag {
+			user = v
+			continue
+		}
+		if strings.HasPrefix(k, "aws:") {
+			continue // AWS's own tags (aws:cloudformation:...)
+		}
+		labels[k] = v
+	}
+	return fleet.Detected{Handle: id, Address: addr, SSHUser: user, ProviderID: id, Labels: labels}, true
+}
+
+// ParseTags parses "k=v1|v2,k2=*,k3" into a tag filter.
+func ParseTags(s string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(part, "=")
+		k = strings.TrimSpace(k)
+		if k == "" {
+			return nil, fmt.Errorf("ec2 tag filter %q: empty tag key", part)
+		}
+		if !ok || v == "" {
+			out[k] = []string{"*"}
+			continue
+		}
+		out[k] = strings.Split(v, "|")
+	}
+	return out, nil
+}

@@ -1,0 +1,240 @@
+package notify_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/notify"
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/notify/notifytest"
+)
+
+const (
+	slackPath = "/services/T000/B000/s3cretWebhookPart"
+	tgToken   = "123456:AAF-s3cretBotToken"
+)
+
+type env struct {
+	fleet *fleet.Store
+	db    *pgxpool.Pool
+	slack *notifytest.Slack
+	tg    *notifytest.Telegram
+	sURL  string
+	tURL  string
+	logs  *bytes.Buffer
+	mu    sync.Mutex
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	db := testenv.Pool(t)
+	e := &env{fleet: fleet.New(db, fleet.Options{}), db: db, slack: notifytest.NewSlack(slackPath),
+		tg: notifytest.NewTelegram(tgToken, "4242"), logs: &bytes.Buffer{}}
+	ss := httptest.NewServer(e.slack)
+	ts := httptest.NewServer(e.tg)
+	t.Cleanup(ss.Close)
+	t.Cleanup(ts.Close)
+	e.sURL, e.tURL = ss.URL, ts.URL
+	return e
+}
+
+func (e *env) logger() zerolog.Logger {
+	return zerolog.New(zerolog.SyncWriter(lockedWriter{e})).With().Timestamp().Logger()
+}
+
+type lockedWriter struct{ e *env }
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.e.mu.Lock()
+	defer w.e.mu.Unlock()
+	return w.e.logs.Write(p)
+}
+
+func (e *env) slackCh() *notify.Slack {
+	return notify.NewSlack(secrets.ValueFromString(e.sURL+slackPath), secrets.NewRedactor(), 5*time.Second)
+}
+
+func (e *env) tgCh(token string) *notify.Telegram {
+	return notify.NewTelegram(e.tURL, secrets.ValueFromString(token), "4242", secrets.NewRedactor(), 5*time.Second)
+}
+
+// change makes n servers reach status, each writing one notification.
+func (e *env) change(t *testing.T, prefix, status string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		h := fmt.Sprintf("%s-%03d", prefix, i)
+		if _, err := e.db.Exec(ctx, `INSERT INTO servers (handle, address) VALUES ($1, '192.0.2.1') ON CONFLICT DO NOTHING`, h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.fleet.Transition(ctx, fleet.TransitionRequest{Handle: h, To: status, Actor: "test", Error: errFor(status), JobID: "job-" + h}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func errFor(status string) string {
+	if status == fleet.StatusReady {
+		return ""
+	}
+	return "ssh: connection refused"
+}
+
+func run(t *testing.T, d *notify.Dispatcher) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	return func() { cancel(); <-done }
+}
+
+func TestSlackSingleMessagesAndDigest(t *testing.T) {
+	e := setup(t)
+	d := notify.NewDispatcher(e.fleet, e.slackCh(), notify.Config{Poll: 50 * time.Millisecond, Logger: e.logger(),
+		Hints: notify.Hints{UnreachableCooldown: 10 * time.Minute}})
+	if err := e.fleet.EnsureChannel(context.Background(), "slack"); err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, d)
+	defer stop()
+	e.change(t, "ok", fleet.StatusReady, 1)
+	e.change(t, "down", fleet.StatusUnreachable, 1)
+	testenv.WaitFor(t, 30*time.Second, "two messages", func() bool { return len(e.slack.Messages()) == 2 })
+	msgs := e.slack.Messages()
+	if !strings.Contains(msgs[0].Text, "ok-000 is READY") || !strings.Contains(msgs[0].Text, "job-ok-000") {
+		t.Errorf("ready text: %q", msgs[0].Text)
+	}
+	if !strings.Contains(msgs[1].Text, "down-000 is UNREACHABLE") || !strings.Contains(msgs[1].Text, "connection refused") ||
+		!strings.Contains(msgs[1].Text, "Next: check that the machine runs") || !strings.Contains(msgs[1].Text, "every 10m0s") {
+		t.Errorf("unreachable text: %q", msgs[1].Text)
+	}
+	if gap := msgs[1].At.Sub(msgs[0].At); gap < 900*time.Millisecond {
+		t.Errorf("two messages %v apart: faster than Slack's one a second", gap)
+	}
+
+	// 500 servers failing at once: one digest, not 500 messages.
+	stop()
+	e.change(t, "bad", fleet.StatusUnreachable, 500)
+	stop2 := run(t, d)
+	defer stop2()
+	testenv.WaitFor(t, 30*time.Second, "the digest", func() bool { return len(e.slack.Messages()) == 3 })
+	digest := e.slack.Messages()[2].Text
+	if !strings.HasPrefix(digest, "500 servers changed state: 500 UNREACHABLE") || !strings.Contains(digest, "and 490 more") ||
+		!strings.Contains(digest, "servers list --status FAILED,UNREACHABLE") {
+		t.Errorf("digest: %q", digest)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the digest's delivery recorded", func() bool {
+		n, err := e.fleet.PendingNotifications(context.Background(), "slack")
+		return err == nil && n == 0
+	})
+	if n := len(e.slack.Messages()); n != 3 {
+		t.Errorf("%d messages, want 3", n)
+	}
+	if r := e.slack.Rejected(); len(r) != 0 {
+		t.Errorf("the receiver refused requests: %v", r)
+	}
+}
+
+func TestRetriesRateLimitsAndNoRepeatAfterRestart(t *testing.T) {
+	e := setup(t)
+	ch := e.slackCh()
+	d := notify.NewDispatcher(e.fleet, ch, notify.Config{Poll: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: e.logger()})
+	if err := e.fleet.EnsureChannel(context.Background(), ch.Name()); err != nil {
+		t.Fatal(err)
+	}
+	e.change(t, "a", fleet.StatusReady, 3)
+	// Slack is down for three attempts, then rate-limits once.
+	e.slack.FailNext(3, 500)
+	stop := run(t, d)
+	testenv.WaitFor(t, 30*time.Second, "the first message", func() bool { return len(e.slack.Messages()) >= 1 })
+	stop() // a restart in the middle
+	d2 := notify.NewDispatcher(e.fleet, e.slackCh(), notify.Config{Poll: 50 * time.Millisecond, Logger: e.logger()})
+	stop = run(t, d2)
+	defer stop()
+	testenv.WaitFor(t, 30*time.Second, "all three", func() bool {
+		n, _ := e.fleet.PendingNotifications(context.Background(), "slack")
+		return n == 0
+	})
+	seen := map[string]int{}
+	for _, m := range e.slack.Messages() {
+		for _, h := range []string{"a-000", "a-001", "a-002"} {
+			if strings.Contains(m.Text, h) {
+				seen[h]++
+			}
+		}
+	}
+	for _, h := range []string{"a-000", "a-001", "a-002"} {
+		if seen[h] != 1 {
+			t.Errorf("%s notified %d times, want exactly once", h, seen[h])
+		}
+	}
+	if !strings.Contains(e.logs.String(), "notification not delivered: retrying") {
+		t.Error("the failures were not logged")
+	}
+	if strings.Contains(e.logs.String(), "s3cretWebhookPart") {
+		t.Error("the webhook URL (a secret) is in the logs")
+	}
+}
+
+func TestTelegram(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	// A wrong token: refused, and the error does not show the token.
+	err := e.tgCh("999:wrongTOKEN").Send(ctx, "hi")
+	if err == nil || strings.Contains(err.Error(), "wrongTOKEN") || !strings.Contains(err.Error(), "Unauthorized") {
+		t.Errorf("wrong token: %v", err)
+	}
+	ch := e.tgCh(tgToken)
+	if ch.Name() != "telegram:4242" {
+		t.Errorf("name %s", ch.Name())
+	}
+	if err := ch.Send(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	// Faster than one a second: 429 with retry_after, as a RetryAfterError.
+	err = ch.Send(ctx, "two")
+	var ra *notify.RetryAfterError
+	if !asRetry(err, &ra) || ra.After != time.Second {
+		t.Errorf("second message at once: %v", err)
+	}
+	// A long text is cut to Telegram's 4096 characters by the dispatcher.
+	d := notify.NewDispatcher(e.fleet, ch, notify.Config{Poll: 50 * time.Millisecond, Logger: e.logger()})
+	if err := e.fleet.EnsureChannel(ctx, ch.Name()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(ctx, `INSERT INTO servers (handle, address) VALUES ('long', '192.0.2.1')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.fleet.Transition(ctx, fleet.TransitionRequest{Handle: "long", To: fleet.StatusUnreachable, Actor: "t", Error: strings.Repeat("x", 5000)}); err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, d)
+	defer stop()
+	testenv.WaitFor(t, 30*time.Second, "the long message", func() bool { return len(e.tg.Messages()) == 2 })
+	if m := e.tg.Messages()[1]; len([]rune(m.Text)) != 4096 || m.Chat != "4242" {
+		t.Errorf("long message: %d characters to %s", len([]rune(m.Text)), m.Chat)
+	}
+	if r := e.tg.Rejected(); len(r) != 1 || r[0] != "bad token" {
+		t.Errorf("rejected: %v", r)
+	}
+}
+
+func asRetry(err error, target **notify.RetryAfterError) bool {
+	ra, ok := err.(*notify.RetryAfterError)
+	if ok {
+		*target = ra
+	}
+	return ok
+}

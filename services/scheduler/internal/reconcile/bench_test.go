@@ -1,0 +1,268 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/detect"
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/reconcile"
+)
+
+// benchSource lists n servers; change alters the labels of a share of them.
+type benchSource struct {
+	servers []fleet.Detected
+}
+
+func (s *benchSource) Name() string { return "bench" }
+func (s *benchSource) Detect(context.Context) ([]fleet.Detected, error) {
+	return slices.Clone(s.servers), nil
+}
+
+func newBenchSource(n int) *benchSource {
+	s := &benchSource{servers: make([]fleet.Detected, n)}
+	for i := range n {
+		s.servers[i] = fleet.Detected{Handle: fmt.Sprintf("b-%06d", i), Address: fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255),
+			Labels: map[string]string{"group:web": "", "env": "prod", "gen": "0"}}
+	}
+	return s
+}
+
+// change gives every step-th server a new label value (1% for step 100).
+func (s *benchSource) change(gen, step, offset int) {
+	for i := offset % step; i < len(s.servers); i += step {
+		s.servers[i].Labels = map[string]string{"group:web": "", "env": "prod", "gen": strconv.Itoa(gen)}
+	}
+}
+
+// rssMB returns the process's resident set size and its peak, in MB.
+func rssMB() (cur, peak float64) {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "VmRSS:":
+			cur = kb / 1024
+		case "VmHWM:":
+			peak = kb / 1024
+		}
+	}
+	return cur, peak
+}
+
+func loadavg() string {
+	data, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// BenchmarkTick100k: one reconcile tick over a fleet of 100,000 servers in
+// mixed states, with 1% of them changing at their source and 1% due for a
+// job (1,000 queued per tick). It reports the tick's time (all of it
+// Postgres round trips and the merge) by phase, and the process's RSS.
+func BenchmarkTick100k(b *testing.B) {
+	const n = 100_000
+	ctx := context.Background()
+	// As the scheduler binary does unless GOMEMLIMIT is set.
+	debug.SetMemoryLimit(128 << 20)
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	timer := &dbTimer{}
+	db := tracedPool(b, timer)
+	f := fleet.New(db, fleet.Options{})
+	src := newBenchSource(n)
+	mgr, err := detect.NewManager(f, []detect.Detector{src}, detect.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	loop := reconcile.New(f, mgr, nil, nil, reconcile.Config{Batch: n / 100, Logger: zerolog.Nop()})
+	start := time.Now()
+	if _, err := mgr.Sync(ctx); err != nil { // the first listing creates the fleet
+		b.Fatal(err)
+	}
+	firstSync := time.Since(start)
+	// Mixed states: 90% READY, 3% FAILED (a third of them due), 2%
+	// UNREACHABLE in their cool-down, 3% PROVISIONING, 1% paused, 1% NEW.
+	if _, err := db.Exec(ctx, `
+		UPDATE servers SET status = CASE
+				WHEN n < 90 THEN 'READY'
+				WHEN n < 93 THEN 'FAILED'
+				WHEN n < 95 THEN 'UNREACHABLE'
+				WHEN n < 98 THEN 'PROVISIONING'
+				WHEN n < 99 THEN 'READY'
+				ELSE 'NEW' END,
+			next_attempt_at = CASE WHEN n BETWEEN 90 AND 94 AND n <> 90 THEN now() + interval '1 hour' END,
+			pending_job_id = CASE WHEN n BETWEEN 95 AND 97 THEN 'job-' || handle END,
+			queued_at = CASE WHEN n BETWEEN 95 AND 97 THEN now() END,
+			paused = (n = 98)
+		FROM (SELECT handle AS h, (substr(handle, 3)::int % 100) AS n FROM servers) x
+		WHERE servers.handle = x.h`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `VACUUM ANALYZE servers`); err != nil {
+		b.Fatal(err)
+	}
+	runtime.GC()
+	_, peakBefore := rssMB()
+	// Reset the peak RSS (VmHWM): what counts is the ticks, not the set-up.
+	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	var took, syncT, dueT, queueT, dbT []time.Duration
+	queued := 0
+	const ticks = 5
+	b.ResetTimer()
+	for i := range ticks {
+		b.StopTimer()
+		src.change(i+1, 100, i) // 1% of the fleet changes at its source
+		// 1% becomes due: servers READY a moment ago turn NEW again.
+		if _, err := db.Exec(ctx, `UPDATE servers SET status = 'NEW', pending_job_id = NULL
+			WHERE (substr(handle, 3)::int % 100) < 90 AND (substr(handle, 3)::int / 100) % 90 = $1`, i); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		timer.reset()
+		rep, err := loop.Tick(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dbT = append(dbT, timer.total())
+		took, syncT, dueT, queueT = append(took, rep.Took), append(syncT, rep.SyncTook), append(dueT, rep.DueTook), append(queueT, rep.QueueTook+rep.StuckTook)
+		queued += rep.Queued
+	}
+	b.StopTimer()
+	cur, peak := rssMB()
+	med := func(d []time.Duration) float64 {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return float64(s[len(s)/2].Microseconds()) / 1000
+	}
+	b.ReportMetric(med(took), "ms/tick")
+	b.ReportMetric(med(dbT), "ms-db/tick")
+	b.ReportMetric(med(syncT), "ms/sync")
+	b.ReportMetric(med(dueT), "ms/due")
+	b.ReportMetric(med(queueT), "ms/queue")
+	b.ReportMetric(float64(queued)/ticks, "queued/tick")
+	b.ReportMetric(peak, "MB-peak-RSS")
+	b.ReportMetric(0, "ns/op")
+	fmt.Fprintf(os.Stderr, "tick over %d servers (1%% changing, 1%% due): median %.0f ms, of which %.0f ms in Postgres "+
+		"(phases: sync %.0f, due %.1f, queue+stuck %.0f); first listing %v; RSS %.0f MB, peak during the ticks %.0f MB "+
+		"(%.0f MB during set-up); load %s\n",
+		n, med(took), med(dbT), med(syncT), med(dueT), med(queueT), firstSync.Round(time.Millisecond), cur, peak, peakBefore, loadavg())
+}
+
+// dbTimer sums the time queries spend in Postgres (sent to answered).
+type dbTimer struct {
+	mu  sync.Mutex
+	sum time.Duration
+}
+
+type startKey struct{}
+
+func (d *dbTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, startKey{}, time.Now())
+}
+
+func (d *dbTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if t, ok := ctx.Value(startKey{}).(time.Time); ok {
+		d.mu.Lock()
+		d.sum += time.Since(t)
+		d.mu.Unlock()
+	}
+}
+
+func (d *dbTimer) reset() { d.mu.Lock(); d.sum = 0; d.mu.Unlock() }
+func (d *dbTimer) total() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.sum
+}
+
+// tracedPool opens a pool on a fresh database that reports query times to t.
+func tracedPool(b *testing.B, t *dbTimer) *pgxpool.Pool {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = t
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
+
+// BenchmarkRelay10k: 10,000 queued servers published from the outbox to
+// Redis (and moved to PROVISIONING).
+func BenchmarkRelay10k(b *testing.B) {
+	const n = 10_000
+	ctx := context.Background()
+	db := testenv.Pool(b)
+	opt, err := redis.ParseURL(testenv.RedisDB(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	f := fleet.New(db, fleet.Options{})
+	if _, err := db.Exec(ctx, `INSERT INTO servers (handle, address) SELECT 'q-' || lpad(i::text, 5, '0'), '10.0.0.1' FROM generate_series(1, $1) i`, n); err != nil {
+		b.Fatal(err)
+	}
+	due, err := f.Due(ctx, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	jobs := make([]fleet.Job, len(due))
+	for i, c := range due {
+		data, _ := messages.Encode(&messages.ProvisionerMessage{RequestMeta: messages.RequestMeta{JobID: reconcile.NewJobID(c.Handle)}, ServerHandle: c.Handle})
+		jobs[i] = fleet.Job{Handle: c.Handle, Version: c.Version, Action: c.Action, JobID: "j-" + c.Handle, Payload: data}
+	}
+	if q, err := f.Queue(ctx, jobs, "bench"); err != nil || len(q) != n {
+		b.Fatalf("queue: %d %v", len(q), err)
+	}
+	relay := reconcile.NewRelay(f, stream.NewProducer(rdb, stream.ProducerOptions{}), reconcile.RelayConfig{})
+	b.ResetTimer()
+	start := time.Now()
+	published, err := relay.Drain(ctx)
+	took := time.Since(start)
+	b.StopTimer()
+	if err != nil || published != n {
+		b.Fatalf("relayed %d: %v", published, err)
+	}
+	if l, _ := rdb.XLen(ctx, messages.StreamProvisionerQueue).Result(); l != n {
+		b.Fatalf("stream holds %d entries", l)
+	}
+	b.ReportMetric(float64(took.Milliseconds()), "ms/10k")
+	b.ReportMetric(float64(n)/took.Seconds(), "msgs/s")
+	b.ReportMetric(0, "ns/op")
+	fmt.Fprintf(os.Stderr, "relay of %d queued servers from the outbox to Redis: %v (%.0f msgs/s); load %s\n",
+		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), loadavg())
+}

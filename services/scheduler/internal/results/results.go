@@ -1,0 +1,189 @@
+// Package results consumes provisioner:results in the consumer group
+// "scheduler" and moves each server to READY, FAILED or UNREACHABLE through
+// fleet.ApplyResult: deduplicated by job id (a redelivered result changes
+// nothing), a result of a job the server no longer waits for recorded in
+// history and ignored, attempts and the error recorded, the retry budget and
+// backoff applied per the server's rules.
+package results
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/rules"
+)
+
+// Group is the consumer group of the scheduler on provisioner:results.
+const Group = "scheduler"
+
+// Actor is the name the handler writes into history.
+const Actor = "results"
+
+// Policy is the default retry policy; rules may change the limit per server.
+type Policy struct {
+	// RetryLimit is how many failed attempts a server may have (default 3).
+	RetryLimit int
+	// Backoff is the wait after the first failure; it doubles with each
+	// further failure up to MaxBackoff (defaults 1m and 1h).
+	Backoff    time.Duration
+	MaxBackoff time.Duration
+	// UnreachableCooldown is the wait before an UNREACHABLE server is
+	// checked again (default 10m).
+	UnreachableCooldown time.Duration
+}
+
+func (p Policy) withDefaults() Policy {
+	if p.RetryLimit <= 0 {
+		p.RetryLimit = 3
+	}
+	if p.Backoff <= 0 {
+		p.Backoff = time.Minute
+	}
+	if p.MaxBackoff <= 0 {
+		p.MaxBackoff = time.Hour
+	}
+	if p.UnreachableCooldown <= 0 {
+		p.UnreachableCooldown = 10 * time.Minute
+	}
+	return p
+}
+
+// BackoffFor returns the wait after the attempts-th failure: Backoff *
+// 2^(attempts-1), at most MaxBackoff.
+func (p Policy) BackoffFor(attempts int) time.Duration {
+	p = p.withDefaults()
+	d := p.Backoff
+	for i := 1; i < attempts && d < p.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, p.MaxBackoff)
+}
+
+// Handler applies results.
+type Handler struct {
+	fleet  *fleet.Store
+	rules  func() *rules.Set
+	policy Policy
+	log    zerolog.Logger
+	count  *prometheus.CounterVec
+	// Applied, when not nil, is called after each applied result (the
+	// notifier's wake-up).
+	Applied func()
+}
+
+// New returns a Handler; reg may be nil.
+func New(f *fleet.Store, rulesFn func() *rules.Set, policy Policy, log zerolog.Logger, reg prometheus.Registerer) *Handler {
+	if rulesFn == nil {
+		rulesFn = func() *rules.Set { return nil }
+	}
+	h := &Handler{fleet: f, rules: rulesFn, policy: policy.withDefaults(), log: log.With().Str("component", "results").Logger(),
+		count: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "autoprov_scheduler_results_total", Help: "Results read, by outcome (applied, duplicate, stale, unknown_server) and status.",
+		}, []string{"outcome", "status"})}
+	if reg != nil {
+		reg.MustRegister(h.count)
+	}
+	return h
+}
+
+var _ stream.Handler = (*Handler)(nil)
+
+// Handle applies one result entry. An entry that is not a valid result is
+// dead-lettered; a Postgres failure is retried by redelivery.
+func (h *Handler) Handle(ctx context.Context, msg *stream.Message) error {
+	res, err := messages.DecodeProvisionerResult(msg.Data())
+	if err != nil {
+		h.log.Warn().Err(err).Str("msg_id", msg.ID).Msg("invalid result dead-lettered")
+		return stream.Permanent("invalid_result", err)
+	}
+	return h.apply(ctx, res)
+}
+
+// ApplyEncoded applies an encoded result (a stored one, for a job whose
+// published result was lost).
+func (h *Handler) ApplyEncoded(ctx context.Context, data []byte) error {
+	res, err := messages.DecodeProvisionerResult(data)
+	if err != nil {
+		return fmt.Errorf("decode stored result: %w", err)
+	}
+	return h.apply(ctx, res)
+}
+
+func (h *Handler) apply(ctx context.Context, res *messages.ProvisionerResult) error {
+	log := h.log.With().Str("job_id", res.JobID).Str("server", res.ServerHandle).Str("status", string(res.Status)).Logger()
+	if res.ServerHandle == "" {
+		h.count.WithLabelValues("unknown_server", string(res.Status)).Inc()
+		log.Warn().Msg("result without a server handle ignored")
+		return nil
+	}
+	srv, err := h.fleet.Get(ctx, res.ServerHandle)
+	if errors.Is(err, fleet.ErrNotFound) {
+		h.count.WithLabelValues("unknown_server", string(res.Status)).Inc()
+		log.Warn().Msg("result for an unknown server ignored")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	plan := h.rules().Plan(srv.Labels)
+	limit := h.policy.RetryLimit
+	if plan.Settings.RetryLimit > 0 {
+		limit = plan.Settings.RetryLimit
+	}
+	r := fleet.Result{Handle: res.ServerHandle, JobID: res.JobID, Status: res.Status, Summary: Summary(res)}
+	if res.Error != nil {
+		r.Error, r.ErrorKind = res.Error.Message, res.Error.Kind
+		if r.Error == "" {
+			r.Error = string(res.Error.Kind)
+		}
+	}
+	outcome, after, err := h.fleet.ApplyResult(ctx, r, Actor, fleet.RetryPolicy{
+		Limit: limit, Backoff: h.policy.BackoffFor, UnreachableCooldown: h.policy.UnreachableCooldown,
+	})
+	if errors.Is(err, fleet.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h.count.WithLabelValues(string(outcome), string(res.Status)).Inc()
+	ev := log.Info()
+	if outcome != fleet.Applied {
+		ev = log.Warn()
+	}
+	ev.Str("outcome", string(outcome)).Str("server_status", after.Status).Int("attempts", after.Attempts).Msg("result read")
+	if outcome == fleet.Applied && h.Applied != nil {
+		h.Applied()
+	}
+	return nil
+}
+
+// Summary describes a result's run for the history: each playbook with its
+// outcome (or the playbook), the failed task.
+func Summary(res *messages.ProvisionerResult) string {
+	var parts []string
+	switch {
+	case len(res.Playbooks) > 0:
+		steps := make([]string, len(res.Playbooks))
+		for i, p := range res.Playbooks {
+			steps[i] = p.Playbook + " " + string(p.Status)
+		}
+		parts = append(parts, "playbooks: "+strings.Join(steps, ", "))
+	case res.Playbook != "":
+		parts = append(parts, "playbook "+res.Playbook)
+	}
+	if ft := res.FailedTask; ft != nil && ft.Name != "" {
+		parts = append(parts, "failed task "+ft.Name)
+	}
+	return strings.Join(parts, ", ")
+}
