@@ -26,6 +26,8 @@ build: ## build the service binaries into bin/
 	done
 	@echo "==> go build bin/runguard (infra's play guard, found next to bin/infra)"
 	@cd pkg && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o ../bin/runguard ./ansible/cmd/runguard
+	@echo "==> go build bin/autoprov (the operators' command line)"
+	@cd cmd/autoprov && $(GO) build -trimpath -o ../../bin/autoprov .
 	@echo "==> go build bin/testtarget (local Debian test target for make run)"
 	@cd ansible/tests && $(GO) build -trimpath -o ../../bin/testtarget ./cmd/testtarget
 
