@@ -37,10 +37,13 @@ type commandLine struct {
 	EnvFile string `name:"env-file" type:"existingfile" help:"read settings (REDIS_URL, ...) from this dotenv file; variables set in the environment win (validate checks this file alone)"`
 	JSON    bool   `name:"json" help:"print JSON instead of tables (for scripts)"`
 
-	Status   statusCmd   `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters"`
-	Dead     deadCmd     `cmd:"" aliases:"dlq" help:"list, show, replay and drop the dead letters of a stream"`
-	Validate validateCmd `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), inventories and playbooks; every problem is printed"`
-	Probe    probeCmd    `cmd:"" help:"GET an admin URL (/readyz, /healthz) and exit 0 on a 2xx answer (container health checks)"`
+	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters"`
+	Dead      deadCmd      `cmd:"" aliases:"dlq" help:"list, show, replay and drop the dead letters of a stream"`
+	Provision provisionCmd `cmd:"" help:"queue a provisioning job for a registered server (--follow: print its progress, exit with its status)"`
+	Follow    followCmd    `cmd:"" help:"print a job's progress events live and exit with its status (0 succeeded, 1 otherwise)"`
+	Cancel    cancelCmd    `cmd:"" help:"ask a running job to stop (it ends as cancelled)"`
+	Validate  validateCmd  `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), inventories and playbooks; every problem is printed"`
+	Probe     probeCmd     `cmd:"" help:"GET an admin URL (/readyz, /healthz) and exit 0 on a 2xx answer (container health checks)"`
 }
 
 // globals is what every command's Run receives.
@@ -93,7 +96,7 @@ func Run(ctx context.Context, args []string, env Env) (code int) {
 	exited := false
 	parser, err := kong.New(&cl,
 		kong.Name("autoprov"),
-		kong.Description("The operators' command line of autoprovisioner: queues, dead letters, configuration checks."),
+		kong.Description("The operators' command line of autoprovisioner: queues, dead letters, jobs, configuration checks."),
 		kong.Writers(env.Stdout, env.Stderr),
 		kong.Exit(func(c int) { exited = true; code = c }),
 		kong.UsageOnError(),

@@ -425,3 +425,128 @@ func TestValidate(t *testing.T) {
 		t.Fatalf("missing binary: exit %d\n%s", code, out)
 	}
 }
+
+// fakeInfra plays infra's side of the wire contract for the job commands:
+// it takes the next request from provisioner:queue, checks it decodes,
+// appends progress events and a result with the given status.
+func fakeInfra(t *testing.T, rdb *redis.Client, status messages.Status) <-chan *messages.ProvisionerMessage {
+	t.Helper()
+	got := make(chan *messages.ProvisionerMessage, 1)
+	go func() {
+		ctx := context.Background()
+		res, err := rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{messages.StreamProvisionerQueue, "0-0"}, Count: 1, Block: 30 * time.Second}).Result()
+		if err != nil {
+			close(got)
+			return
+		}
+		m := res[0].Messages[0]
+		req, err := messages.DecodeProvisionerMessage((&stream.Message{Values: m.Values}).Data())
+		if err != nil {
+			close(got)
+			return
+		}
+		got <- req
+		now := time.Now().UTC().Format("2006-01-02T15:04:05.000Z")
+		events := []messages.ProgressEvent{
+			{Type: messages.EventRunStarted},
+			{Type: messages.EventPlayStarted, Play: "Provision the server"},
+			{Type: messages.EventTaskStarted, Play: "Provision the server", Task: "deploy_user : Create the deploy user"},
+			{Type: messages.EventHostChanged, Host: req.ServerHandle, Task: "deploy_user : Create the deploy user"},
+			{Type: messages.EventRunFinished, Status: status},
+		}
+		for i := range events {
+			e := &events[i]
+			e.JobID, e.Seq, e.Time = req.JobID, int64(i+1), now
+			data, err := messages.Encode(e)
+			if err != nil {
+				panic(err)
+			}
+			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(req.JobID), Values: map[string]any{messages.DataField: data}})
+		}
+		r := messages.NewProvisionerResult(req, m.ID)
+		r.Status = status
+		if status != messages.StatusSucceeded {
+			r.Error = &messages.ErrorInfo{Kind: "play_failed", Message: "task Create the deploy user failed"}
+		}
+		data, err := messages.Encode(r)
+		if err != nil {
+			panic(err)
+		}
+		rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.StreamProvisionerResults, Values: map[string]any{messages.DataField: data}})
+	}()
+	return got
+}
+
+func TestProvisionFollowCancel(t *testing.T) {
+	url, rdb := redisDB(t)
+	env := map[string]string{"REDIS_URL": url}
+
+	// A result of another job on the results stream is not ours.
+	other := messages.NewProvisionerResult(&messages.ProvisionerMessage{RequestMeta: messages.RequestMeta{JobID: "job-other"}, ServerHandle: "x"}, "1-0")
+	other.Status = messages.StatusFailed
+	data, _ := messages.Encode(other)
+	rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: messages.StreamProvisionerResults, Values: map[string]any{messages.DataField: data}})
+
+	got := fakeInfra(t, rdb, messages.StatusSucceeded)
+	out, errOut, code := run(t, env, "provision", "web-1", "--recovery", "--job-id", "job-42", "--follow", "--timeout", "1m")
+	if code != 0 {
+		t.Fatalf("provision --follow: exit %d\n%s%s", code, out, errOut)
+	}
+	req := <-got
+	if req == nil || req.JobID != "job-42" || req.ServerHandle != "web-1" || !req.IsRecovery || req.ForceReinstall || req.CreatedAt == "" {
+		t.Fatalf("request on the queue: %+v", req)
+	}
+	for _, want := range []string{"queued job job-42", "play  Provision the server", "task  deploy_user : Create the deploy user", "web-1: changed", "result: succeeded"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// follow of a job that is over: its events and result, at once.
+	out, _, code = run(t, env, "follow", "job-42")
+	if code != 0 || !strings.Contains(out, "web-1: changed") || !strings.Contains(out, "result: succeeded") {
+		t.Fatalf("follow of a finished job: exit %d\n%s", code, out)
+	}
+
+	// A failed job: exit 1, the error shown; --json prints the result.
+	rdb.Del(context.Background(), messages.StreamProvisionerQueue)
+	got = fakeInfra(t, rdb, messages.StatusFailed)
+	out, _, code = run(t, env, "--json", "provision", "web-2", "--follow", "--timeout", "1m")
+	if code != 1 {
+		t.Fatalf("provision --follow of a failing job: exit %d\n%s", code, out)
+	}
+	req = <-got
+	var res map[string]any
+	mustJSON(t, out, &res)
+	if res["status"] != "failed" || res["job_id"] != req.JobID || req.JobID == "" {
+		t.Fatalf("result %v for request %+v", res, req)
+	}
+
+	// Mistakes are refused before anything is queued.
+	rdb.Del(context.Background(), messages.StreamProvisionerQueue)
+	for _, args := range [][]string{
+		{"provision", "web-1", "--recovery", "--reinstall"},
+		{"provision", "not a handle!"},
+	} {
+		if _, _, code := run(t, env, args...); code != 2 {
+			t.Errorf("%q: exit %d, want 2", args, code)
+		}
+	}
+	if n, _ := rdb.XLen(context.Background(), messages.StreamProvisionerQueue).Result(); n != 0 {
+		t.Fatalf("%d requests queued by refused commands", n)
+	}
+
+	// follow gives up after its timeout.
+	if _, errOut, code := run(t, env, "follow", "job-never", "--timeout", "2s"); code != 1 || !strings.Contains(errOut, "no result") {
+		t.Fatalf("follow of a job without result: exit %d %s", code, errOut)
+	}
+
+	// cancel sets the key the running job polls, with an expiry.
+	if out, _, code := run(t, env, "cancel", "job-42"); code != 0 || !strings.Contains(out, "job-42") {
+		t.Fatalf("cancel: exit %d %s", code, out)
+	}
+	ttl, err := rdb.TTL(context.Background(), messages.CancelKey("job-42")).Result()
+	if err != nil || ttl <= 23*time.Hour {
+		t.Fatalf("cancel key TTL %v (%v), want about 24h", ttl, err)
+	}
+}

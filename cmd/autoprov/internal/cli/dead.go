@@ -33,6 +33,19 @@ func streamName(s string) (string, error) {
 	return s, nil
 }
 
+// deadLetters returns the stream whose dead letters a command acts on and
+// an Inspector on Redis; done closes the connection.
+func (g *globals) deadLetters(arg string) (name string, ins *stream.Inspector, done func(), err error) {
+	if name, err = streamName(arg); err != nil {
+		return "", nil, nil, err
+	}
+	rdb, err := g.redis()
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return name, stream.NewInspector(rdb), func() { _ = rdb.Close() }, nil
+}
+
 type deadListCmd struct {
 	Stream string `arg:"" help:"the stream, e.g. provisioner:queue"`
 	After  string `help:"list the dead letters after this id (the next page)"`
@@ -120,16 +133,12 @@ func jsonable(v any) any {
 }
 
 func (c *deadListCmd) Run(g *globals) error {
-	name, err := streamName(c.Stream)
+	name, ins, done, err := g.deadLetters(c.Stream)
 	if err != nil {
 		return err
 	}
-	rdb, err := g.redis()
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	page, err := stream.NewInspector(rdb).DeadLetters(g.ctx, name, c.After, c.Limit)
+	defer done()
+	page, err := ins.DeadLetters(g.ctx, name, c.After, c.Limit)
 	if err != nil {
 		return err
 	}
@@ -162,16 +171,12 @@ type deadShowCmd struct {
 }
 
 func (c *deadShowCmd) Run(g *globals) error {
-	name, err := streamName(c.Stream)
+	name, ins, done, err := g.deadLetters(c.Stream)
 	if err != nil {
 		return err
 	}
-	rdb, err := g.redis()
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	d, err := stream.NewInspector(rdb).DeadLetter(g.ctx, name, c.ID)
+	defer done()
+	d, err := ins.DeadLetter(g.ctx, name, c.ID)
 	if err != nil {
 		return err
 	}
@@ -213,15 +218,11 @@ type deadReplayCmd struct {
 }
 
 func (c *deadReplayCmd) Run(g *globals) error {
-	name, err := streamName(c.Stream)
+	name, ins, done, err := g.deadLetters(c.Stream)
 	if err != nil {
 		return err
 	}
-	rdb, err := g.redis()
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
+	defer done()
 	var jobID string
 	rewrite := func(d *stream.DeadLetter) (map[string]any, error) {
 		data, id, err := c.rewrite(name, d.Data())
@@ -238,7 +239,7 @@ func (c *deadReplayCmd) Run(g *globals) error {
 		}
 		return values, nil
 	}
-	newID, err := stream.NewInspector(rdb).Replay(g.ctx, name, c.ID, rewrite)
+	newID, err := ins.Replay(g.ctx, name, c.ID, rewrite)
 	if err != nil {
 		return err
 	}
@@ -304,16 +305,12 @@ type deadDropCmd struct {
 }
 
 func (c *deadDropCmd) Run(g *globals) error {
-	name, err := streamName(c.Stream)
+	name, ins, done, err := g.deadLetters(c.Stream)
 	if err != nil {
 		return err
 	}
-	rdb, err := g.redis()
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	n, err := stream.NewInspector(rdb).Drop(g.ctx, name, c.IDs...)
+	defer done()
+	n, err := ins.Drop(g.ctx, name, c.IDs...)
 	if err != nil {
 		return err
 	}

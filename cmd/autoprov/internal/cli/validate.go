@@ -174,14 +174,7 @@ func (c *validateCmd) checkInventory(g *globals, path string) checkResult {
 	// Unparsed sources are warnings by default: make them errors.
 	env := append(os.Environ(), "ANSIBLE_INVENTORY_UNPARSED_FAILED=True", "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED=True", "ANSIBLE_NOCOLOR=1")
 	_, stderr, code, err := c.run(g, bin, "", env, "-i", path, "--list")
-	switch {
-	case err != nil:
-		r.Problems = []string{err.Error()}
-	case code != 0:
-		r.Problems = ansibleErrors(stderr)
-	default:
-		r.OK = true
-	}
+	r.ansibleOutcome(stderr, code, err)
 	return r
 }
 
@@ -200,17 +193,22 @@ func (c *validateCmd) checkPlaybooks(g *globals) []checkResult {
 		r := checkResult{Check: "playbook " + b}
 		env := append(os.Environ(), "ANSIBLE_NOCOLOR=1")
 		_, stderr, code, err := c.run(g, bin, c.AnsibleDir, env, "--syntax-check", "-i", "localhost,", rel)
-		switch {
-		case err != nil:
-			r.Problems = []string{err.Error()}
-		case code != 0:
-			r.Problems = ansibleErrors(stderr)
-		default:
-			r.OK = true
-		}
+		r.ansibleOutcome(stderr, code, err)
 		out = append(out, r)
 	}
 	return out
+}
+
+// ansibleOutcome records the outcome of an Ansible command in r.
+func (r *checkResult) ansibleOutcome(stderr string, code int, err error) {
+	switch {
+	case err != nil:
+		r.Problems = []string{err.Error()}
+	case code != 0:
+		r.Problems = ansibleErrors(stderr)
+	default:
+		r.OK = true
+	}
 }
 
 // ansibleErrors keeps the ERROR and WARNING lines of Ansible's output with
