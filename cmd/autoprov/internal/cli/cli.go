@@ -37,7 +37,7 @@ type commandLine struct {
 	EnvFile string `name:"env-file" type:"existingfile" help:"read settings (REDIS_URL, ...) from this dotenv file; variables set in the environment win (validate checks this file alone)"`
 	JSON    bool   `name:"json" help:"print JSON instead of tables (for scripts)"`
 
-	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters"`
+	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters; with DATABASE_URL also servers by status and runs in flight"`
 	Dead      deadCmd      `cmd:"" aliases:"dlq" help:"list, show, replay and drop the dead letters of a stream"`
 	Provision provisionCmd `cmd:"" help:"queue a provisioning job for a registered server (--follow: print its progress, exit with its status)"`
 	Follow    followCmd    `cmd:"" help:"print a job's progress events live and exit with its status (0 succeeded, 1 otherwise)"`

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
@@ -84,8 +85,15 @@ func TestStatus(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status --json: exit %d: %s", code, errOut)
 	}
-	var got []streamStatus
-	mustJSON(t, out, &got)
+	var report struct {
+		Streams []streamStatus `json:"streams"`
+		Servers map[string]int `json:"servers_by_status"`
+	}
+	mustJSON(t, out, &report)
+	got := report.Streams
+	if report.Servers != nil {
+		t.Errorf("servers shown without DATABASE_URL: %v", report.Servers)
+	}
 	if len(got) != 4 {
 		t.Fatalf("%d streams, want the 4 of the system:\n%s", len(got), out)
 	}
@@ -109,6 +117,42 @@ func TestStatus(t *testing.T) {
 		if !strings.Contains(out, col) {
 			t.Errorf("table lacks %s:\n%s", col, out)
 		}
+	}
+
+	// With DATABASE_URL: servers by status and the runs in flight.
+	dsn := testenv.EmptyDatabase(t)
+	ctx2, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := store.Open(ctx2, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := store.Migrate(ctx2, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx2, `INSERT INTO servers (handle, address, status) VALUES
+		('web-1', '192.0.2.1', 'READY'), ('web-2', '192.0.2.2', 'READY'), ('web-3', '192.0.2.3', 'PROVISIONING');
+		INSERT INTO runs (job_id, kind, stream, request_id, target, server_handle, playbook, owner, started_at)
+		VALUES ('job-web-3', 'provision', 'provisioner:queue', '1-0', 'web-3', 'web-3', 'setup_server.yml', 'infra-a', now() - interval '90 seconds')`); err != nil {
+		t.Fatal(err)
+	}
+	env["DATABASE_URL"] = dsn
+	out, errOut, code = run(t, env, "--json", "status")
+	var fleet struct {
+		Servers map[string]int `json:"servers_by_status"`
+		Runs    []runStatus    `json:"runs_in_flight"`
+	}
+	mustJSON(t, out, &fleet)
+	if code != 0 || fleet.Servers["READY"] != 2 || fleet.Servers["PROVISIONING"] != 1 || len(fleet.Runs) != 1 {
+		t.Fatalf("status with DATABASE_URL: exit %d %s\n%s", code, errOut, out)
+	}
+	if r := fleet.Runs[0]; r.JobID != "job-web-3" || r.Owner != "infra-a" || r.Playbook != "setup_server.yml" || r.RunningSec < 80 {
+		t.Fatalf("run in flight %+v", r)
+	}
+	out, _, code = run(t, env, "status")
+	if code != 0 || !strings.Contains(out, "PROVISIONING") || !strings.Contains(out, "job-web-3") {
+		t.Fatalf("status table with DATABASE_URL (exit %d):\n%s", code, out)
 	}
 }
 

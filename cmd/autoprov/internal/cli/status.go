@@ -18,6 +18,7 @@ var defaultStreams = []string{
 
 type statusCmd struct {
 	Streams []string `name:"stream" short:"s" help:"stream to show (repeatable; default: the request and result streams)"`
+	NoFleet bool     `name:"no-fleet" help:"leave out the servers and runs (read from DATABASE_URL when it is set)"`
 }
 
 // streamStatus is a stream's state as status prints it (--json: durations
@@ -71,9 +72,28 @@ func (c *statusCmd) Run(g *globals) error {
 		}
 		out = append(out, statusOf(info))
 	}
-	if g.json {
-		return writeJSON(g.env.Stdout, out)
+	var fs *fleetStatus
+	if dsn := g.getenv("DATABASE_URL"); dsn != "" && !c.NoFleet {
+		if fs, err = fleet(g.ctx, dsn); err != nil {
+			return err
+		}
 	}
+	if g.json {
+		return writeJSON(g.env.Stdout, struct {
+			Streams []streamStatus `json:"streams"`
+			*fleetStatus
+		}{out, fs})
+	}
+	if err := c.printStreams(g, out); err != nil {
+		return err
+	}
+	if fs != nil {
+		return printFleet(g, fs)
+	}
+	return nil
+}
+
+func (c *statusCmd) printStreams(g *globals, out []streamStatus) error {
 	t := newTable(g.env.Stdout, "STREAM", "LENGTH", "DEAD", "GROUP", "LAG", "PENDING", "OLDEST PENDING", "CONSUMERS")
 	for _, s := range out {
 		if !s.Exists {
