@@ -43,6 +43,7 @@ type commandLine struct {
 	Follow    followCmd    `cmd:"" help:"print a job's progress events live and exit with its status (0 succeeded, 1 otherwise)"`
 	Cancel    cancelCmd    `cmd:"" help:"ask a running job to stop (it ends as cancelled)"`
 	Validate  validateCmd  `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), inventories and playbooks; every problem is printed"`
+	Config    configCmd    `cmd:"" help:"environment configuration packages (config/<env>/): seal a version"`
 	Probe     probeCmd     `cmd:"" help:"GET an admin URL (/readyz, /healthz) and exit 0 on a 2xx answer (container health checks)"`
 }
 

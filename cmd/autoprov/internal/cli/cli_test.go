@@ -21,6 +21,41 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
+// binDir holds the service binaries, built once for the tests that run them.
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// serviceBinaries builds the three service binaries (once) and returns
+// their folder.
+func serviceBinaries(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if binDir, binErr = os.MkdirTemp("", "autoprov-test-bin-"); binErr != nil {
+			return
+		}
+		for _, s := range []string{"scheduler", "infra", "deployer"} {
+			if binErr = testenv.GoBuild(filepath.Join(binDir, s), "../../../../services/"+s, false); binErr != nil {
+				return
+			}
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binDir
+}
+
 // run runs the command line in-process with environ as its environment.
 func run(t *testing.T, environ map[string]string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
@@ -388,12 +423,7 @@ func TestProbe(t *testing.T) {
 
 // TestValidate runs the real service binaries' configuration checks.
 func TestValidate(t *testing.T) {
-	bin := t.TempDir()
-	for _, s := range []string{"scheduler", "infra", "deployer"} {
-		if err := testenv.GoBuild(filepath.Join(bin, s), "../../../../services/"+s, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin := serviceBinaries(t)
 	dir := t.TempDir()
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)

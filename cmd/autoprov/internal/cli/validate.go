@@ -3,11 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -18,6 +20,8 @@ import (
 // (it loads and validates its settings, connects to nothing, starts
 // nothing) in the environment the --env-file describes.
 type validateCmd struct {
+	Env        string        `name:"env" help:"check the environment package config/<env>/ (its version, its secrets, each service loading it with AUTOPROV_ENV, its inventories and site vars)"`
+	ConfigDir  string        `name:"config-dir" default:"config" help:"where environment packages are"`
 	Services   []string      `name:"service" default:"scheduler,infra,deployer" help:"services whose configuration to check"`
 	BinDir     string        `name:"bin-dir" type:"existingdir" help:"where the service binaries are (default: next to autoprov, then PATH)"`
 	Inventory  []string      `name:"inventory" type:"existingfile" help:"Ansible inventory file to parse (repeatable)"`
@@ -34,6 +38,13 @@ type checkResult struct {
 
 func (c *validateCmd) Run(g *globals) error {
 	var results []checkResult
+	if c.Env != "" {
+		pkg, err := c.packageChecks(g)
+		if err != nil {
+			return err
+		}
+		results = append(results, pkg...)
+	}
 	for _, svc := range c.Services {
 		results = append(results, c.checkService(g, svc))
 	}
@@ -75,13 +86,61 @@ func (c *validateCmd) Run(g *globals) error {
 	return nil
 }
 
-// childEnv is the environment of a check: the --env-file's variables (and
-// PATH, HOME, TMPDIR to run at all) when one is given, else autoprov's own.
+// packageChecks checks the environment package --env names and queues its
+// inventories for checking.
+func (c *validateCmd) packageChecks(g *globals) ([]checkResult, error) {
+	if !envName.MatchString(c.Env) {
+		return nil, usageError{fmt.Errorf("--env %q is not an environment name", c.Env)}
+	}
+	dir := filepath.Join(c.ConfigDir, c.Env)
+	p, err := loadPackage(dir)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	version := checkResult{Check: "package " + dir + " version " + p.Manifest.Version, Problems: p.versionProblems()}
+	secrets := checkResult{Check: "package " + dir + " holds no secrets", Problems: p.secretProblems()}
+	out := []checkResult{version, secrets}
+	if vars := filepath.Join(dir, "site-vars.json"); fileExists(vars) {
+		r := checkResult{Check: "site vars " + vars}
+		var obj map[string]any
+		if data, err := os.ReadFile(vars); err != nil {
+			r.Problems = []string{err.Error()}
+		} else if err := json.Unmarshal(data, &obj); err != nil {
+			r.Problems = []string{fmt.Sprintf("%s: not a JSON object: %v", vars, err)}
+		}
+		out = append(out, r)
+	}
+	invs, _ := filepath.Glob(filepath.Join(dir, "inventories", "*"))
+	c.Inventory = append(c.Inventory, invs...)
+	for k := range out {
+		out[k].OK = len(out[k].Problems) == 0
+	}
+	return out, nil
+}
+
+var envName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// childEnv is the environment of a check: with --env, AUTOPROV_ENV and
+// AUTOPROV_CONFIG_DIR (the service loads the package itself); the
+// --env-file's variables when one is given; PATH, HOME and TMPDIR to run
+// at all. Without either, autoprov's own environment.
 func (c *validateCmd) childEnv(g *globals) []string {
-	if g.envFile == "" {
+	if g.envFile == "" && c.Env == "" {
 		return os.Environ()
 	}
 	var env []string
+	if c.Env != "" {
+		abs, err := filepath.Abs(c.ConfigDir)
+		if err != nil {
+			abs = c.ConfigDir
+		}
+		env = append(env, "AUTOPROV_ENV="+c.Env, "AUTOPROV_CONFIG_DIR="+abs)
+	}
 	for _, name := range []string{"PATH", "HOME", "TMPDIR"} {
 		if v := g.env.Getenv(name); v != "" {
 			if _, set := g.file[name]; !set {
@@ -124,7 +183,12 @@ func (c *validateCmd) binary(name string) (string, error) {
 
 func (c *validateCmd) checkService(g *globals, svc string) checkResult {
 	r := checkResult{Check: svc + " configuration"}
-	if g.envFile != "" {
+	switch {
+	case c.Env != "" && g.envFile != "":
+		r.Check += " (package " + c.Env + ", " + g.envFile + ")"
+	case c.Env != "":
+		r.Check += " (package " + c.Env + ")"
+	case g.envFile != "":
 		r.Check += " (" + g.envFile + ")"
 	}
 	bin, err := c.binary(svc)
