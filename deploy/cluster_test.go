@@ -46,41 +46,37 @@ func startCluster(t *testing.T) []string {
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		addrs = append(addrs, addr)
 	}
-	for _, a := range addrs {
-		rdb := redis.NewClient(&redis.Options{Addr: a})
-		ok := false
-		for range 100 {
-			if rdb.Ping(context.Background()).Err() == nil {
-				ok = true
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		rdb.Close()
-		if !ok {
-			t.Fatalf("redis node %s did not start", a)
-		}
-	}
+	waitNodes(t, addrs, "answer PING", func(rdb *redis.Client) bool {
+		return rdb.Ping(context.Background()).Err() == nil
+	})
 	out, err := exec.Command(cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
+	waitNodes(t, addrs, "report cluster_state:ok", func(rdb *redis.Client) bool {
+		info, err := rdb.ClusterInfo(context.Background()).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	return addrs
+}
+
+// waitNodes waits (up to 10 s) until ready holds for every node.
+func waitNodes(t *testing.T, addrs []string, what string, ready func(*redis.Client) bool) {
+	t.Helper()
 	for _, a := range addrs {
 		rdb := redis.NewClient(&redis.Options{Addr: a})
 		ok := false
 		for range 200 {
-			if info, err := rdb.ClusterInfo(context.Background()).Result(); err == nil && strings.Contains(info, "cluster_state:ok") {
-				ok = true
+			if ok = ready(rdb); ok {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		rdb.Close()
 		if !ok {
-			t.Fatalf("cluster node %s never reported cluster_state:ok", a)
+			t.Fatalf("redis node %s did not %s", a, what)
 		}
 	}
-	return addrs
 }
 
 // TestInfraOnRedisCluster runs the real infra binary on a 3-primary Redis
