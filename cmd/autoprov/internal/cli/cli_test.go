@@ -481,10 +481,27 @@ func TestValidate(t *testing.T) {
 	if code != 1 {
 		t.Fatalf("validate with a broken inventory and playbook: exit %d\n%s", code, out)
 	}
-	for _, want := range []string{"ok   inventory " + goodInv, "FAIL inventory " + badInv, "ok   playbook " + filepath.Join(books, "playbooks", "ok.yml"), "FAIL playbook " + filepath.Join(books, "playbooks", "broken.yml"), "line"} {
+	for _, want := range []string{"ok   inventory " + goodInv, "FAIL inventory " + badInv, "ok   playbook " + filepath.Join(books, "playbooks", "ok.yml"), "FAIL playbook " + filepath.Join(books, "playbooks", "broken.yml"), "line",
+		"FAIL ansible-lint " + books, "broken.yml:1: load-failure"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+
+	// A playbook that parses but breaks the lint rules.
+	lintOnly := filepath.Join(dir, "lintonly")
+	if err := os.MkdirAll(filepath.Join(lintOnly, "playbooks"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lintOnly, "playbooks", "p.yml"), []byte("- hosts: all\n  tasks:\n    - shell: echo hi\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code = run(t, env, "--env-file", good, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", lintOnly)
+	if code != 1 || !strings.Contains(out, "ok   playbook") || !strings.Contains(out, "p.yml:1: name[play]") || !strings.Contains(out, "p.yml:3: no-changed-when") {
+		t.Fatalf("a playbook breaking the lint rules: exit %d\n%s", code, out)
+	}
+	if out, _, code = run(t, env, "--env-file", good, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", lintOnly, "--no-lint"); code != 0 {
+		t.Fatalf("--no-lint: exit %d\n%s", code, out)
 	}
 
 	// The repository's own playbooks pass.

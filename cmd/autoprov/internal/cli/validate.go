@@ -25,7 +25,8 @@ type validateCmd struct {
 	Services   []string      `name:"service" default:"scheduler,infra,deployer" help:"services whose configuration to check"`
 	BinDir     string        `name:"bin-dir" type:"existingdir" help:"where the service binaries are (default: next to autoprov, then PATH)"`
 	Inventory  []string      `name:"inventory" type:"existingfile" help:"Ansible inventory file to parse (repeatable)"`
-	AnsibleDir string        `name:"ansible-dir" type:"existingdir" help:"syntax-check every playbook in DIR/playbooks with ansible-playbook"`
+	AnsibleDir string        `name:"ansible-dir" type:"existingdir" help:"syntax-check every playbook in DIR/playbooks with ansible-playbook and lint DIR with ansible-lint (production profile)"`
+	NoLint     bool          `name:"no-lint" help:"with --ansible-dir: skip ansible-lint"`
 	Timeout    time.Duration `default:"2m" help:"limit of each check"`
 }
 
@@ -260,7 +261,41 @@ func (c *validateCmd) checkPlaybooks(g *globals) []checkResult {
 		r.ansibleOutcome(stderr, code, err)
 		out = append(out, r)
 	}
+	if !c.NoLint {
+		out = append(out, c.lint(g))
+	}
 	return out
+}
+
+// lint runs ansible-lint over the Ansible directory, as the repository's
+// own tests do (production profile, offline); each violation is a problem
+// naming its file and line.
+func (c *validateCmd) lint(g *globals) checkResult {
+	r := checkResult{Check: "ansible-lint " + c.AnsibleDir + " (production profile)"}
+	bin, err := exec.LookPath("ansible-lint")
+	if err != nil {
+		r.Problems = []string{"ansible-lint not found in PATH (install Debian's ansible-lint, or use --no-lint)"}
+		return r
+	}
+	abs, _ := filepath.Abs(c.AnsibleDir)
+	env := append(os.Environ(), "ANSIBLE_NOCOLOR=1", "ANSIBLE_CONFIG="+filepath.Join(abs, "ansible.cfg"))
+	stdout, stderr, code, err := c.run(g, bin, c.AnsibleDir, env, "--nocolor", "--offline", "--profile", "production", "-f", "pep8")
+	switch {
+	case err != nil:
+		r.Problems = []string{err.Error()}
+	case code == 0:
+		r.OK = true
+	default:
+		for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+			if line = strings.TrimSpace(line); line != "" {
+				r.Problems = append(r.Problems, filepath.Join(c.AnsibleDir, line))
+			}
+		}
+		if len(r.Problems) == 0 {
+			r.Problems = []string{fmt.Sprintf("ansible-lint exited %d: %s", code, strings.Join(strings.Fields(stderr), " "))}
+		}
+	}
+	return r
 }
 
 // ansibleOutcome records the outcome of an Ansible command in r.
