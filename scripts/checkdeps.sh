@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # checkdeps.sh: the dependency rules `make lint` enforces with `go list -deps`
 # (what a binary links, not what its module mentions):
-#   - no production binary (every main package under services/) links test
+#   - no production binary (every main package under services/ and cmd/) links test
 #     code: pkg/testenv, testcontainers, the stand-ins (vaulttest,
 #     time4vpstest), the fake clock, the contract's test cases;
 #   - package messages, the wire contract, builds on msgpack and the standard
@@ -16,7 +16,7 @@ AP=github.com/autoprovisioner/autoprovisioner
 test_code="^($AP/pkg/testenv|$AP/pkg/secrets/vaulttest|$AP/pkg/time4vps/time4vpstest|$AP/pkg/clock/clocktest|$AP/pkg/messages/internal/cases|github.com/testcontainers/)"
 status=0
 
-mains=$(for d in services/*/; do go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' "./$d..."; done | sort)
+mains=$(for d in services/*/ cmd/*/; do go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' "./$d..."; done | sort)
 [ -n "$mains" ] || die "no main packages found under services/"
 for m in $mains; do
 	bad=$(go list -deps "$m" | grep -E "$test_code" || true)

@@ -10,6 +10,11 @@ import (
 // ErrHelp is returned by ParseArgs after it wrote the usage for --help.
 var ErrHelp = errors.New("help requested")
 
+// ErrCheckConfig is returned by ParseArgs for --check-config: Run then
+// loads and validates the configuration, reports it, and exits without
+// starting the service (what `autoprov validate` and deploy checks run).
+var ErrCheckConfig = errors.New("configuration check requested")
+
 // UsageError is a mistake on the command line; ExitCode maps it to 2.
 type UsageError struct {
 	Err error
@@ -21,14 +26,16 @@ func (e *UsageError) Error() string { return e.Err.Error() + " (see --help)" }
 // Unwrap returns the underlying error.
 func (e *UsageError) Unwrap() error { return e.Err }
 
-// ParseArgs handles the command line the services share: no arguments, or
+// ParseArgs handles the command line the services share: no arguments,
 // -h/--help, which writes Usage(stdout, name, summary, cfg) and returns
-// ErrHelp. Anything else is a *UsageError. Services take their
-// configuration from the environment only.
+// ErrHelp, or --check-config, which returns ErrCheckConfig. Anything else
+// is a *UsageError. Services take their configuration from the environment
+// only.
 func ParseArgs(args []string, stdout io.Writer, name, summary string, cfg any) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
+	check := fs.Bool("check-config", false, "validate the configuration and exit")
 	err := fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
@@ -38,6 +45,8 @@ func ParseArgs(args []string, stdout io.Writer, name, summary string, cfg any) e
 		return &UsageError{Err: err}
 	case fs.NArg() > 0:
 		return &UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	case *check:
+		return ErrCheckConfig
 	}
 	return nil
 }
@@ -49,7 +58,7 @@ func ExitCode(err error) int {
 	var cfgErr *ConfigError
 	var usageErr *UsageError
 	switch {
-	case err == nil, errors.Is(err, ErrHelp):
+	case err == nil, errors.Is(err, ErrHelp), errors.Is(err, ErrCheckConfig):
 		return 0
 	case errors.As(err, &cfgErr), errors.As(err, &usageErr):
 		return 2

@@ -391,6 +391,8 @@ func TestParseArgs(t *testing.T) {
 		{args: []string{"-h"}, wantCode: 0, usage: true},
 		{args: []string{"--port=1"}, wantCode: 2},
 		{args: []string{"serve"}, wantCode: 2},
+		{args: []string{"--check-config"}, wantCode: 0},
+		{args: []string{"--check-config", "serve"}, wantCode: 2},
 	}
 	for _, tt := range tests {
 		var out bytes.Buffer
@@ -414,6 +416,7 @@ func TestExitCode(t *testing.T) {
 	}{
 		{nil, 0},
 		{ErrHelp, 0},
+		{ErrCheckConfig, 0},
 		{&ConfigError{Problems: []error{Invalid("X", "bad")}}, 2},
 		{&UsageError{Err: errors.New("bad flag")}, 2},
 		{errors.New("boom"), 1},

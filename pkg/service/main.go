@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -31,16 +32,30 @@ type Program[C Config] struct {
 }
 
 // Run is a service binary's whole life but the exit: it handles the
-// command line (--help), loads the configuration from getenv, builds the
-// logger (with a "service" field) on stderr, and Serves until ctx is done.
-// Map its error to the exit status with ExitCode.
+// command line (--help; --check-config loads and validates the
+// configuration, writes "NAME: configuration valid" and returns nil, or
+// returns the *ConfigError listing every problem), loads the configuration
+// from getenv (completed with the environment package AUTOPROV_ENV names,
+// see WithEnvPackage), builds the logger (with a "service" field) on
+// stderr, and Serves until ctx is done. Map its error to the exit status
+// with ExitCode.
 func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg := p.NewConfig()
-	if err := ParseArgs(args, stdout, p.Name, p.Summary, cfg); err != nil {
+	err := ParseArgs(args, stdout, p.Name, p.Summary, cfg)
+	check := errors.Is(err, ErrCheckConfig)
+	if err != nil && !check {
 		return err // ErrHelp after --help: exit status 0
+	}
+	getenv, err = WithEnvPackage(getenv, p.Name)
+	if err != nil {
+		return err
 	}
 	if err := Load(getenv, cfg); err != nil {
 		return err
+	}
+	if check {
+		fmt.Fprintf(stdout, "%s: configuration valid\n", p.Name)
+		return nil
 	}
 	common := cfg.common()
 	logger, err := NewLogger(stderr, common.LogLevel, common.LogFormat)

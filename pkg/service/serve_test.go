@@ -310,3 +310,57 @@ func TestRun(t *testing.T) {
 		t.Errorf("log lacks the service name:\n%s", stderr.String())
 	}
 }
+
+// TestRunCheckConfig: --check-config validates the configuration and exits
+// without connecting to anything or starting a component: every problem
+// comes back (exit 2), a valid one is reported on stdout (exit 0).
+func TestRunCheckConfig(t *testing.T) {
+	started := false
+	p := service.Program[*serveConfig]{
+		Name:      "demo",
+		Summary:   "serves demos",
+		NewConfig: func() *serveConfig { return &serveConfig{Common: service.Common{AdminAddr: "127.0.0.1:9199"}} },
+		Components: func(context.Context, *serveConfig, service.Deps) ([]service.Component, error) {
+			started = true
+			return nil, errors.New("not reached")
+		},
+	}
+	tests := []struct {
+		name     string
+		environ  map[string]string
+		wantCode int
+		wantOut  string
+		problems []string
+	}{
+		// Nothing listens on these addresses: the check must not dial.
+		{"valid", map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0", "DATABASE_URL": "postgres://u:secretpw@127.0.0.1:1/db"}, 0, "demo: configuration valid\n", nil},
+		{"invalid", map[string]string{"WORKERS": "many", "LOG_LEVEL": "loud", "DATABASE_URL": "mysql://u:secretpw@h/db"}, 2, "", []string{"WORKERS", "LOG_LEVEL", "DATABASE_URL"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := service.Run(context.Background(), p, []string{"--check-config"}, func(k string) string { return tt.environ[k] }, &stdout, &stderr)
+			if got := service.ExitCode(err); got != tt.wantCode {
+				t.Fatalf("exit %d (%v), want %d", got, err, tt.wantCode)
+			}
+			if stdout.String() != tt.wantOut {
+				t.Errorf("stdout %q, want %q", stdout.String(), tt.wantOut)
+			}
+			var cfgErr *service.ConfigError
+			if len(tt.problems) > 0 && (!errors.As(err, &cfgErr) || len(cfgErr.Problems) != len(tt.problems)) {
+				t.Fatalf("error %v, want a ConfigError with %d problems", err, len(tt.problems))
+			}
+			for _, v := range tt.problems {
+				if !strings.Contains(err.Error(), v+":") {
+					t.Errorf("error does not name %s:\n%v", v, err)
+				}
+			}
+			if err != nil && strings.Contains(err.Error(), "secretpw") {
+				t.Errorf("error echoes the database password:\n%v", err)
+			}
+			if started || stderr.Len() != 0 {
+				t.Errorf("--check-config started the service (components %v, log %q)", started, stderr.String())
+			}
+		})
+	}
+}

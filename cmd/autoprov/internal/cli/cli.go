@@ -1,0 +1,160 @@
+// Package cli holds the commands of autoprov, the operators' command line:
+// the command tree (kong), the settings it shares with the services, and
+// the output (human tables, or JSON with --json).
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/alecthomas/kong"
+	"github.com/joho/godotenv"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+)
+
+// Env is what a run of the command line reads and writes.
+type Env struct {
+	Stdout, Stderr io.Writer
+	// Getenv reads the process environment.
+	Getenv func(string) string
+}
+
+// Exit statuses.
+const (
+	ExitOK      = 0
+	ExitFailed  = 1 // a command failed or found problems
+	ExitUsage   = 2 // a mistake on the command line or in the settings
+	exitUnknown = ExitFailed
+)
+
+// command line: the global flags and the commands.
+type commandLine struct {
+	EnvFile string `name:"env-file" type:"existingfile" help:"read settings (REDIS_URL, ...) from this dotenv file; variables set in the environment win (validate checks this file alone)"`
+	JSON    bool   `name:"json" help:"print JSON instead of tables (for scripts)"`
+
+	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters; with DATABASE_URL also servers by status and runs in flight"`
+	Dead      deadCmd      `cmd:"" aliases:"dlq" help:"list, show, replay and drop the dead letters of a stream"`
+	Provision provisionCmd `cmd:"" help:"queue a provisioning job for a registered server (--follow: print its progress, exit with its status)"`
+	Follow    followCmd    `cmd:"" help:"print a job's progress events live and exit with its status (0 succeeded, 1 otherwise)"`
+	Cancel    cancelCmd    `cmd:"" help:"ask a running job to stop (it ends as cancelled)"`
+	Validate  validateCmd  `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), inventories and playbooks; every problem is printed"`
+	Config    configCmd    `cmd:"" help:"environment configuration packages (config/<env>/): seal a version"`
+	Probe     probeCmd     `cmd:"" help:"GET an admin URL (/readyz, /healthz) and exit 0 on a 2xx answer (container health checks)"`
+}
+
+// globals is what every command's Run receives.
+type globals struct {
+	ctx     context.Context
+	env     Env
+	envFile string
+	json    bool
+	file    map[string]string // the --env-file's variables
+}
+
+// getenv reads a setting: the environment first, then the --env-file.
+func (g *globals) getenv(name string) string {
+	if v := g.env.Getenv(name); v != "" {
+		return v
+	}
+	return g.file[name]
+}
+
+// redisSettings is the part of the services' configuration autoprov uses to
+// reach Redis (service.RedisConfig: single server, Sentinel or Cluster).
+type redisSettings struct {
+	Redis service.RedisConfig `envPrefix:"REDIS_"`
+}
+
+// redis connects to the Redis the settings name and checks it answers.
+func (g *globals) redis() (redis.UniversalClient, error) {
+	var s redisSettings
+	if err := service.Load(g.getenv, &s); err != nil {
+		return nil, err
+	}
+	opts, err := s.Redis.Options()
+	if err != nil {
+		return nil, err
+	}
+	rdb := redis.NewUniversalClient(opts)
+	if err := rdb.Ping(g.ctx).Err(); err != nil {
+		_ = rdb.Close()
+		return nil, fmt.Errorf("connect to Redis: %w", err)
+	}
+	return rdb, nil
+}
+
+// usageError is a mistake the user made in arguments kong could not catch.
+type usageError struct{ error }
+
+// Run runs the command line args and returns the exit status.
+func Run(ctx context.Context, args []string, env Env) (code int) {
+	var cl commandLine
+	exited := false
+	parser, err := kong.New(&cl,
+		kong.Name("autoprov"),
+		kong.Description("The operators' command line of autoprovisioner: queues, dead letters, jobs, configuration checks."),
+		kong.Writers(env.Stdout, env.Stderr),
+		kong.Exit(func(c int) { exited = true; code = c }),
+		kong.UsageOnError(),
+	)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "autoprov: %v\n", err)
+		return ExitFailed
+	}
+	kctx, err := parser.Parse(args)
+	if exited { // --help
+		return code
+	}
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "autoprov: %v (see --help)\n", err)
+		return ExitUsage
+	}
+	g := &globals{ctx: ctx, env: env, envFile: cl.EnvFile, json: cl.JSON}
+	if cl.EnvFile != "" {
+		if g.file, err = readEnvFile(cl.EnvFile); err != nil {
+			fmt.Fprintf(env.Stderr, "autoprov: %v\n", err)
+			return ExitUsage
+		}
+	}
+	err = kctx.Run(g)
+	var ue usageError
+	var cfgErr *service.ConfigError
+	var failed *problemsFound
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &failed):
+		return ExitFailed // the command printed them
+	case errors.As(err, &ue), errors.As(err, &cfgErr):
+		fmt.Fprintf(env.Stderr, "autoprov: %v\n", err)
+		return ExitUsage
+	}
+	fmt.Fprintf(env.Stderr, "autoprov: %v\n", err)
+	return exitUnknown
+}
+
+// problemsFound is returned by a command that printed the problems it
+// found (validate): the exit status is 1 and nothing more is printed.
+type problemsFound struct{ n int }
+
+func (p *problemsFound) Error() string { return fmt.Sprintf("%d problems found", p.n) }
+
+// readEnvFile reads a dotenv file (KEY=value lines, as docker compose's
+// env_file and systemd's EnvironmentFile hold them).
+func readEnvFile(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("env file: %w", err)
+	}
+	defer f.Close()
+	m, err := godotenv.Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("env file %s: %w", path, err)
+	}
+	return m, nil
+}

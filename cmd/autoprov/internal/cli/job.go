@@ -1,0 +1,299 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+)
+
+// provisionCmd enqueues a ProvisionerMessage, as the scheduler does.
+type provisionCmd struct {
+	Server    string        `arg:"" help:"handle of the registered server"`
+	Recovery  bool          `xor:"mode" help:"recover the server (no reinstall)"`
+	Reinstall bool          `xor:"mode" help:"reinstall the operating system first"`
+	JobID     string        `name:"job-id" help:"the job id (default: a new UUID); the same id twice is one job"`
+	Follow    bool          `help:"print the job's progress live and exit with its status (0 succeeded, 1 otherwise)"`
+	Timeout   time.Duration `default:"1h" help:"with --follow: give up waiting after this long"`
+}
+
+func (c *provisionCmd) Run(g *globals) error {
+	msg := &messages.ProvisionerMessage{
+		RequestMeta: messages.RequestMeta{
+			SchemaVersion: messages.SchemaVersion,
+			JobID:         c.JobID,
+			CreatedAt:     time.Now().UTC().Format("2006-01-02T15:04:05.000Z"),
+		},
+		ServerHandle: c.Server, IsRecovery: c.Recovery, ForceReinstall: c.Reinstall,
+	}
+	if msg.JobID == "" {
+		msg.JobID = uuid.NewString()
+	}
+	if err := msg.Validate(); err != nil {
+		return usageError{err}
+	}
+	data, err := messages.Encode(msg)
+	if err != nil {
+		return err
+	}
+	rdb, err := g.redis()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	// Where the results stream ends now: a fast result is not missed.
+	from, err := lastID(g.ctx, rdb, messages.StreamProvisionerResults)
+	if err != nil {
+		return err
+	}
+	id, err := stream.NewProducer(rdb, stream.ProducerOptions{}).Publish(g.ctx, messages.StreamProvisionerQueue, data)
+	if err != nil {
+		return err
+	}
+	if g.json && !c.Follow {
+		return writeJSON(g.env.Stdout, map[string]string{"job_id": msg.JobID, "entry_id": id, "stream": messages.StreamProvisionerQueue})
+	}
+	if !g.json {
+		fmt.Fprintf(g.env.Stdout, "queued job %s (provision %s, entry %s)\n", msg.JobID, c.Server, id)
+	}
+	if !c.Follow {
+		return nil
+	}
+	return follow(g, rdb, msg.JobID, map[string]string{messages.StreamProvisionerResults: from}, c.Timeout)
+}
+
+// followCmd prints a job's progress until it ends.
+type followCmd struct {
+	JobID   string        `arg:"" name:"job" help:"the job id"`
+	Timeout time.Duration `default:"1h" help:"give up waiting after this long"`
+}
+
+func (c *followCmd) Run(g *globals) error {
+	rdb, err := g.redis()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	// The job may have ended already: its result is then in the recent
+	// results (looked up first), else it comes after their current end.
+	from := map[string]string{}
+	for _, s := range []string{messages.StreamProvisionerResults, messages.StreamDeployResults} {
+		res, last, err := findResult(g.ctx, rdb, s, c.JobID)
+		if err != nil {
+			return err
+		}
+		if res != nil {
+			printEvents(g, rdb, c.JobID)
+			return finish(g, res)
+		}
+		from[s] = last
+	}
+	return follow(g, rdb, c.JobID, from, c.Timeout)
+}
+
+// cancelCmd asks a running job to stop.
+type cancelCmd struct {
+	JobID string        `arg:"" name:"job" help:"the job id"`
+	TTL   time.Duration `default:"24h" help:"how long the request stands (a job that starts later within it is cancelled too)"`
+}
+
+func (c *cancelCmd) Run(g *globals) error {
+	rdb, err := g.redis()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	if err := rdb.Set(g.ctx, messages.CancelKey(c.JobID), time.Now().UTC().Format(time.RFC3339), c.TTL).Err(); err != nil {
+		return fmt.Errorf("set %s: %w", messages.CancelKey(c.JobID), err)
+	}
+	if g.json {
+		return writeJSON(g.env.Stdout, map[string]string{"job_id": c.JobID, "cancel_key": messages.CancelKey(c.JobID)})
+	}
+	fmt.Fprintf(g.env.Stdout, "cancel requested for job %s (the running play stops; the job ends as cancelled)\n", c.JobID)
+	return nil
+}
+
+// jobResult is what ends a job: its status and the result's fields.
+type jobResult struct {
+	Stream string
+	Status messages.Status
+	Error  string
+	Raw    map[string]any
+}
+
+// errJobFailed makes the exit status 1 after the result was printed.
+var errJobFailed = &problemsFound{}
+
+func finish(g *globals, r *jobResult) error {
+	if g.json {
+		if err := writeJSON(g.env.Stdout, r.Raw); err != nil {
+			return err
+		}
+	} else {
+		line := fmt.Sprintf("result: %s", r.Status)
+		if r.Error != "" {
+			line += ": " + r.Error
+		}
+		fmt.Fprintln(g.env.Stdout, line)
+	}
+	if r.Status != messages.StatusSucceeded {
+		return errJobFailed
+	}
+	return nil
+}
+
+// follow prints the job's progress events and waits for its result on the
+// results streams from the given ids on.
+func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[string]string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(g.ctx, timeout)
+	defer cancel()
+	events := messages.ProgressStream(jobID)
+	positions := map[string]string{events: "0-0"}
+	for s, id := range results {
+		positions[s] = id
+	}
+	var order []string
+	for s := range positions {
+		order = append(order, s)
+	}
+	for {
+		args := make([]string, 0, 2*len(order))
+		args = append(args, order...)
+		for _, s := range order {
+			args = append(args, positions[s])
+		}
+		got, err := rdb.XRead(ctx, &redis.XReadArgs{Streams: args, Count: 100, Block: time.Second}).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue
+		case ctx.Err() != nil:
+			return fmt.Errorf("job %s: no result within %s", jobID, timeout)
+		case err != nil:
+			return fmt.Errorf("read job %s: %w", jobID, err)
+		}
+		for _, st := range got {
+			for _, m := range st.Messages {
+				positions[st.Stream] = m.ID
+				data := (&stream.Message{Values: m.Values}).Data()
+				if st.Stream == events {
+					if e, err := messages.DecodeProgressEvent(data); err == nil {
+						showEvent(g, e)
+					}
+					continue
+				}
+				if r := resultOf(st.Stream, data, jobID); r != nil {
+					return finish(g, r)
+				}
+			}
+		}
+	}
+}
+
+// printEvents prints the events a job left (for a job already over).
+func printEvents(g *globals, rdb redis.UniversalClient, jobID string) {
+	msgs, err := rdb.XRange(g.ctx, messages.ProgressStream(jobID), "-", "+").Result()
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		if e, err := messages.DecodeProgressEvent((&stream.Message{Values: m.Values}).Data()); err == nil {
+			showEvent(g, e)
+		}
+	}
+}
+
+// showEvent prints one progress event (not with --json, whose output is
+// the result alone).
+func showEvent(g *globals, e *messages.ProgressEvent) {
+	if g.json {
+		return
+	}
+	w := g.env.Stdout
+	switch {
+	case e.Type == messages.EventPlayStarted:
+		fmt.Fprintf(w, "play  %s\n", oneLine(e.Play))
+	case e.Type == messages.EventTaskStarted:
+		fmt.Fprintf(w, "  task  %s\n", oneLine(e.Task))
+	case e.Type.HostEvent():
+		line := fmt.Sprintf("        %s: %s", oneLine(e.Host), strings.TrimPrefix(string(e.Type), "host_"))
+		if e.Message != "" && (e.Type == messages.EventHostFailed || e.Type == messages.EventHostUnreachable) {
+			line += ": " + oneLine(e.Message)
+		}
+		fmt.Fprintln(w, line)
+	case e.Type == messages.EventRunFinished:
+		fmt.Fprintf(w, "run finished: %s\n", e.Status)
+	default:
+		fmt.Fprintf(w, "%s %s\n", e.Type, oneLine(e.Message))
+	}
+}
+
+// resultOf decodes a result entry of stream and returns it when it is the
+// job's.
+func resultOf(s string, data []byte, jobID string) *jobResult {
+	var o *messages.Outcome
+	switch s {
+	case messages.StreamProvisionerResults:
+		r, err := messages.DecodeProvisionerResult(data)
+		if err != nil {
+			return nil
+		}
+		o = &r.Outcome
+	case messages.StreamDeployResults:
+		r, err := messages.DecodeAnsibleDeployResult(data)
+		if err != nil {
+			return nil
+		}
+		o = &r.Outcome
+	default:
+		return nil
+	}
+	if o.JobID != jobID {
+		return nil
+	}
+	jr := &jobResult{Stream: s, Status: o.Status}
+	if o.Error != nil {
+		jr.Error = o.Error.Message
+	}
+	raw, _ := decodePayload(data).(map[string]any)
+	delete(raw, "output_tail")
+	jr.Raw = raw
+	return jr
+}
+
+// findResult looks for the job's result among the last entries of a
+// results stream and returns it, or nil and the stream's last id.
+func findResult(ctx context.Context, rdb redis.UniversalClient, s, jobID string) (*jobResult, string, error) {
+	msgs, err := rdb.XRevRangeN(ctx, s, "+", "-", 10000).Result()
+	if err != nil {
+		return nil, "", fmt.Errorf("xrevrange %s: %w", s, err)
+	}
+	last := "0-0"
+	if len(msgs) > 0 {
+		last = msgs[0].ID
+	}
+	for _, m := range msgs {
+		if r := resultOf(s, (&stream.Message{Values: m.Values}).Data(), jobID); r != nil {
+			return r, last, nil
+		}
+	}
+	return nil, last, nil
+}
+
+// lastID returns the id of a stream's last entry ("0-0" when empty).
+func lastID(ctx context.Context, rdb redis.UniversalClient, s string) (string, error) {
+	msgs, err := rdb.XRevRangeN(ctx, s, "+", "-", 1).Result()
+	if err != nil {
+		return "", fmt.Errorf("xrevrange %s: %w", s, err)
+	}
+	if len(msgs) == 0 {
+		return "0-0", nil
+	}
+	return msgs[0].ID, nil
+}
