@@ -1,24 +1,22 @@
 // Package ec2 detects AWS EC2 instances (seed 000's AWS detector) with
-// DescribeInstances: running instances with the configured tags, page by
-// page. Tags become labels; the instance id is the handle (stable) and the
-// provider id; the public or private address is used, as configured. The
-// call is a small Query API client (query.go) on aws-sdk-go-v2's signer and
-// credential chain.
+// DescribeInstances through aws-sdk-go-v2: running instances with the
+// configured tags, page by page. Tags become labels; the instance id is
+// the handle (stable) and the provider id; the public or private address
+// is used, as configured.
 package ec2
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 )
@@ -56,7 +54,7 @@ type Config struct {
 // Detector lists EC2 instances.
 type Detector struct {
 	cfg    Config
-	client *client
+	client *ec2.Client
 }
 
 // New returns a Detector.
@@ -83,24 +81,20 @@ func New(ctx context.Context, cfg Config) (*Detector, error) {
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = 3
 	}
-	var creds aws.CredentialsProvider
+	opts := []func(*config.LoadOptions) error{config.WithRegion(cfg.Region), config.WithRetryMaxAttempts(cfg.MaxAttempts)}
 	if cfg.AccessKeyID != "" {
-		creds = credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, "")
-	} else {
-		// The SDK's default chain: environment, shared files, instance role.
-		awsCfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(cfg.Region))
-		if err != nil {
-			return nil, fmt.Errorf("ec2: load AWS configuration: %w", err)
+		opts = append(opts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, "")))
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("ec2: load AWS configuration: %w", err)
+	}
+	client := ec2.NewFromConfig(awsCfg, func(o *ec2.Options) {
+		if cfg.Endpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
-		creds = awsCfg.Credentials
-	}
-	endpoint := cfg.Endpoint
-	if endpoint == "" {
-		endpoint = defaultEndpoint(cfg.Region)
-	}
-	c := &client{endpoint: endpoint, region: cfg.Region, creds: aws.NewCredentialsCache(creds), signer: v4.NewSigner(),
-		http: &http.Client{Timeout: time.Minute}, maxAttempts: cfg.MaxAttempts}
-	return &Detector{cfg: cfg, client: c}, nil
+	})
+	return &Detector{cfg: cfg, client: client}, nil
 }
 
 // Name is "ec2".
@@ -108,7 +102,7 @@ func (d *Detector) Name() string { return Source }
 
 // Detect lists the running instances with the configured tags, every page.
 func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
-	filters := []filter{{Name: "instance-state-name", Values: []string{"running"}}}
+	filters := []types.Filter{{Name: aws.String("instance-state-name"), Values: []string{"running"}}}
 	keys := make([]string, 0, len(d.cfg.Tags))
 	for k := range d.cfg.Tags {
 		keys = append(keys, k)
@@ -117,51 +111,45 @@ func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
 	for _, k := range keys {
 		vals := d.cfg.Tags[k]
 		if len(vals) == 0 || (len(vals) == 1 && vals[0] == "*") {
-			filters = append(filters, filter{Name: "tag-key", Values: []string{k}})
+			filters = append(filters, types.Filter{Name: aws.String("tag-key"), Values: []string{k}})
 			continue
 		}
-		filters = append(filters, filter{Name: "tag:" + k, Values: vals})
+		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: vals})
 	}
-	in := describeInput{Filters: filters, MaxResults: d.cfg.PageSize}
+	p := ec2.NewDescribeInstancesPaginator(d.client, &ec2.DescribeInstancesInput{Filters: filters, MaxResults: aws.Int32(d.cfg.PageSize)})
 	var out []fleet.Detected
-	seen := map[string]bool{}
-	for {
-		page, err := d.client.describeInstances(ctx, in)
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("ec2: describe instances: %w", err)
 		}
 		for _, r := range page.Reservations {
-			for _, inst := range r.Instances {
-				if det, ok := d.server(inst); ok {
+			for _, in := range r.Instances {
+				if det, ok := d.server(in); ok {
 					out = append(out, det)
 				}
 			}
 		}
-		// A token seen before would page forever.
-		if page.NextToken == "" || seen[page.NextToken] {
-			return out, nil
-		}
-		seen[page.NextToken] = true
-		in.NextToken = page.NextToken
 	}
+	return out, nil
 }
 
-func (d *Detector) server(in instance) (fleet.Detected, bool) {
-	id := in.InstanceID
-	addr := in.PublicIP
+func (d *Detector) server(in types.Instance) (fleet.Detected, bool) {
+	id := aws.ToString(in.InstanceId)
+	addr := aws.ToString(in.PublicIpAddress)
 	if d.cfg.Address == "private" {
-		addr = in.PrivateIP
+		addr = aws.ToString(in.PrivateIpAddress)
 	}
 	if id == "" || addr == "" {
 		return fleet.Detected{}, false // no address of the kind asked for: not reachable
 	}
-	labels := map[string]string{"ec2:instance_type": in.InstanceType}
-	if in.AvailabilityZone != "" {
-		labels["ec2:availability_zone"] = in.AvailabilityZone
+	labels := map[string]string{"ec2:instance_type": string(in.InstanceType)}
+	if in.Placement != nil && in.Placement.AvailabilityZone != nil {
+		labels["ec2:availability_zone"] = *in.Placement.AvailabilityZone
 	}
 	user := d.cfg.SSHUser
 	for _, t := range in.Tags {
-		k, v := t.Key, t.Value
+		k, v := aws.ToString(t.Key), aws.ToString(t.Value)
 		if k == SSHUserTag {
 			user = v
 			continue

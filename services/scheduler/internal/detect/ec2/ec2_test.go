@@ -125,11 +125,11 @@ func TestErrors(t *testing.T) {
 	t.Run("invalid filter: InvalidParameterValue", func(t *testing.T) {
 		d, _ := setup(t, Config{})
 		d.cfg.Tags = nil
-		_, err := d.client.describeInstances(ctx(t), describeInput{})
+		_, err := d.client.DescribeInstances(ctx(t), nil)
 		if err != nil {
 			t.Fatalf("no filters: %v", err)
 		}
-		_, err = d.client.describeInstances(ctx(t), bogusFilter())
+		_, err = d.client.DescribeInstances(ctx(t), bogusFilter())
 		var ae smithy.APIError
 		if !errors.As(err, &ae) || ae.ErrorCode() != "InvalidParameterValue" || !strings.Contains(ae.ErrorMessage(), "bogus") {
 			t.Errorf("err = %v", err)

@@ -1,5 +1,11 @@
 package ec2
 
-func bogusFilter() describeInput {
-	return describeInput{Filters: []filter{{Name: "bogus", Values: []string{"x"}}}}
+import (
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+)
+
+func bogusFilter() *ec2.DescribeInstancesInput {
+	return &ec2.DescribeInstancesInput{Filters: []types.Filter{{Name: aws.String("bogus"), Values: []string{"x"}}}}
 }
