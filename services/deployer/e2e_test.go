@@ -147,7 +147,11 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	infraEnv := testenv.BinaryEnv(append(common,
 		fmt.Sprintf("ADMIN_ADDR=127.0.0.1:%d", testenv.FreePort(t)),
 		"PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot, "PLAYBOOK_VARS_FILE="+siteVars,
-		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=file:id_ed25519", "AUTOPROV_SECRET_GH="+token)...)
+		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=file:id_ed25519",
+		// The project's token comes from the project resolver's environment,
+		// a reference the operator allows projects (issue 8's authorization).
+		"PROJECT_SECRETS_ENV_PREFIX=AUTOPROV_PROJECT_", "DEPLOY_SECRET_REFS=env:AUTOPROV_PROJECT_*",
+		"AUTOPROV_PROJECT_GH="+token)...)
 	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
 	api := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
@@ -180,7 +184,7 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	}
 
 	body := fmt.Sprintf(`{"project_id":"0b6c1a8e-3f55-4f7e-9a41-7d2b5e6c9f10","repo_full_name":"acme/shop","server_ip":%q,
-		"port":8080,"modules":["web"],"github_token_ref":"env:AUTOPROV_SECRET_GH","options":{"timeout_seconds":600}}`, tgt.Addr)
+		"port":8080,"modules":["web"],"github_token_ref":"env:AUTOPROV_PROJECT_GH","options":{"timeout_seconds":600}}`, tgt.Addr)
 	code, resp := call("POST", "/deployments", body)
 	if code != 202 {
 		t.Fatalf("submit: %d %s", code, resp)
