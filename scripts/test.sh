@@ -22,9 +22,30 @@ if docker info >/dev/null 2>&1; then
 fi
 
 modules=$(go work edit -json | sed -n 's/.*"DiskPath": *"\(.*\)".*/\1/p')
+# Two lanes: the Ansible content's tests (ansible/tests: real plays against
+# Debian targets, mostly waiting on them) run beside the other modules, one
+# module after another; TEST_LANES=1 runs everything in one lane. The slow
+# lane's output is shown when it ends, so the log stays readable.
+slow="./ansible/tests"
+lane_log=$(mktemp)
+trap 'rm -f "$lane_log"' EXIT
+slow_pid=""
+if [ "${TEST_LANES:-2}" != 1 ] && [[ " $(echo $modules) " == *" $slow "* ]]; then
+	step "go test $slow (in its own lane: its output follows when it ends)"
+	(cd "$slow" && go test $tags -race -count=1 -timeout 25m ./...) >"$lane_log" 2>&1 &
+	slow_pid=$!
+fi
+
 status=0
 for m in $modules; do
+	[ -n "$slow_pid" ] && [ "$m" = "$slow" ] && continue
 	step "go test $m"
 	(cd "$m" && go test $tags -race -count=1 -timeout 20m ./...) || status=1
 done
+if [ -n "$slow_pid" ]; then
+	step "waiting for go test $slow"
+	wait "$slow_pid" || status=1
+	step "go test $slow"
+	cat "$lane_log"
+fi
 exit $status
