@@ -99,6 +99,26 @@ type JobsConfig struct {
 	CancelPoll       time.Duration `env:"CANCEL_POLL" envDefault:"1s" desc:"how often a running job checks its cancel key"`
 }
 
+// stopMargin is the part of SHUTDOWN_GRACE kept for what follows the
+// cancelled handlers: releasing their entries, flushing acks, closing.
+const stopMargin = 2 * time.Second
+
+// CancelGrace is how long requests cancelled at shutdown have to return:
+// their plays get SIGTERM, SIGKILL after PLAYBOOK_KILL_GRACE, then the run
+// locks are released.
+func (c *Config) CancelGrace() time.Duration { return c.Playbook.KillGrace + 3*time.Second }
+
+// DrainGrace is how long requests in flight may go on after SIGTERM before
+// they are cancelled and their entries released to other instances. It is
+// what is left of SHUTDOWN_GRACE after CancelGrace and a margin, so the
+// consumer always reaches "cancel and release" before the service gives
+// up (exiting with the entries still held and their lock waits queued).
+// Short is reports that SHUTDOWN_GRACE leaves less than a second for it.
+func (c *Config) DrainGrace() (d time.Duration, short bool) {
+	d = c.ShutdownGrace - c.CancelGrace() - stopMargin
+	return max(d, 100*time.Millisecond), d < time.Second
+}
+
 // NewConfig returns a Config holding the service's own defaults, ready for
 // service.Load and service.Usage.
 func NewConfig() *Config {

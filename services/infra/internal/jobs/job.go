@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -132,8 +133,12 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		},
 	})
 	if errors.Is(err, store.ErrJobRunningElsewhere) {
-		j.log.Info().Msg("job is running on another instance: leaving it alone")
-		return nil
+		// Its outcome is not durable yet, and whoever runs it may still die,
+		// drain or lose its lease: the request stays pending and comes back
+		// until the run is done (then its stored result is published).
+		delay := cmp.Or(j.h.cfg.ElsewhereRecheck, 5*time.Second)
+		j.log.Info().Dur("recheck_in", delay).Msg("job is running on another instance: checking again later")
+		return stream.Later(delay, err)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
