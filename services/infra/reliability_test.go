@@ -121,3 +121,57 @@ func TestSIGTERMWhileWaitingForBusyServerReleasesTheRequest(t *testing.T) {
 	free()
 	assertOneSuccess(t, e, "job-t")
 }
+
+// A Postgres outage in the middle of a job (a restart: every session
+// ended, nothing answers for a while) does not fail it: the job waits the
+// outage out (DB_OUTAGE_WAIT), runs again if its run was cut off, and
+// publishes exactly one result, the stored one; nothing is dead-lettered
+// and nothing is left in a transient state.
+func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	pg := testenv.StartPostgresServer(t)
+	e := newE2E(t, sshd)
+	e.dsn = pg.URL()
+	pool, err := store.Open(context.Background(), e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e.pool = pool
+
+	e.infra("DB_OUTAGE_WAIT=2m", "STREAM_MAX_DELIVERIES=3") // migrates the database
+	e.addServer("web-1", sshd)
+	e.control("web-1", map[string]any{"sleep": 3})
+	e.provision("job-o", "web-1")
+	testenv.WaitFor(t, time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
+
+	// The outage outlasts the play: its end, the result's storing and the
+	// retries of the request all fall into it.
+	pg.Stop()
+	time.Sleep(8 * time.Second)
+	pg.Start()
+
+	r := e.waitProvision("job-o", 2*time.Minute)
+	if r.Status != messages.StatusSucceeded {
+		t.Fatalf("result = %s %+v, want succeeded", r.Status, r.Error)
+	}
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
+	if n := len(e.provisionResults("job-o")); n != 1 {
+		t.Errorf("%d results, want exactly 1", n)
+	}
+	if dead := e.results(messages.StreamProvisionerQueue + ":dead"); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none", len(dead))
+	}
+	if run := e.run("job-o"); run.State != store.RunDone || run.Status != "succeeded" {
+		t.Errorf("run = %+v, want done and succeeded", run)
+	}
+	if s := e.server("web-1"); s.Status != store.ServerReady {
+		t.Errorf("server = %s, want %s", s.Status, store.ServerReady)
+	}
+	spans := e.spans("web-1")
+	if len(spans) == 0 || spans[len(spans)-1].end == 0 {
+		t.Errorf("runs = %+v, want the last one complete", spans)
+	}
+	assertNoOverlap(t, spans)
+}

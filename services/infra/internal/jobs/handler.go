@@ -140,6 +140,10 @@ type Config struct {
 	// delivered again to see whether that job's outcome is durable by then;
 	// 0 means 5s.
 	ElsewhereRecheck time.Duration
+	// OutageWait is how long a job waits out a Postgres outage (retrying
+	// with backoff) before the failure counts as an infrastructure error;
+	// 0 means 3m.
+	OutageWait time.Duration
 	// LockCheck is how often a running job checks that its lock session
 	// lives; 0 means the store's default (store.LockOptions).
 	LockCheck time.Duration
@@ -173,7 +177,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck,
-		"elsewhere recheck": c.ElsewhereRecheck} {
+		"elsewhere recheck": c.ElsewhereRecheck, "outage wait": c.OutageWait} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must not be negative", name, d))
 		}
