@@ -111,7 +111,8 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 }
 
 // runLocked runs body as the job's run: it re-publishes a stored result,
-// leaves a job running elsewhere alone, takes the job and target locks, and
+// leaves the request pending (stream.Later) while its job runs elsewhere,
+// takes the job and target locks (waiting out a Postgres outage), and
 // records and publishes the outcome body returns (as a value or as an
 // error). Any other error body returns is an infrastructure failure or an
 // interruption: the run is handed over, retried or, on the last delivery,
@@ -132,7 +133,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	}
 
 	var locks *store.RunLocks
-	err = j.durably(ctx, "take run locks", 24*time.Hour, func(actx context.Context) (err error) {
+	err = j.durably(ctx, "take run locks", 24*time.Hour, func(context.Context) (err error) {
 		// The lock wait is bounded by ctx alone (a play on the server may
 		// take hours); connecting is bounded by the pool's settings.
 		locks, err = j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{
