@@ -41,6 +41,10 @@ run: build ## run the whole system locally (installs and starts what it needs un
 test: ## run every test against real services (starts them when REDIS_URL/DATABASE_URL are unset)
 	@scripts/test.sh
 
+.PHONY: chaos
+chaos: ## fault-injection run (short form): infra replicas killed and stopped at random; CHAOS_SEED repeats one
+	cd services/infra && $(GO) test -tags chaos -run '^TestChaos$$' -count=1 -timeout 20m -v .
+
 .PHONY: bench
 bench: ## run the benchmarks and print comparable figures
 	@scripts/bench.sh

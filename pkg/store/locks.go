@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -46,7 +47,18 @@ type LockOptions struct {
 	PingInterval time.Duration
 	// PingTimeout bounds each check (default 5s).
 	PingTimeout time.Duration
+	// WaitSlice bounds each wait for the target lock on the server
+	// (lock_timeout, default 2s): the wait is a series of such slices until
+	// the lock is free or ctx is done. A backend blocked in a lock wait does
+	// not read its socket, so when its client dies (kill -9) it would stay
+	// queued, holding the job lock, until the target lock freed; with
+	// slices it notices within one.
+	WaitSlice time.Duration
 }
+
+// lockNotAvailable is the SQLSTATE of a lock wait that ran into
+// lock_timeout.
+const lockNotAvailable = "55P03"
 
 // cancelGrace is how long a cancelled query may take to answer the
 // server-side cancel before its connection is closed instead.
@@ -172,6 +184,7 @@ func AcquireRunLocks(ctx context.Context, pool *pgxpool.Pool, jobID, target stri
 func (lk *Locker) Acquire(ctx context.Context, jobID, target string, opts LockOptions) (*RunLocks, error) {
 	opts.PingInterval = cmp.Or(max(opts.PingInterval, 0), 5*time.Second)
 	opts.PingTimeout = cmp.Or(max(opts.PingTimeout, 0), 5*time.Second)
+	opts.WaitSlice = cmp.Or(max(opts.WaitSlice, 0), 2*time.Second)
 	// Both locks are tried in one round trip; the target's is only kept
 	// when the job's was free.
 	var gotJob, gotTarget bool
@@ -213,7 +226,7 @@ func (lk *Locker) Acquire(ctx context.Context, jobID, target string, opts LockOp
 			opts.OnWait()
 		}
 		start := time.Now()
-		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, TargetLockKey(target)); err != nil {
+		if err := waitAdvisoryLock(ctx, conn, TargetLockKey(target), opts.WaitSlice); err != nil {
 			if ctx.Err() != nil {
 				err = ctx.Err()
 			}
@@ -223,6 +236,24 @@ func (lk *Locker) Acquire(ctx context.Context, jobID, target string, opts LockOp
 	}
 	go l.monitor()
 	return l, nil
+}
+
+// waitAdvisoryLock takes the session lock key on conn, waiting for it in
+// slices of at most slice each (lock_timeout) until it is free or ctx is
+// done: the backend never waits longer than a slice without returning to
+// its client, so a dead client's backend ends within a slice.
+func waitAdvisoryLock(ctx context.Context, conn *pgx.Conn, key int64, slice time.Duration) error {
+	if _, err := conn.Exec(ctx, `SELECT set_config('lock_timeout', $1, false)`,
+		strconv.FormatInt(max(slice.Milliseconds(), 1), 10)); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	for {
+		_, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, key)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 // abandon releases whatever the session holds and closes the connection,

@@ -42,7 +42,9 @@ func lockChild(dsn, job, target string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	l, err := store.AcquireRunLocks(ctx, pool, job, target, store.LockOptions{})
+	l, err := store.AcquireRunLocks(ctx, pool, job, target, store.LockOptions{
+		OnWait: func() { fmt.Println("waiting") },
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 3
@@ -355,6 +357,48 @@ func TestRunLocksDieWithTheirProcess(t *testing.T) {
 		_ = l.Release(ctx)
 		return true
 	})
+}
+
+// A process killed while it waits for a busy target leaves no lock behind:
+// its backend, blocked in the lock wait, does not read its socket, but the
+// wait is sliced (lock_timeout), so it notices the dead client within a
+// slice and its job lock frees although the target stays busy.
+func TestKilledWaiterLeavesNoJobLock(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	ctx := context.Background()
+	pool, err := store.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	busy := acquire(t, pool, "job-busy", "web-1", store.LockOptions{})
+	defer busy.Release(ctx)
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := testenv.StartBinary(t, exe, testenv.BinaryEnv(
+		childDSNEnv+"="+dsn, childJobEnv+"=job-1", childTargetEnv+"=web-1"))
+	testenv.WaitFor(t, 30*time.Second, "child waits for the busy target", func() bool {
+		select {
+		case <-child.Exited():
+			t.Fatalf("child exited: %s", child.Stderr())
+		default:
+		}
+		return strings.Contains(child.Stdout(), "waiting")
+	})
+	if rows := advisoryLocks(t, pool, store.JobLockKey("job-1")); len(rows) != 1 || !rows[0].Granted {
+		t.Fatalf("job lock rows = %+v, want granted to the waiting child", rows)
+	}
+	child.Signal(syscall.SIGKILL)
+	child.Wait(10 * time.Second)
+	testenv.WaitFor(t, 15*time.Second, "the killed waiter's job lock to free while the target is busy", func() bool {
+		return len(advisoryLocks(t, pool, store.JobLockKey("job-1"))) == 0
+	})
+	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-1")); len(rows) != 1 || rows[0].PID != busy.BackendPID() {
+		t.Errorf("target lock rows = %+v, want only the busy run's session %d", rows, busy.BackendPID())
+	}
 }
 
 // A Locker keeps released lock sessions for the next run, and replaces one

@@ -613,3 +613,41 @@ func TestOneSlotServesEveryStream(t *testing.T) {
 		t.Fatalf("%d of 3 entries of the busy stream handled: its reader starved", n)
 	}
 }
+
+// An entry whose handler returns Later is neither acknowledged nor
+// dead-lettered, however often that happens: it comes back after the delay,
+// its delivery count unchanged, until the handler is done with it.
+func TestLaterRedeliversWithoutCountingDeliveries(t *testing.T) {
+	rdb := testenv.Redis(t)
+	s, g := names()
+	const laters = 6 // more than MaxDeliveries
+	var calls atomic.Int32
+	var mu sync.Mutex
+	var seen []int64
+	h := stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		mu.Lock()
+		seen = append(seen, msg.Deliveries)
+		mu.Unlock()
+		if calls.Add(1) <= laters {
+			return stream.Later(10*time.Millisecond, errors.New("running elsewhere"))
+		}
+		return nil
+	})
+	running(t, newConsumer(t, rdb, stream.Config{
+		Group: g, Streams: []string{s}, Lease: 200 * time.Millisecond, ClaimInterval: 20 * time.Millisecond,
+		MaxDeliveries: 2, RetryBackoff: 10 * time.Millisecond,
+	}, h))
+	publish(t, rdb, s, 1)
+	testenv.WaitFor(t, 30*time.Second, "the handler to finish the entry", func() bool { return calls.Load() == laters+1 })
+	testenv.WaitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	if dead := deadEntries(t, rdb, s); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none: %v", len(dead), dead)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, n := range seen {
+		if n > 2 {
+			t.Errorf("delivery %d counted as %d: Later must not count deliveries (all: %v)", i, n, seen)
+		}
+	}
+}

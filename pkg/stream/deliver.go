@@ -246,6 +246,14 @@ func (c *Consumer) settle(d *delivery, err error) {
 		c.enqueueAck(d)
 		return
 	}
+	var later *LaterError
+	if errors.As(err, &later) && !errors.Is(context.Cause(d.ctx), ErrShutdown) {
+		delay := min(later.Delay, c.cfg.Lease)
+		log := c.entryLog(d)
+		log.Info().Str("reason", c.errText(later.Err)).Dur("retry_in", delay).Msg("entry not done yet: it will be delivered again")
+		c.release(d.st, []*delivery{d}, c.cfg.Lease-delay, true, EventRetry)
+		return
+	}
 	d.st.m.add(cFailed, 1)
 	log := c.entryLog(d)
 	var perm *PermanentError

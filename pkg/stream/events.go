@@ -11,8 +11,8 @@ const (
 	// EventDeadLettered: the entry was copied to the dead-letter stream (its
 	// acknowledgement follows as EventAcked).
 	EventDeadLettered EventKind = "dead_lettered"
-	// EventRetry: the handler failed; the entry was made claimable again
-	// after the retry backoff.
+	// EventRetry: the handler failed (or returned Later); the entry was
+	// made claimable again after the retry backoff (or Later's delay).
 	EventRetry EventKind = "retry"
 	// EventReleased: the entry was given back to the group at once without
 	// counting a delivery (shutdown, or a prefetched entry never started).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // DataField is the one field every entry of the system's streams carries: a
@@ -109,3 +110,28 @@ func IsPermanent(err error) bool {
 	var p *PermanentError
 	return errors.As(err, &p)
 }
+
+// LaterError asks for the entry to be delivered again after Delay without
+// counting this delivery: the entry is not done, but nothing failed either
+// (its work is in the hands of another consumer right now, and the entry
+// must stay pending until that work's outcome is durable). See Later.
+type LaterError struct {
+	// Delay is how long the entry stays unclaimable; at most the lease.
+	Delay time.Duration
+	Err   error
+}
+
+// Later wraps err so that the runtime neither acknowledges nor
+// dead-letters the entry: it is released for redelivery after delay (capped
+// at the lease), and this delivery does not count towards the delivery
+// limit. A handler uses it when the entry's outcome is produced elsewhere
+// and is not durable yet.
+func Later(delay time.Duration, err error) error {
+	return &LaterError{Delay: max(delay, 0), Err: err}
+}
+
+func (e *LaterError) Error() string {
+	return fmt.Sprintf("later (in %s): %v", e.Delay, e.Err)
+}
+
+func (e *LaterError) Unwrap() error { return e.Err }

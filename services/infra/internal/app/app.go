@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
-	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
@@ -135,6 +134,8 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	}
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
+		ElsewhereRecheck: cfg.Stream.RetryBackoff,
+		OutageWait:       cfg.Jobs.OutageWait,
 		Playbooks:        jobs.DefaultPlaybooks,
 		PlaybookDir:      filepath.Join(cfg.Playbook.Dir, "playbooks"),
 		DefaultSSHKeyRef: cfg.SSH.KeyRef,
@@ -167,6 +168,11 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
+	drainGrace, short := cfg.DrainGrace()
+	if short {
+		log.Warn().Dur("shutdown_grace", cfg.ShutdownGrace).Dur("cancel_grace", cfg.CancelGrace()).
+			Msg("SHUTDOWN_GRACE leaves running requests almost no time to finish at shutdown: make it longer than PLAYBOOK_KILL_GRACE + 6s")
+	}
 	consumer, err := stream.NewConsumer(d.Redis, stream.Config{
 		Group:         cfg.Stream.Group,
 		Streams:       []string{messages.StreamProvisionerQueue, messages.StreamAnsibleDeployQueue},
@@ -175,11 +181,11 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		Lease:         cfg.Stream.Lease,
 		MaxDeliveries: cfg.Stream.MaxDeliveries,
 		RetryBackoff:  cfg.Stream.RetryBackoff,
-		ShutdownGrace: cfg.ShutdownGrace,
-		// Cancelled plays get SIGTERM, then SIGKILL after the kill grace.
-		CancelGrace: cfg.Playbook.KillGrace + 5*time.Second,
-		Logger:      log,
-		Metrics:     streamMetrics,
+		// Both graces fit in SHUTDOWN_GRACE: see Config.DrainGrace.
+		ShutdownGrace: drainGrace,
+		CancelGrace:   cfg.CancelGrace(),
+		Logger:        log,
+		Metrics:       streamMetrics,
 		// Handler errors may quote what a job resolved.
 		Redact: redactor.RedactString,
 	}, sigChecker.Handler(handler))

@@ -97,6 +97,27 @@ type JobsConfig struct {
 	ReinstallSSHWait time.Duration `env:"REINSTALL_SSH_WAIT" envDefault:"15m" desc:"how long to wait for SSH after a provider reinstall"`
 	ProgressTTL      time.Duration `env:"PROGRESS_TTL" envDefault:"24h" desc:"how long a job's progress stream is kept after the job"`
 	CancelPoll       time.Duration `env:"CANCEL_POLL" envDefault:"1s" desc:"how often a running job checks its cancel key"`
+	OutageWait       time.Duration `env:"DB_OUTAGE_WAIT" envDefault:"3m" desc:"how long a job waits out a Postgres outage (retrying with backoff) before it counts as an infrastructure error; a job never fails for an outage shorter than this"`
+}
+
+// stopMargin is the part of SHUTDOWN_GRACE kept for what follows the
+// cancelled handlers: releasing their entries, flushing acks, closing.
+const stopMargin = 2 * time.Second
+
+// CancelGrace is how long requests cancelled at shutdown have to return:
+// their plays get SIGTERM, SIGKILL after PLAYBOOK_KILL_GRACE, then the run
+// locks are released.
+func (c *Config) CancelGrace() time.Duration { return c.Playbook.KillGrace + 3*time.Second }
+
+// DrainGrace is how long requests in flight may go on after SIGTERM before
+// they are cancelled and their entries released to other instances. It is
+// what is left of SHUTDOWN_GRACE after CancelGrace and a margin, so the
+// consumer always reaches "cancel and release" before the service gives
+// up (exiting with the entries still held and their lock waits queued).
+// Short is reports that SHUTDOWN_GRACE leaves less than a second for it.
+func (c *Config) DrainGrace() (d time.Duration, short bool) {
+	d = c.ShutdownGrace - c.CancelGrace() - stopMargin
+	return max(d, 100*time.Millisecond), d < time.Second
 }
 
 // NewConfig returns a Config holding the service's own defaults, ready for

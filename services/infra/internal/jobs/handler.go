@@ -135,6 +135,15 @@ type Config struct {
 	// of its own. 0 checks before every run. After a failed check, or a
 	// play that found the server unreachable, the next run checks.
 	SSHCheckReuse time.Duration
+	// ElsewhereRecheck is how long a request whose job runs elsewhere (its
+	// job lock is held by another session) stays pending before it is
+	// delivered again to see whether that job's outcome is durable by then;
+	// 0 means 5s.
+	ElsewhereRecheck time.Duration
+	// OutageWait is how long a job waits out a Postgres outage (retrying
+	// with backoff) before the failure counts as an infrastructure error;
+	// 0 means 3m.
+	OutageWait time.Duration
 	// LockCheck is how often a running job checks that its lock session
 	// lives; 0 means the store's default (store.LockOptions).
 	LockCheck time.Duration
@@ -167,7 +176,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %s: must be positive", name, d))
 		}
 	}
-	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck} {
+	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck,
+		"elsewhere recheck": c.ElsewhereRecheck, "outage wait": c.OutageWait} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must not be negative", name, d))
 		}

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -110,14 +111,20 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 }
 
 // runLocked runs body as the job's run: it re-publishes a stored result,
-// leaves a job running elsewhere alone, takes the job and target locks, and
+// leaves the request pending (stream.Later) while its job runs elsewhere,
+// takes the job and target locks (waiting out a Postgres outage), and
 // records and publishes the outcome body returns (as a value or as an
 // error). Any other error body returns is an infrastructure failure or an
 // interruption: the run is handed over, retried or, on the last delivery,
 // failed.
 func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) (*outcome, error)) error {
 	db := j.h.DB
-	if r, err := store.GetRun(ctx, db, j.id); err == nil && r.Kind != j.kind {
+	var r *store.Run
+	err := j.durably(ctx, "read run", 30*time.Second, func(ctx context.Context) (err error) {
+		r, err = store.GetRun(ctx, db, j.id)
+		return err
+	})
+	if err == nil && r.Kind != j.kind {
 		return j.kindConflict(ctx, r)
 	} else if err == nil && r.State == store.RunDone {
 		return j.republish(ctx, r)
@@ -125,15 +132,25 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		return j.infraError(ctx, fmt.Errorf("read run: %w", err))
 	}
 
-	locks, err := j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{
-		PingInterval: j.h.cfg.LockCheck,
-		OnWait: func() {
-			j.log.Info().Str("target", target).Msg("waiting for another run on this server to finish")
-		},
+	var locks *store.RunLocks
+	err = j.durably(ctx, "take run locks", 24*time.Hour, func(context.Context) (err error) {
+		// The lock wait is bounded by ctx alone (a play on the server may
+		// take hours); connecting is bounded by the pool's settings.
+		locks, err = j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{
+			PingInterval: j.h.cfg.LockCheck,
+			OnWait: func() {
+				j.log.Info().Str("target", target).Msg("waiting for another run on this server to finish")
+			},
+		})
+		return err
 	})
 	if errors.Is(err, store.ErrJobRunningElsewhere) {
-		j.log.Info().Msg("job is running on another instance: leaving it alone")
-		return nil
+		// Its outcome is not durable yet, and whoever runs it may still die,
+		// drain or lose its lease: the request stays pending and comes back
+		// until the run is done (then its stored result is published).
+		delay := cmp.Or(j.h.cfg.ElsewhereRecheck, 5*time.Second)
+		j.log.Info().Dur("recheck_in", delay).Msg("job is running on another instance: checking again later")
+		return stream.Later(delay, err)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -156,7 +173,12 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		start.ServerHandle = j.server.Handle
 	}
 	j.playbook = playbook
-	run, started, err := store.StartRun(ctx, db, start)
+	var run *store.Run
+	var started bool
+	err = j.durably(ctx, "start run", 30*time.Second, func(ctx context.Context) (err error) {
+		run, started, err = store.StartRun(ctx, db, start)
+		return err
+	})
 	if errors.Is(err, store.ErrJobKindConflict) {
 		return j.kindConflict(ctx, run)
 	}
@@ -225,8 +247,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 // one transaction, then publishes it. A crash between the two is mended by
 // the redelivery, which finds the stored result and publishes it again.
 func (j *job) complete(ctx context.Context, o *outcome) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx)
 	j.record(o)
 	data, err := messages.Encode(j.result)
 	if err != nil {
@@ -246,14 +267,28 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 		j.prog.finish(j.out.Status, j.outcomeLine())
 	}()
 	defer func() { <-progressDone }()
-	err = pgx.BeginFunc(ctx, j.h.DB, func(tx pgx.Tx) error {
-		if j.run != nil {
-			if err := store.FinishRun(ctx, tx, j.id, j.run.Attempt, string(j.out.Status), kind, data); err != nil {
-				return err
+	// A Postgres outage is waited out: the outcome stands, and only a
+	// stored outcome is ever published.
+	err = j.durably(ctx, "record result", 30*time.Second, func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, j.h.DB, func(tx pgx.Tx) error {
+			if j.run != nil {
+				if err := store.FinishRun(ctx, tx, j.id, j.run.Attempt, string(j.out.Status), kind, data); err != nil {
+					return err
+				}
 			}
-		}
-		return j.recordServerOutcome(ctx, tx)
+			return j.recordServerOutcome(ctx, tx)
+		})
 	})
+	if errors.Is(err, store.ErrRunDone) {
+		// Stored already: by this try, whose commit was cut off before
+		// its answer arrived, or by another owner. Either way the stored
+		// result is the job's one result.
+		r, gerr := store.GetRun(ctx, j.h.DB, j.id)
+		if gerr != nil {
+			return fmt.Errorf("record result: %w (read it back: %w)", err, gerr)
+		}
+		return j.republish(ctx, r)
+	}
 	if err != nil {
 		return fmt.Errorf("record result: %w", err)
 	}
@@ -380,6 +415,16 @@ func (j *job) publishData(ctx context.Context, data []byte) error {
 // allowed delivery, in which case the job fails with kind internal.
 func (j *job) infraError(ctx context.Context, err error) error {
 	msg := j.red.RedactString(err.Error())
+	if isOutage(err) {
+		// Postgres was unreachable for longer than the outage wait (or the
+		// run's lock session died with it): nothing failed that another
+		// delivery cannot do, so the job does not fail and the delivery
+		// does not count.
+		delay := cmp.Or(j.h.cfg.ElsewhereRecheck, 5*time.Second)
+		j.log.Warn().Str("error", msg).Dur("retry_in", delay).Msg("Postgres unreachable: the request will be retried")
+		j.prog.abandon()
+		return stream.Later(delay, err)
+	}
 	if !j.h.lastDelivery(j.msg) {
 		j.log.Warn().Str("error", msg).Msg("infrastructure error: the request will be retried")
 		j.prog.abandon() // the next attempt publishes its own events
@@ -388,12 +433,12 @@ func (j *job) infraError(ctx context.Context, err error) error {
 	j.log.Error().Str("error", msg).Msg("infrastructure error on the last delivery: failing the job")
 	o := fail(messages.StatusFailed, messages.KindInternal, "gave up after %d deliveries: %s", j.msg.Deliveries, msg)
 	if cerr := j.complete(ctx, o); cerr != nil {
-		// Postgres itself is down: publish the result anyway, so that the
-		// requester hears of it, and let the entry be dead-lettered.
-		if perr := j.publish(ctx); perr != nil {
-			return errors.Join(err, perr)
+		// A result that is not stored is never published: another
+		// delivery could store (and publish) a different one.
+		if isOutage(cerr) {
+			return stream.Later(cmp.Or(j.h.cfg.ElsewhereRecheck, 5*time.Second), errors.Join(err, cerr))
 		}
-		return cerr
+		return errors.Join(err, cerr)
 	}
 	return nil
 }

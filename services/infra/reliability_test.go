@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+// busyServer holds the server lock of handle as another run would, until
+// the returned func is called.
+func (e *e2e) busyServer(handle string) (free func()) {
+	e.t.Helper()
+	ctx := context.Background()
+	l, err := store.AcquireRunLocks(ctx, e.pool, "busy-"+handle, "server:"+handle, store.LockOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	freed := false
+	free = func() {
+		if !freed {
+			freed = true
+			_ = l.Release(ctx)
+		}
+	}
+	e.t.Cleanup(free)
+	return free
+}
+
+const waitingLine = "waiting for another run on this server to finish"
+
+// waitLogged waits until p's log has a line of the job containing text.
+func waitLogged(t *testing.T, p *infraProc, timeout time.Duration, jobID, text string) {
+	t.Helper()
+	testenv.WaitFor(t, timeout, jobID+": "+text, func() bool {
+		for line := range strings.Lines(p.Stderr()) {
+			if strings.Contains(line, `"job_id":"`+jobID+`"`) && strings.Contains(line, text) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// assertOneSuccess checks that the job got exactly one result, succeeded,
+// and that every request entry was acknowledged.
+func assertOneSuccess(t *testing.T, e *e2e, jobID string) {
+	t.Helper()
+	if r := e.waitProvision(jobID, 2*time.Minute); r.Status != messages.StatusSucceeded {
+		t.Fatalf("%s: %s %+v", jobID, r.Status, r.Error)
+	}
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
+	if n := len(e.provisionResults(jobID)); n != 1 {
+		t.Errorf("%d results, want exactly 1", n)
+	}
+	spans := e.spans("web-1")
+	if len(spans) != 1 || spans[0].end == 0 {
+		t.Errorf("runs = %+v, want one complete run", spans)
+	}
+}
+
+// A replica killed with -9 while its job waits for a busy server loses
+// nothing: its Postgres backend, blocked in the lock wait, gives up the job
+// lock within a lock_timeout slice, and the replica that takes the request
+// over neither acknowledges nor drops it while that lock is held: it runs
+// the job once the server is free.
+func TestKilledWhileWaitingForBusyServerLosesNothing(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e := newE2E(t, sshd)
+	e.addServer("web-1", sshd)
+	free := e.busyServer("web-1")
+
+	a := e.infra()
+	e.provision("job-w", "web-1")
+	waitLogged(t, a, time.Minute, "job-w", waitingLine)
+	a.Signal(syscall.SIGKILL)
+	a.Wait(10 * time.Second)
+
+	b := e.infra()
+	// b takes the request over (after the lease) and waits for the server
+	// itself: the request was neither dropped nor acknowledged.
+	waitLogged(t, b, time.Minute, "job-w", waitingLine)
+	if spans := e.spans("web-1"); len(spans) != 0 {
+		t.Fatalf("a run started on a busy server: %+v", spans)
+	}
+	free()
+	assertOneSuccess(t, e, "job-w")
+}
+
+// A SIGTERM of a replica whose job waits for a busy server stops it within
+// SHUTDOWN_GRACE with status 0, its entry released: the consumer's drain
+// grace leaves room for cancelling the wait. Restarted under the same name,
+// it runs the job once the server is free.
+func TestSIGTERMWhileWaitingForBusyServerReleasesTheRequest(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e := newE2E(t, sshd)
+	e.addServer("web-1", sshd)
+	free := e.busyServer("web-1")
+
+	name := "STREAM_CONSUMER_NAME=" + testenv.Unique("infra-a-")
+	a := e.infra(name)
+	e.provision("job-t", "web-1")
+	waitLogged(t, a, time.Minute, "job-t", waitingLine)
+	a.Signal(syscall.SIGTERM)
+	if code := a.Wait(time.Minute); code != 0 {
+		t.Fatalf("exit status %d after SIGTERM, want 0; logs:\n%s", code, a.Stderr())
+	}
+	if !strings.Contains(a.Stderr(), "releasing entry to other consumers") {
+		t.Errorf("the entry was not released at shutdown")
+	}
+
+	a2 := e.infra(name)
+	waitLogged(t, a2, time.Minute, "job-t", waitingLine)
+	free()
+	assertOneSuccess(t, e, "job-t")
+}
+
+// A Postgres outage in the middle of a job (a restart: every session
+// ended, nothing answers for a while) does not fail it: the job waits the
+// outage out (DB_OUTAGE_WAIT), runs again if its run was cut off, and
+// publishes exactly one result, the stored one; nothing is dead-lettered
+// and nothing is left in a transient state.
+func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	pg := testenv.StartPostgresServer(t)
+	e := newE2E(t, sshd)
+	e.dsn = pg.URL()
+	pool, err := store.Open(context.Background(), e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e.pool = pool
+
+	e.infra("DB_OUTAGE_WAIT=2m", "STREAM_MAX_DELIVERIES=3") // migrates the database
+	e.addServer("web-1", sshd)
+	e.control("web-1", map[string]any{"sleep": 3})
+	e.provision("job-o", "web-1")
+	testenv.WaitFor(t, time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
+
+	// The outage outlasts the play: its end, the result's storing and the
+	// retries of the request all fall into it.
+	pg.Stop()
+	time.Sleep(8 * time.Second)
+	pg.Start()
+
+	r := e.waitProvision("job-o", 2*time.Minute)
+	if r.Status != messages.StatusSucceeded {
+		t.Fatalf("result = %s %+v, want succeeded", r.Status, r.Error)
+	}
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
+	if n := len(e.provisionResults("job-o")); n != 1 {
+		t.Errorf("%d results, want exactly 1", n)
+	}
+	if dead := e.results(messages.StreamProvisionerQueue + ":dead"); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none", len(dead))
+	}
+	if run := e.run("job-o"); run.State != store.RunDone || run.Status != "succeeded" {
+		t.Errorf("run = %+v, want done and succeeded", run)
+	}
+	if s := e.server("web-1"); s.Status != store.ServerReady {
+		t.Errorf("server = %s, want %s", s.Status, store.ServerReady)
+	}
+	spans := e.spans("web-1")
+	if len(spans) == 0 || spans[len(spans)-1].end == 0 {
+		t.Errorf("runs = %+v, want the last one complete", spans)
+	}
+	assertNoOverlap(t, spans)
+}
