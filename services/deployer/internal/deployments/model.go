@@ -19,13 +19,14 @@ type Status string
 
 // The statuses.
 const (
-	StatusQueued      Status = "queued"
-	StatusRunning     Status = "running"
-	StatusSucceeded   Status = "succeeded"
-	StatusFailed      Status = "failed"
-	StatusUnreachable Status = "unreachable"
-	StatusRejected    Status = "rejected"
-	StatusCancelled   Status = "cancelled"
+	StatusQueued  Status = "queued"
+	StatusRunning Status = "running"
+	// The final statuses are the wire contract's.
+	StatusSucceeded   = Status(messages.StatusSucceeded)
+	StatusFailed      = Status(messages.StatusFailed)
+	StatusUnreachable = Status(messages.StatusUnreachable)
+	StatusRejected    = Status(messages.StatusRejected)
+	StatusCancelled   = Status(messages.StatusCancelled)
 )
 
 // Statuses returns every status.
