@@ -90,22 +90,33 @@ if [ ${#RUN_ROOT} -gt 32 ]; then
 	step "repository path is long: playbook run directories go to $RUN_ROOT"
 fi
 
-# Request signing: infra knows producer key scheduler-1, made once
-# (run/dev/secrets/signing/, 0600), verifies every signed request and
-# dead-letters one that fails. (REQUEST_SIGNATURES=verify: the scheduler and
-# the deployer do not sign yet, so their unsigned requests pass.)
-SIGNING_KEY_FILE="$RUN/secrets/signing/scheduler-1.key"
-if [ ! -s "$SIGNING_KEY_FILE" ]; then
-	mkdir -p "$(dirname "$SIGNING_KEY_FILE")"
-	(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$SIGNING_KEY_FILE")
-fi
-SCHEDULER_ENV=("PLAYBOOK_DIR=$ROOT/ansible")
+# Request signing: each producer has its key, made once (run/dev/secrets/
+# signing/, 0600): the scheduler signs provisioner:queue requests as
+# scheduler-1, the deployer ansible:deploy:queue requests as deployer-1.
+# infra knows both (REQUEST_KEYS) and refuses, with a dead letter, any
+# request not signed by the producer of its queue (REQUEST_SIGNATURES=require).
+SIGNING_DIR="$RUN/secrets/signing"
+mkdir -p "$SIGNING_DIR"
+for producer in scheduler-1 deployer-1; do
+	if [ ! -s "$SIGNING_DIR/$producer.key" ]; then
+		(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$SIGNING_DIR/$producer.key")
+	fi
+done
+SCHEDULER_ENV=(
+	"PLAYBOOK_DIR=$ROOT/ansible"
+	"REQUEST_SIGNING_KEY_ID=scheduler-1"
+	"REQUEST_SIGNING_KEY_FILE=$SIGNING_DIR/scheduler-1.key"
+)
+DEPLOYER_ENV+=(
+	"REQUEST_SIGNING_KEY_ID=deployer-1"
+	"REQUEST_SIGNING_KEY_FILE=$SIGNING_DIR/deployer-1.key"
+)
 INFRA_ENV=(
 	"PLAYBOOK_DIR=$ROOT/ansible"
 	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
 	"PLAYBOOK_FACT_CACHE=$RUN/facts"
-	"REQUEST_SIGNATURES=verify"
-	"REQUEST_KEYS=scheduler-1@provisioner:queue=env:AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1"
+	"REQUEST_SIGNATURES=require"
+	"REQUEST_KEYS=scheduler-1@provisioner:queue=env:AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1,deployer-1@ansible:deploy:queue=env:AUTOPROV_SECRET_REQUEST_KEY_DEPLOYER_1"
 )
 
 demo=""
@@ -192,7 +203,8 @@ for svc in scheduler infra deployer; do
 	if [ "$svc" = infra ]; then
 		# The key goes in the environment, never in argv; infra scrubs it
 		# from /proc/<pid>/environ at start.
-		AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1=$(cat "$SIGNING_KEY_FILE") \
+		AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1=$(cat "$SIGNING_DIR/scheduler-1.key") \
+			AUTOPROV_SECRET_REQUEST_KEY_DEPLOYER_1=$(cat "$SIGNING_DIR/deployer-1.key") \
 			env -u REDIS_URL "${INFRA_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	elif [ "$svc" = scheduler ]; then
 		env -u REDIS_URL "${SCHEDULER_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &

@@ -144,10 +144,17 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json"}
+	// infra accepts only requests the deployer signed (issue 8's producer
+	// signatures): the deployer's key is in infra's secrets as a file.
+	const requestKey = "deployer-request-key-0123456789abcdef-0123456789"
+	if err := os.WriteFile(filepath.Join(secretDir, "deployer-request-key"), []byte(requestKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	infraEnv := testenv.BinaryEnv(append(common,
 		fmt.Sprintf("ADMIN_ADDR=127.0.0.1:%d", testenv.FreePort(t)),
 		"PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot, "PLAYBOOK_VARS_FILE="+siteVars,
 		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=file:id_ed25519",
+		"REQUEST_SIGNATURES=require", "REQUEST_KEYS=deployer-1@ansible:deploy:queue=file:deployer-request-key",
 		// The project's token comes from the project resolver's environment,
 		// a reference the operator allows projects (issue 8's authorization).
 		"PROJECT_SECRETS_ENV_PREFIX=AUTOPROV_PROJECT_", "DEPLOY_SECRET_REFS=env:AUTOPROV_PROJECT_*",
@@ -155,7 +162,8 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
 	api := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	deployer := testenv.StartBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(append(common, "API_ADDR="+api, "ADMIN_ADDR="+admin)...))
+	deployer := testenv.StartBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(append(common, "API_ADDR="+api, "ADMIN_ADDR="+admin,
+		"REQUEST_SIGNING_KEY_ID=deployer-1", "REQUEST_SIGNING_KEY="+requestKey)...))
 	deployer.WaitHTTP("http://"+admin+"/readyz", 200, 2*time.Minute)
 
 	out, stderr, code := testenv.RunBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(common...),
@@ -290,6 +298,9 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	for where, text := range places {
 		if strings.Contains(text, token) || strings.Contains(text, header) {
 			t.Errorf("the git token is in the %s", where)
+		}
+		if strings.Contains(text, requestKey) {
+			t.Errorf("the request signing key is in the %s", where)
 		}
 	}
 }

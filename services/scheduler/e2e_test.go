@@ -336,3 +336,58 @@ func TestRulesErrorStopsStart(t *testing.T) {
 		t.Errorf("exit %d; stderr:\n%s", code, stderr)
 	}
 }
+
+// TestSignedRequests: with REQUEST_SIGNING_KEY_ID and REQUEST_SIGNING_KEY
+// set, every request the scheduler publishes carries a signature infra's
+// verifier accepts for provisioner:queue, and the key appears nowhere in
+// the scheduler's output.
+func TestSignedRequests(t *testing.T) {
+	t.Parallel()
+	const key = "scheduler-signing-key-0123456789abcdef-0123456789"
+	w := newWorld(t, testenv.BuildBinary(t, "."), "REQUEST_SIGNING_KEY_ID=scheduler-1", "REQUEST_SIGNING_KEY="+key)
+	p := w.start()
+	handles := w.addServers("signed", 3)
+	w.waitStatus(handles, fleet.StatusProvisioning, time.Minute)
+
+	v, err := messages.NewVerifier(messages.VerifierKey{ID: "scheduler-1", Key: []byte(key), Streams: []string{messages.StreamProvisionerQueue}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := w.rdb.XRange(context.Background(), messages.StreamProvisionerQueue, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != len(handles) {
+		t.Fatalf("%d entries queued, want %d", len(entries), len(handles))
+	}
+	for _, e := range entries {
+		data, _ := e.Values[messages.DataField].(string)
+		sig, _ := e.Values["sig"].(string)
+		if id, err := v.Verify(messages.StreamProvisionerQueue, []byte(data), sig); err != nil || id != "scheduler-1" {
+			t.Errorf("entry %s: signature %q: key %q, %v", e.ID, sig, id, err)
+		}
+	}
+	p.Signal(syscall.SIGTERM)
+	p.Wait(30 * time.Second)
+	if out := p.Stdout() + p.Stderr(); strings.Contains(out, key) {
+		t.Error("the signing key appears in the scheduler's output")
+	}
+}
+
+// TestBadSigningKeyStopsStart: a signing key too short to be safe stops
+// the start with an error naming the setting, not the key.
+func TestBadSigningKeyStopsStart(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, testenv.BuildBinary(t, "."), "REQUEST_SIGNING_KEY_ID=scheduler-1", "REQUEST_SIGNING_KEY=too-short-a-key")
+	p := testenv.StartBinary(t, w.bin, testenv.BinaryEnv(append([]string{"ADMIN_ADDR=127.0.0.1:0"}, w.env...)...))
+	if code := p.Wait(time.Minute); code == 0 {
+		t.Fatal("the scheduler started with a short signing key")
+	}
+	out := p.Stdout() + p.Stderr()
+	if !strings.Contains(out, "REQUEST_SIGNING_KEY") {
+		t.Errorf("the error does not name REQUEST_SIGNING_KEY: %s", out)
+	}
+	if strings.Contains(out, "too-short-a-key") {
+		t.Error("the error shows the key")
+	}
+}

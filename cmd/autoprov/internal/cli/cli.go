@@ -14,7 +14,9 @@ import (
 	"github.com/joho/godotenv"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
 // Env is what a run of the command line reads and writes.
@@ -68,6 +70,27 @@ func (g *globals) getenv(name string) string {
 // reach Redis (service.RedisConfig: single server, Sentinel or Cluster).
 type redisSettings struct {
 	Redis service.RedisConfig `envPrefix:"REDIS_"`
+}
+
+// signer returns the function signing the requests autoprov publishes
+// (REQUEST_SIGNING_KEY_ID and REQUEST_SIGNING_KEY or _FILE, as the
+// scheduler's and the deployer's), or nil when no key is set.
+func (g *globals) signer() (func(stream string, data []byte) (string, error), error) {
+	var s struct{ Signing reqsign.Config }
+	if err := service.Load(g.getenv, &s); err != nil {
+		return nil, err
+	}
+	return s.Signing.Signer()
+}
+
+// producer returns a producer through rdb that signs what it publishes
+// when a signing key is set.
+func (g *globals) producer(rdb redis.UniversalClient) (*stream.Producer, error) {
+	sign, err := g.signer()
+	if err != nil {
+		return nil, err
+	}
+	return stream.NewProducer(rdb, stream.ProducerOptions{Sign: sign}), nil
 }
 
 // redis connects to the Redis the settings name and checks it answers.

@@ -223,6 +223,10 @@ func (c *deadReplayCmd) Run(g *globals) error {
 		return err
 	}
 	defer done()
+	sign, err := g.signer()
+	if err != nil {
+		return err
+	}
 	var jobID string
 	rewrite := func(d *stream.DeadLetter) (map[string]any, error) {
 		data, id, err := c.rewrite(name, d.Data())
@@ -235,7 +239,17 @@ func (c *deadReplayCmd) Run(g *globals) error {
 			values[k] = v
 		}
 		if data != nil {
+			// A new payload: the producer's signature of the old one no
+			// longer holds; autoprov signs it with its own key, if any.
 			values[messages.DataField] = data
+			delete(values, stream.SigField)
+			if sign != nil {
+				sig, err := sign(name, data)
+				if err != nil {
+					return nil, err
+				}
+				values[stream.SigField] = sig
+			}
 		}
 		return values, nil
 	}

@@ -48,12 +48,16 @@ func (c *provisionCmd) Run(g *globals) error {
 		return err
 	}
 	defer rdb.Close()
+	producer, err := g.producer(rdb)
+	if err != nil {
+		return err
+	}
 	// Where the results stream ends now: a fast result is not missed.
 	from, err := lastID(g.ctx, rdb, messages.StreamProvisionerResults)
 	if err != nil {
 		return err
 	}
-	id, err := stream.NewProducer(rdb, stream.ProducerOptions{}).Publish(g.ctx, messages.StreamProvisionerQueue, data)
+	id, err := producer.Publish(g.ctx, messages.StreamProvisionerQueue, data)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
@@ -33,6 +34,9 @@ type Config struct {
 	Stream   StreamConfig
 	Webhooks WebhookConfig
 	RunLog   runlog.Config
+	// Signing signs the requests the deployer publishes (infra checks
+	// them against REQUEST_KEYS).
+	Signing reqsign.Config
 }
 
 // APIConfig configures the HTTP API.
@@ -95,6 +99,9 @@ func (c *WebhookConfig) SigningKeyBytes() ([]byte, error) {
 // Validate checks the settings.
 func (c *Config) Validate() error {
 	var errs []error
+	if err := c.Signing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.API.Addr == "" {
 		errs = append(errs, service.Invalid("API_ADDR", "must not be empty"))
 	}

@@ -83,7 +83,11 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		dcfg.CheckCallback = guard.CheckURL
 		dcfg.OnWebhook = p.Deliverer.Notify
 	}
-	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{})
+	sign, err := cfg.Signing.Signer()
+	if err != nil {
+		return nil, err
+	}
+	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{Sign: sign})
 	p.Deployments, err = deployments.New(d.DB, d.Redis, producer, p.Notifier, dcfg, log, d.Metrics)
 	if err != nil {
 		return nil, err

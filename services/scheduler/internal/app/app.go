@@ -135,7 +135,11 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	handler.Applied = wakeNotify
 
 	streamMetrics := stream.NewMetrics(d.Metrics)
-	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{Metrics: streamMetrics})
+	sign, err := cfg.Signing.Signer()
+	if err != nil {
+		return nil, err
+	}
+	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{Metrics: streamMetrics, Sign: sign})
 	relay := reconcile.NewRelay(f, producer, reconcile.RelayConfig{Batch: cfg.Tick.RelayBatch, Logger: log, Registerer: d.Metrics})
 
 	var leader *reconcile.Leader

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
@@ -34,6 +35,9 @@ type Config struct {
 	Rules    RulesConfig
 	Secrets  secrets.Config
 	Time4VPS time4vps.Config
+	// Signing signs the requests the scheduler publishes (infra checks
+	// them against REQUEST_KEYS).
+	Signing reqsign.Config
 }
 
 // TickConfig configures the reconcile loop.
@@ -116,6 +120,9 @@ func NewConfig() *Config {
 // Validate checks the scheduler's settings (Load checks Common itself).
 func (c *Config) Validate() error {
 	var errs []error
+	if err := c.Signing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	positive := map[string]time.Duration{
 		"TICK_INTERVAL": c.Tick.Interval, "TICK_STUCK_AFTER": c.Tick.StuckAfter, "RETRY_BACKOFF": c.Retry.Backoff,
 		"RETRY_MAX_BACKOFF": c.Retry.MaxBackoff, "RETRY_UNREACHABLE_COOLDOWN": c.Retry.UnreachableCooldown,
