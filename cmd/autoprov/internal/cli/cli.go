@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
 // Env is what a run of the command line reads and writes.
@@ -40,6 +41,7 @@ type commandLine struct {
 	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters; with DATABASE_URL also servers by status and runs in flight"`
 	Dead      deadCmd      `cmd:"" aliases:"dlq" help:"list, show, replay and drop the dead letters of a stream"`
 	Provision provisionCmd `cmd:"" help:"queue a provisioning job for a registered server (--follow: print its progress, exit with its status)"`
+	Deploy    deployCmd    `cmd:"" help:"queue a deploy of a project to a server (--follow: print its progress, exit with its status)"`
 	Follow    followCmd    `cmd:"" help:"print a job's progress events live and exit with its status (0 succeeded, 1 otherwise)"`
 	Cancel    cancelCmd    `cmd:"" help:"ask a running job to stop (it ends as cancelled)"`
 	Validate  validateCmd  `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), inventories and playbooks; every problem is printed"`
@@ -68,6 +70,20 @@ func (g *globals) getenv(name string) string {
 // reach Redis (service.RedisConfig: single server, Sentinel or Cluster).
 type redisSettings struct {
 	Redis service.RedisConfig `envPrefix:"REDIS_"`
+}
+
+// tracing returns the tracer provider the OTEL_* settings ask for: OTLP
+// export with an endpoint, a no-op without (package tracing).
+func (g *globals) tracing() (*tracing.Provider, error) {
+	var s struct{ Tracing service.TracingConfig }
+	if err := service.Load(g.getenv, &s); err != nil {
+		return nil, err
+	}
+	settings := s.Tracing.Settings()
+	if settings.ServiceName == "" {
+		settings.ServiceName = "autoprov"
+	}
+	return tracing.New(g.ctx, settings, "autoprov")
 }
 
 // redis connects to the Redis the settings name and checks it answers.
