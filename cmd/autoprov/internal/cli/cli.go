@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/joho/godotenv"
@@ -56,6 +57,9 @@ type globals struct {
 	envFile string
 	json    bool
 	file    map[string]string // the --env-file's variables
+	// progressAfter is how long a step runs before its progress shows;
+	// 0: progressAfter.
+	progressAfter time.Duration
 }
 
 // getenv reads a setting: the environment first, then the --env-file.

@@ -222,6 +222,15 @@ func (c *validateCmd) checkService(g *globals, svc string) checkResult {
 	return r
 }
 
+// stepName names a check's command for the progress line.
+func stepName(bin string, args []string) string {
+	name := strings.Join(append([]string{filepath.Base(bin)}, args...), " ")
+	if len(name) > 100 {
+		name = name[:97] + "..."
+	}
+	return "running " + name
+}
+
 // absPath returns p made absolute (p itself when that fails).
 func absPath(p string) string {
 	if abs, err := filepath.Abs(p); err == nil {
@@ -353,6 +362,7 @@ func ansibleErrors(stderr string) []string {
 func (c *validateCmd) run(g *globals, bin, dir string, env []string, args ...string) (string, string, int, error) {
 	ctx, cancel := context.WithTimeout(g.ctx, c.Timeout)
 	defer cancel()
+	defer g.progress(stepName(bin, args))()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir, cmd.Env = dir, env
 	var stdout, stderr bytes.Buffer
