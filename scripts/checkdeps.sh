@@ -13,7 +13,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 AP=github.com/autoprovisioner/autoprovisioner
-test_code="^($AP/pkg/testenv|$AP/pkg/secrets/vaulttest|$AP/pkg/time4vps/time4vpstest|$AP/pkg/clock/clocktest|$AP/pkg/messages/internal/cases|github.com/testcontainers/)"
+test_code="^($AP/pkg/testenv|$AP/pkg/secrets/vaulttest|$AP/pkg/time4vps/time4vpstest|$AP/pkg/clock/clocktest|$AP/pkg/messages/internal/cases|$AP/pkg/tracing/otlptest|github.com/testcontainers/)"
 status=0
 
 mains=$(for d in services/*/ cmd/*/; do go list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' "./$d..."; done | sort)

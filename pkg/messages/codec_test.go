@@ -376,12 +376,14 @@ func TestEncodeErrors(t *testing.T) {
 func TestTagsAreTheKeys(t *testing.T) {
 	full := []any{
 		&messages.ProvisionerMessage{
-			RequestMeta:  messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t"},
+			RequestMeta: messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t",
+				TraceContext: messages.TraceContext{Traceparent: "tp", Tracestate: "ts"}},
 			ServerHandle: "h", ForceReinstall: true, IsRecovery: true, Playbooks: []string{"p.yml"},
 		},
 		&messages.AnsibleDeployMessage{
-			RequestMeta: messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t"},
-			ProjectID:   "p", RepoFullName: "r", Branch: "b", ServerIP: "i", Port: 1, Modules: []string{"m"},
+			RequestMeta: messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t",
+				TraceContext: messages.TraceContext{Traceparent: "tp", Tracestate: "ts"}},
+			ProjectID: "p", RepoFullName: "r", Branch: "b", ServerIP: "i", Port: 1, Modules: []string{"m"},
 			GitHubTokenRef: "g", SecretsRef: "s", TimeoutSeconds: 60,
 		},
 		&messages.ProvisionerResult{Outcome: fullOutcome(), ServerHandle: "h", Playbooks: []messages.PlaybookOutcome{
@@ -414,6 +416,7 @@ func fullOutcome() messages.Outcome {
 		Hosts:      map[string]messages.HostRecap{"h": {Ok: 1, Changed: 1, Failed: 1, Unreachable: 1, Skipped: 1, Rescued: 1, Ignored: 1}},
 		FailedTask: &messages.FailedTask{Name: "n", Host: "h", Play: "p", Message: "m"},
 		Playbook:   "p", StartedAt: "s", FinishedAt: "f", DurationMS: 1, OutputTail: "o", Attempt: 1,
+		TraceContext: messages.TraceContext{Traceparent: "tp", Tracestate: "ts"},
 	}
 }
 

@@ -77,6 +77,7 @@ type RequestMeta struct {
 	CorrelationID string `msgpack:"correlation_id,omitempty"`
 	// When the producer created the request: RFC 3339 in UTC.
 	CreatedAt string `msgpack:"created_at,omitempty"`
+	TraceContext
 }
 
 // JobIDOr returns the job id of the request: job_id when the producer set
@@ -103,6 +104,7 @@ func (m *RequestMeta) validate(c *checker) {
 	c.id("job_id", m.JobID, false)
 	c.id("correlation_id", m.CorrelationID, false)
 	c.time("created_at", m.CreatedAt, false)
+	m.TraceContext.validate(c)
 }
 
 func (m *RequestMeta) normalize() {

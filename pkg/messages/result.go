@@ -217,6 +217,7 @@ type Outcome struct {
 	OutputTail string `msgpack:"output_tail,omitempty"`
 	// Which attempt at the job this was, from 1.
 	Attempt int `msgpack:"attempt,omitempty"`
+	TraceContext
 }
 
 // SetTimes sets started_at and finished_at (RFC 3339, UTC, milliseconds)
@@ -308,6 +309,7 @@ func (o *Outcome) validate(c *checker) {
 		c.add("request_id", "must be a stream entry id like 1700000000000-0")
 	}
 	c.id("correlation_id", o.CorrelationID, false)
+	o.TraceContext.validate(c)
 	switch {
 	case o.Status == "":
 		c.add("status", msgRequired)

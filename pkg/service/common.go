@@ -37,6 +37,8 @@ type Common struct {
 	// address: the admin endpoints have no authentication.
 	AdminAllowRemote bool `env:"ADMIN_ALLOW_REMOTE" desc:"allow a non-loopback ADMIN_ADDR (the admin endpoints are unauthenticated: expose them to a trusted network only)"`
 
+	Tracing TracingConfig
+
 	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE" envDefault:"30s" desc:"how long a graceful shutdown may take after SIGINT/SIGTERM"`
 }
 

@@ -58,6 +58,9 @@ func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func
 		return nil
 	}
 	common := cfg.common()
+	if common.Tracing.ServiceName == "" {
+		common.Tracing.ServiceName = p.Name // the spans' default service.name
+	}
 	logger, err := NewLogger(stderr, common.LogLevel, common.LogFormat)
 	if err != nil {
 		return err

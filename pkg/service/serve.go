@@ -3,14 +3,17 @@ package service
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
 // Config is a service's configuration as Serve sees it: a pointer to the
@@ -34,6 +37,10 @@ type Deps struct {
 	// Getenv reads the environment the configuration was read from, for
 	// what a service reads later (infra's env: secret references).
 	Getenv func(string) string
+	// Tracing is the tracer provider (package tracing): OTLP export when
+	// an OTEL_EXPORTER_OTLP_* endpoint is set, a no-op otherwise. Serve
+	// flushes it after the components stopped.
+	Tracing trace.TracerProvider
 }
 
 // ComponentsFunc builds a service's long-running parts from what Serve
@@ -88,6 +95,21 @@ func Serve(ctx context.Context, logger zerolog.Logger, cfg Config, getenv func(s
 		_ = admin.Stop(stopCtx)
 	}()
 
+	tp, err := tracing.New(ctx, common.Tracing.Settings(), "autoprovisioner")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminStopTimeout)
+		defer cancel()
+		if err := tp.Shutdown(flushCtx); err != nil {
+			logger.Warn().Err(err).Msg("flush traces")
+		}
+	}()
+	if common.Tracing.Settings().Enabled() {
+		logger.Info().Str("otlp_traces_url", hostOf(common.Tracing.Settings().URL())).Msg("tracing on: spans exported over OTLP/HTTP")
+	}
+
 	db, err := openDatabase(ctx, logger, common.DatabaseURL)
 	if err != nil {
 		return err
@@ -103,7 +125,7 @@ func Serve(ctx context.Context, logger zerolog.Logger, cfg Config, getenv func(s
 	admin.AddCheck("postgres", db.Ping)
 	admin.AddCheck("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 
-	parts, err := components(ctx, Deps{Logger: logger, DB: db, Redis: rdb, Metrics: admin.Registry(), Admin: admin, Getenv: getenv})
+	parts, err := components(ctx, Deps{Logger: logger, DB: db, Redis: rdb, Metrics: admin.Registry(), Admin: admin, Getenv: getenv, Tracing: tp})
 	if err != nil {
 		return fmt.Errorf("set up components: %w", err)
 	}
@@ -144,4 +166,14 @@ func openDatabase(ctx context.Context, logger zerolog.Logger, dsn string) (*pgxp
 	}
 	logger.Info().Int64("schema_version", version).Int("applied", len(applied)).Msg("database ready")
 	return db, nil
+}
+
+// hostOf returns scheme://host of a URL, without its credentials, path or
+// query, for the log.
+func hostOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Scheme + "://" + u.Host
 }

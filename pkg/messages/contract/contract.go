@@ -219,6 +219,11 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 		p.Maximum = json.Number(strconv.Itoa(messages.MaxTimeoutSeconds))
 	case "request_id":
 		p.Pattern = entryIDPattern
+	case "traceparent":
+		p.Pattern = messages.TraceparentPattern
+	case "tracestate":
+		p.Pattern = messages.TracestatePattern
+		p.MaxLength = ptr(uint64(messages.MaxTracestateLen))
 	case "hosts":
 		p.PropertyNames = &jsonschema.Schema{MinLength: ptr(uint64(1))}
 	case "duration_ms", "attempt", "ok", "changed", "failed", "unreachable", "skipped", "rescued", "ignored":

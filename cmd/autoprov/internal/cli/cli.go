@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/joho/godotenv"
@@ -17,6 +18,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
 // Env is what a run of the command line reads and writes.
@@ -42,6 +44,7 @@ type commandLine struct {
 	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters; with DATABASE_URL also servers by status and runs in flight"`
 	Dead      deadCmd      `cmd:"" aliases:"dlq" help:"list, show, replay and drop the dead letters of a stream"`
 	Provision provisionCmd `cmd:"" help:"queue a provisioning job for a registered server (--follow: print its progress, exit with its status)"`
+	Deploy    deployCmd    `cmd:"" help:"queue a deploy of a project to a server (--follow: print its progress, exit with its status)"`
 	Follow    followCmd    `cmd:"" help:"print a job's progress events live and exit with its status (0 succeeded, 1 otherwise)"`
 	Cancel    cancelCmd    `cmd:"" help:"ask a running job to stop (it ends as cancelled)"`
 	Validate  validateCmd  `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), inventories and playbooks; every problem is printed"`
@@ -56,6 +59,9 @@ type globals struct {
 	envFile string
 	json    bool
 	file    map[string]string // the --env-file's variables
+	// progressAfter is how long a step runs before its progress shows;
+	// 0: progressAfter.
+	progressAfter time.Duration
 }
 
 // getenv reads a setting: the environment first, then the --env-file.
@@ -91,6 +97,20 @@ func (g *globals) producer(rdb redis.UniversalClient) (*stream.Producer, error) 
 		return nil, err
 	}
 	return stream.NewProducer(rdb, stream.ProducerOptions{Sign: sign}), nil
+}
+
+// tracing returns the tracer provider the OTEL_* settings ask for: OTLP
+// export with an endpoint, a no-op without (package tracing).
+func (g *globals) tracing() (*tracing.Provider, error) {
+	var s struct{ Tracing service.TracingConfig }
+	if err := service.Load(g.getenv, &s); err != nil {
+		return nil, err
+	}
+	settings := s.Tracing.Settings()
+	if settings.ServiceName == "" {
+		settings.ServiceName = "autoprov"
+	}
+	return tracing.New(g.ctx, settings, "autoprov")
 }
 
 // redis connects to the Redis the settings name and checks it answers.

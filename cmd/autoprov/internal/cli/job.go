@@ -9,9 +9,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
 // provisionCmd enqueues a ProvisionerMessage, as the scheduler does.
@@ -26,23 +28,50 @@ type provisionCmd struct {
 
 func (c *provisionCmd) Run(g *globals) error {
 	msg := &messages.ProvisionerMessage{
-		RequestMeta: messages.RequestMeta{
-			SchemaVersion: messages.SchemaVersion,
-			JobID:         c.JobID,
-			CreatedAt:     time.Now().UTC().Format("2006-01-02T15:04:05.000Z"),
-		},
+		RequestMeta:  newMeta(c.JobID, ""),
 		ServerHandle: c.Server, IsRecovery: c.Recovery, ForceReinstall: c.Reinstall,
-	}
-	if msg.JobID == "" {
-		msg.JobID = uuid.NewString()
 	}
 	if err := msg.Validate(); err != nil {
 		return usageError{err}
 	}
-	data, err := messages.Encode(msg)
-	if err != nil {
-		return err
+	return enqueue(g, request{
+		queue: messages.StreamProvisionerQueue, results: messages.StreamProvisionerResults,
+		jobID: msg.JobID, what: "provision " + c.Server, follow: c.Follow, timeout: c.Timeout,
+		encode: func(tc messages.TraceContext) ([]byte, error) {
+			msg.TraceContext = tc
+			return messages.Encode(msg)
+		},
+	})
+}
+
+// newMeta returns the keys every request gets: schema version, the job id
+// (a new UUID when none is given), correlation id and creation time.
+func newMeta(jobID, correlationID string) messages.RequestMeta {
+	if jobID == "" {
+		jobID = uuid.NewString()
 	}
+	return messages.RequestMeta{
+		SchemaVersion: messages.SchemaVersion,
+		JobID:         jobID,
+		CorrelationID: correlationID,
+		CreatedAt:     messages.FormatTime(time.Now()),
+	}
+}
+
+// request is a validated request to enqueue.
+type request struct {
+	queue, results string // the stream it goes to, the stream of its result
+	jobID, what    string
+	follow         bool
+	timeout        time.Duration
+	// encode returns the request carrying the trace context tc.
+	encode func(tc messages.TraceContext) ([]byte, error)
+}
+
+// enqueue appends the request to its queue (in a producer span whose
+// context it carries, when OTEL_EXPORTER_OTLP_* sets up tracing), prints
+// what was queued and, with follow, follows the job to its result.
+func enqueue(g *globals, r request) error {
 	rdb, err := g.redis()
 	if err != nil {
 		return err
@@ -52,25 +81,43 @@ func (c *provisionCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
+	tp, err := g.tracing()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(g.ctx), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(ctx); err != nil {
+			fmt.Fprintf(g.env.Stderr, "autoprov: %v\n", err)
+		}
+	}()
 	// Where the results stream ends now: a fast result is not missed.
-	from, err := lastID(g.ctx, rdb, messages.StreamProvisionerResults)
+	from, err := lastID(g.ctx, rdb, r.results)
 	if err != nil {
 		return err
 	}
-	id, err := producer.Publish(g.ctx, messages.StreamProvisionerQueue, data)
+	ctx, span := tracing.StartPublish(g.ctx, tp, r.queue, attribute.String("autoprov.job_id", r.jobID))
+	data, err := r.encode(tracing.Inject(ctx))
+	if err != nil {
+		tracing.End(span, err)
+		return err
+	}
+	id, err := producer.Publish(ctx, r.queue, data)
+	tracing.End(span, err)
 	if err != nil {
 		return err
 	}
-	if g.json && !c.Follow {
-		return writeJSON(g.env.Stdout, map[string]string{"job_id": msg.JobID, "entry_id": id, "stream": messages.StreamProvisionerQueue})
+	if g.json && !r.follow {
+		return writeJSON(g.env.Stdout, map[string]string{"job_id": r.jobID, "entry_id": id, "stream": r.queue})
 	}
 	if !g.json {
-		fmt.Fprintf(g.env.Stdout, "queued job %s (provision %s, entry %s)\n", msg.JobID, c.Server, id)
+		fmt.Fprintf(g.env.Stdout, "queued job %s (%s, entry %s)\n", r.jobID, r.what, id)
 	}
-	if !c.Follow {
+	if !r.follow {
 		return nil
 	}
-	return follow(g, rdb, msg.JobID, map[string]string{messages.StreamProvisionerResults: from}, c.Timeout)
+	return follow(g, rdb, r.jobID, map[string]string{r.results: from}, r.timeout)
 }
 
 // followCmd prints a job's progress until it ends.

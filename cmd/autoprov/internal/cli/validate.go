@@ -27,6 +27,7 @@ type validateCmd struct {
 	Inventory  []string      `name:"inventory" type:"existingfile" help:"Ansible inventory file to parse (repeatable)"`
 	AnsibleDir string        `name:"ansible-dir" type:"existingdir" help:"syntax-check every playbook in DIR/playbooks with ansible-playbook and lint DIR with ansible-lint (production profile)"`
 	NoLint     bool          `name:"no-lint" help:"with --ansible-dir: skip ansible-lint"`
+	Rules      string        `name:"rules" type:"existingfile" help:"the scheduler's rules file to check (as RULES_FILE; its playbooks are looked up in --ansible-dir, else PLAYBOOK_DIR); a RULES_FILE in the settings is checked anyway"`
 	Timeout    time.Duration `default:"2m" help:"limit of each check"`
 }
 
@@ -197,7 +198,17 @@ func (c *validateCmd) checkService(g *globals, svc string) checkResult {
 		r.Problems = []string{err.Error()}
 		return r
 	}
-	stdout, stderr, code, err := c.run(g, bin, "", c.childEnv(g), "--check-config")
+	env := c.childEnv(g)
+	if svc == "scheduler" && c.Rules != "" {
+		// The scheduler's own check loads the rules file, naming file and
+		// line of each problem.
+		r.Check += " with rules " + c.Rules
+		env = append(env, "RULES_FILE="+absPath(c.Rules))
+		if c.AnsibleDir != "" {
+			env = append(env, "PLAYBOOK_DIR="+absPath(c.AnsibleDir))
+		}
+	}
+	stdout, stderr, code, err := c.run(g, bin, "", env, "--check-config")
 	switch {
 	case err != nil:
 		r.Problems = []string{fmt.Sprintf("run %s: %v", bin, err)}
@@ -209,6 +220,23 @@ func (c *validateCmd) checkService(g *globals, svc string) checkResult {
 		r.Problems = []string{fmt.Sprintf("%s --check-config exited %d: %s", svc, code, strings.TrimSpace(stderr+stdout))}
 	}
 	return r
+}
+
+// stepName names a check's command for the progress line.
+func stepName(bin string, args []string) string {
+	name := strings.Join(append([]string{filepath.Base(bin)}, args...), " ")
+	if len(name) > 100 {
+		name = name[:97] + "..."
+	}
+	return "running " + name
+}
+
+// absPath returns p made absolute (p itself when that fails).
+func absPath(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 // configProblems splits a service's *ConfigError text ("svc: invalid
@@ -334,6 +362,7 @@ func ansibleErrors(stderr string) []string {
 func (c *validateCmd) run(g *globals, bin, dir string, env []string, args ...string) (string, string, int, error) {
 	ctx, cancel := context.WithTimeout(g.ctx, c.Timeout)
 	defer cancel()
+	defer g.progress(stepName(bin, args))()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir, cmd.Env = dir, env
 	var stdout, stderr bytes.Buffer

@@ -60,6 +60,31 @@ func Goldens() []Golden {
 			GitHubTokenRef: "vault:secret/data/ci#github_token",
 			SecretsRef:     "vault:secret/data/shop/prod",
 		}},
+		{"ansible_deploy_message_traced.msgpack", "AnsibleDeployMessage", &messages.AnsibleDeployMessage{
+			RequestMeta: messages.RequestMeta{
+				SchemaVersion: 1,
+				JobID:         "deploy-2024-05-01-0003",
+				CreatedAt:     "2024-05-01T12:00:00.000Z",
+				TraceContext: messages.TraceContext{
+					Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+					Tracestate:  "congo=t61rcWkgMzE",
+				},
+			},
+			ProjectID:    "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
+			RepoFullName: "acme/shop",
+			Branch:       "main",
+			ServerIP:     "198.51.100.7",
+			Port:         22,
+		}},
+		{"provisioner_message_traced.msgpack", "ProvisionerMessage", &messages.ProvisionerMessage{
+			RequestMeta: messages.RequestMeta{
+				SchemaVersion: 1,
+				JobID:         "web-1.example-20240501T120000Z-7c21",
+				CreatedAt:     "2024-05-01T12:00:00.000Z",
+				TraceContext:  messages.TraceContext{Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+			},
+			ServerHandle: "web-1.example",
+		}},
 		{"provisioner_result_succeeded.msgpack", "ProvisionerResult", &messages.ProvisionerResult{
 			Outcome: messages.Outcome{
 				SchemaVersion: 1,
@@ -159,6 +184,21 @@ func Goldens() []Golden {
 			ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
 			ServerIP:  "2001:db8::1",
 			Port:      22,
+		}},
+		{"provisioner_result_traced.msgpack", "ProvisionerResult", &messages.ProvisionerResult{
+			Outcome: messages.Outcome{
+				SchemaVersion: 1,
+				JobID:         "web-1.example-20240501T120000Z-7c21",
+				RequestID:     "1714564800005-0",
+				Status:        messages.StatusSucceeded,
+				Playbook:      "setup_server.yml",
+				StartedAt:     "2024-05-01T12:00:00.100Z",
+				FinishedAt:    "2024-05-01T12:02:00.100Z",
+				DurationMS:    120000,
+				Attempt:       1,
+				TraceContext:  messages.TraceContext{Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01"},
+			},
+			ServerHandle: "web-1.example",
 		}},
 		{"progress_event_host_changed.msgpack", "ProgressEvent", &messages.ProgressEvent{
 			SchemaVersion: 1,
@@ -304,7 +344,11 @@ const (
 		"without spaces), never a secret value"
 	msgBranchChars = "must use only ASCII letters, digits and . _ / -"
 	msgStatus      = "must be one of succeeded, failed, unreachable, rejected, cancelled"
-	msgPlaybook    = "must be a file name in playbooks/ matching ^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\\.ya?ml$"
+	msgTraceparent = "must be a W3C traceparent like 00-<32 hex digits>-<16 hex digits>-<2 hex digits>, in lower case"
+	msgTracestate  = "must be printable ASCII (a W3C tracestate list)"
+	// traceparent is the example of W3C Trace Context.
+	traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	msgPlaybook = "must be a file name in playbooks/ matching ^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\\.ya?ml$"
 )
 
 // playbooks returns n distinct extra playbook names.
@@ -421,6 +465,36 @@ func provisionerCases() []Validation {
 			Want: []messages.FieldError{fe("created_at", msgTime)}},
 		{Name: "created_at not a time", Msg: p(func(m *messages.ProvisionerMessage) { m.CreatedAt = "yesterday" }),
 			Want: []messages.FieldError{fe("created_at", msgTime)}},
+		{Name: "trace context", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = traceparent
+			m.Tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+		})},
+		{Name: "traceparent of a future version with more fields", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes"
+		})},
+		{Name: "tracestate of 512 bytes", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = traceparent
+			m.Tracestate = "k=" + strings.Repeat("v", 510)
+		})},
+		{Name: "traceparent in upper case", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = strings.ToUpper(traceparent)
+		}), Want: []messages.FieldError{fe("traceparent", msgTraceparent)}},
+		{Name: "traceparent version ff", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = "ff" + traceparent[2:]
+		}), Want: []messages.FieldError{fe("traceparent", msgTraceparent)}},
+		{Name: "traceparent of version 00 with more fields", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = traceparent + "-x"
+		}), Want: []messages.FieldError{fe("traceparent", msgTraceparent)}},
+		{Name: "traceparent short span id", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902-01"
+		}), Want: []messages.FieldError{fe("traceparent", msgTraceparent)}},
+		{Name: "tracestate over 512 bytes", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Traceparent = traceparent
+			m.Tracestate = "k=" + strings.Repeat("v", 511)
+		}), Want: []messages.FieldError{fe("tracestate", "must be at most 512 bytes")}},
+		{Name: "tracestate with a control character", Msg: p(func(m *messages.ProvisionerMessage) {
+			m.Tracestate = "k=v\n"
+		}), Want: []messages.FieldError{fe("tracestate", msgTracestate)}},
 		{Name: "every error at once, in key order", Msg: &messages.ProvisionerMessage{
 			RequestMeta:    messages.RequestMeta{SchemaVersion: 3, JobID: " ", CorrelationID: " ", CreatedAt: "now"},
 			ForceReinstall: true, IsRecovery: true,
@@ -695,6 +769,12 @@ func provisionerResultCases() []Validation {
 			fe("finished_at", msgTime)),
 		invalid("duration negative", func(r *messages.ProvisionerResult) { r.DurationMS = -1 }, fe("duration_ms", "must not be negative")),
 		invalid("attempt negative", func(r *messages.ProvisionerResult) { r.Attempt = -1 }, fe("attempt", "must not be negative")),
+		valid("trace context of the job", func(r *messages.ProvisionerResult) {
+			r.Traceparent = traceparent
+			r.Tracestate = "rojo=00f067aa0ba902b7"
+		}),
+		invalid("traceparent malformed", func(r *messages.ProvisionerResult) { r.Traceparent = "00-1-2-01" },
+			fe("traceparent", msgTraceparent)),
 		invalid("schema_version too new", func(r *messages.ProvisionerResult) { r.SchemaVersion = 9 },
 			fe("schema_version", "unsupported version 9; the newest supported is 1")),
 	}

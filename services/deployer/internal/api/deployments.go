@@ -14,7 +14,9 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 )
@@ -38,7 +40,11 @@ func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, a.cfg.MaxBody, &req) {
 		return
 	}
-	sub, err := a.deps.Deployments.Submit(r.Context(), key.ID, req, idem)
+	// A client's W3C trace context (traceparent, tracestate headers) is
+	// the parent of the deployment's trace; a malformed one is ignored.
+	ctx := tracing.Extract(r.Context(), messages.TraceContext{
+		Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})
+	sub, err := a.deps.Deployments.Submit(ctx, key.ID, req, idem)
 	var invalid *deployments.InvalidError
 	switch {
 	case errors.As(err, &invalid):

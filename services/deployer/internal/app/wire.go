@@ -70,7 +70,8 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	guard := webhooks.NewGuard(allow)
 
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
-	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor}
+	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
+		Tracing: d.Tracing}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
 			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),

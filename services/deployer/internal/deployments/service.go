@@ -16,10 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
@@ -50,6 +53,9 @@ type Config struct {
 	// PollInterval is how often waiters re-check the database besides
 	// notifications. Default 2s.
 	PollInterval time.Duration
+	// Tracing makes a producer span per submitted deployment, whose
+	// context its request carries (package tracing); nil: none.
+	Tracing trace.TracerProvider
 }
 
 // Service is the deployments' domain logic.
@@ -205,6 +211,14 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 	}
 	// Store what the wire carries: normalised values.
 	r.ProjectID, r.Branch, r.ServerIP, r.Modules = msg.ProjectID, msg.Branch, msg.ServerIP, msg.Modules
+	// The request carries the context of its producer span, a child of the
+	// HTTP request's trace context when the client sent one; the span ends
+	// once the request is stored and published (or left to the
+	// republisher, whose copy carries no trace context).
+	sctx, span := tracing.StartPublish(ctx, s.cfg.Tracing, s.cfg.Streams.Queue,
+		attribute.String("autoprov.deployment_id", id.String()))
+	defer span.End()
+	msg.TraceContext = tracing.Inject(sctx)
 
 	var timeout *int
 	if r.Options.TimeoutSeconds > 0 {

@@ -164,6 +164,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		RunLogs:  runLogs,
 		Log:      log,
 		Metrics:  jobs.NewMetrics(d.Metrics),
+		Tracing:  d.Tracing,
 	})
 	if err != nil {
 		return nil, err

@@ -20,10 +20,16 @@ const (
 
 // handleDeploy handles an AnsibleDeployMessage.
 func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
+	began := time.Now()
 	m, err := messages.DecodeAnsibleDeployMessage(msg.Data())
 	res := messages.NewAnsibleDeployResult(m, msg.ID)
 	j := h.newJob(msg, kindDeploy, res, &res.Outcome, messages.StreamDeployResults)
 	defer j.close()
+	var tc *messages.TraceContext
+	if m != nil {
+		tc = &m.TraceContext
+	}
+	ctx = j.startTrace(ctx, traceOf(tc), began, err)
 	if err != nil {
 		return j.reject(ctx, err)
 	}

@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
@@ -218,6 +219,8 @@ type Deps struct {
 	// RunLogs keeps the whole redacted output of every run (pkg/runlog);
 	// nil keeps only the result's output tail.
 	RunLogs runlog.Store
+	// Tracing makes the job's spans (package tracing); nil: none.
+	Tracing trace.TracerProvider
 }
 
 // Handler handles the entries of provisioner:queue and ansible:deploy:queue.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
@@ -59,6 +61,8 @@ type job struct {
 	lockWait       time.Duration // waiting for another run on the server
 	playStarted    time.Time     // first ansible-playbook exec
 	playEnded      time.Time     // when the last ansible-playbook exited
+
+	span trace.Span // the job's span (startTrace); nil before
 }
 
 func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *messages.Outcome, resultStream string) *job {
@@ -81,6 +85,7 @@ func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *mess
 
 // close drops an output not stored and releases the job's secrets.
 func (j *job) close() {
+	j.endTrace()
 	j.dropOutput()
 	j.red.Release()
 }
@@ -133,7 +138,8 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	}
 
 	var locks *store.RunLocks
-	err = j.durably(ctx, "take run locks", 24*time.Hour, func(context.Context) (err error) {
+	lctx, lockSpan := j.startSpan(ctx, spanLock, attribute.String("autoprov.target", target))
+	err = j.durably(lctx, "take run locks", 24*time.Hour, func(context.Context) (err error) {
 		// The lock wait is bounded by ctx alone (a play on the server may
 		// take hours); connecting is bounded by the pool's settings.
 		locks, err = j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{
@@ -144,6 +150,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		})
 		return err
 	})
+	endSpan(lockSpan, err)
 	if errors.Is(err, store.ErrJobRunningElsewhere) {
 		// Its outcome is not durable yet, and whoever runs it may still die,
 		// drain or lose its lease: the request stays pending and comes back
@@ -404,7 +411,10 @@ func (j *job) publish(ctx context.Context) error {
 func (j *job) publishData(ctx context.Context, data []byte) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := j.h.Producer.Publish(ctx, j.resultStream, data); err != nil {
+	ctx, span := j.startSpan(ctx, spanPublish, attribute.String("messaging.destination.name", j.resultStream))
+	_, err := j.h.Producer.Publish(ctx, j.resultStream, data)
+	endSpan(span, err)
+	if err != nil {
 		return fmt.Errorf("publish result: %w", err)
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"regexp"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
@@ -47,7 +49,8 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	for k, v := range vars {
 		all[k] = v
 	}
-	res, err := j.h.Runner.Run(ctx, ansible.Spec{
+	pctx, span := j.startSpan(ctx, spanPlay, attribute.String("autoprov.playbook", playbook))
+	res, err := j.h.Runner.Run(pctx, ansible.Spec{
 		Timeout:     limits.Timeout,
 		IdleTimeout: limits.Idle,
 		JobID:       j.id,
@@ -66,6 +69,12 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 			}
 		},
 	})
+	if err == nil && res.Outcome != ansible.OutcomeSucceeded {
+		span.SetAttributes(attribute.String("autoprov.play_outcome", string(res.Outcome)))
+		endSpan(span, errors.New(string(res.Outcome)))
+	} else {
+		endSpan(span, err)
+	}
 	if errors.Is(err, ansible.ErrInvalidSpec) {
 		// Running it again cannot help: the job fails now, not after every
 		// delivery.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -12,10 +13,16 @@ import (
 
 // handleProvision handles a ProvisionerMessage.
 func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) error {
+	began := time.Now()
 	m, err := messages.DecodeProvisionerMessage(msg.Data())
 	res := messages.NewProvisionerResult(m, msg.ID)
 	j := h.newJob(msg, kindProvision, res, &res.Outcome, messages.StreamProvisionerResults)
 	defer j.close()
+	var tc *messages.TraceContext
+	if m != nil {
+		tc = &m.TraceContext
+	}
+	ctx = j.startTrace(ctx, traceOf(tc), began, err)
 	if err == nil {
 		err = h.checkExtras(m)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
@@ -74,7 +75,9 @@ func (j *job) resolve(ctx context.Context, what, ref string) (secrets.Value, err
 // resolveWith resolves ref with res (the service's own resolver, or the
 // project resolver for the references a request carries).
 func (j *job) resolveWith(ctx context.Context, res *secrets.Resolver, what, ref string) (secrets.Value, error) {
-	v, err := res.Resolve(ctx, ref)
+	sctx, span := j.startSpan(ctx, spanSecret, attribute.String("autoprov.secret", what))
+	v, err := res.Resolve(sctx, ref)
+	endSpan(span, err)
 	switch {
 	case err == nil:
 		return v, nil
@@ -111,7 +114,9 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 		return pinned, nil
 	}
 	checkStart := j.h.Now()
-	res, err := j.h.SSH.Check(ctx, sshcheck.Target{Address: ep.address, Port: ep.port, User: ep.user, PinnedKey: pinned}, creds.signers)
+	sctx, span := j.startSpan(ctx, spanSSH, attribute.String("server.address", ep.address), attribute.Int("server.port", ep.port))
+	res, err := j.h.SSH.Check(sctx, sshcheck.Target{Address: ep.address, Port: ep.port, User: ep.user, PinnedKey: pinned}, creds.signers)
+	endSpan(span, err)
 	j.sshCheck += j.h.Now().Sub(checkStart)
 	if err != nil {
 		j.h.checks.forget(key)

@@ -140,7 +140,8 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		return nil, err
 	}
 	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{Metrics: streamMetrics, Sign: sign})
-	relay := reconcile.NewRelay(f, producer, reconcile.RelayConfig{Batch: cfg.Tick.RelayBatch, Logger: log, Registerer: d.Metrics})
+	relay := reconcile.NewRelay(f, producer, reconcile.RelayConfig{Batch: cfg.Tick.RelayBatch, Logger: log, Registerer: d.Metrics,
+		Tracing: d.Tracing})
 
 	var leader *reconcile.Leader
 	if cfg.Tick.LeaderElection {

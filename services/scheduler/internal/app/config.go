@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"path/filepath"
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
@@ -10,6 +11,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
 
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/detect/ec2"
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/rules"
 )
 
 // Name is the service's name in logs, metrics and --help.
@@ -170,5 +172,28 @@ func (c *Config) Validate() error {
 	if err := c.Secrets.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.Rules.check()...)
 	return errors.Join(errs...)
+}
+
+// check loads the rules file, so that --check-config (and autoprov
+// validate) finds what the scheduler would refuse at start: one problem per
+// mistake, each naming the file and line.
+func (r RulesConfig) check() []error {
+	if r.File == "" {
+		return nil
+	}
+	_, err := rules.Load(r.File, filepath.Join(r.PlaybookDir, "playbooks"))
+	var rerr *rules.Error
+	switch {
+	case errors.As(err, &rerr):
+		out := make([]error, len(rerr.Problems))
+		for i, p := range rerr.Problems {
+			out[i] = service.Invalid("RULES_FILE", "%s", p.String())
+		}
+		return out
+	case err != nil:
+		return []error{service.Invalid("RULES_FILE", "%v", err)}
+	}
+	return nil
 }

@@ -6,8 +6,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
 // Publisher appends entries to a stream in one round trip
@@ -28,6 +32,9 @@ type RelayConfig struct {
 	Logger    zerolog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Tracing makes a producer span per request published, whose context
+	// the request carries (package tracing); nil: none.
+	Tracing trace.TracerProvider
 }
 
 // Relay publishes the outbox to Redis (fleet.Relay) until it is empty, then
@@ -91,10 +98,18 @@ func (r *Relay) publish(ctx context.Context, entries []fleet.OutboxEntry) ([]str
 	for _, s := range order {
 		idx := byStream[s]
 		data := make([][]byte, len(idx))
+		spans := make([]trace.Span, 0, len(idx))
 		for j, i := range idx {
-			data[j] = entries[i].Payload
+			var span trace.Span
+			data[j], span = r.traced(ctx, s, entries[i].Payload)
+			if span != nil {
+				spans = append(spans, span)
+			}
 		}
 		got, err := r.pub.PublishBatch(ctx, s, data)
+		for _, span := range spans {
+			tracing.End(span, err)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -103,6 +118,34 @@ func (r *Relay) publish(ctx context.Context, entries []fleet.OutboxEntry) ([]str
 		}
 	}
 	return ids, nil
+}
+
+// traced starts the producer span of a request about to be published and
+// returns the request carrying its context. Without tracing (or for a
+// payload that is not a ProvisionerMessage) it returns payload as it is
+// and no span.
+func (r *Relay) traced(ctx context.Context, stream string, payload []byte) ([]byte, trace.Span) {
+	if r.cfg.Tracing == nil || stream != messages.StreamProvisionerQueue {
+		return payload, nil
+	}
+	sctx, span := tracing.StartPublish(ctx, r.cfg.Tracing, stream)
+	if !span.IsRecording() {
+		span.End()
+		return payload, nil
+	}
+	m, err := messages.DecodeProvisionerMessage(payload)
+	if err != nil {
+		span.End()
+		return payload, nil
+	}
+	span.SetAttributes(attribute.String("autoprov.job_id", m.JobID), attribute.String("autoprov.server", m.ServerHandle))
+	m.TraceContext = tracing.Inject(sctx)
+	data, err := messages.Encode(m)
+	if err != nil {
+		span.End()
+		return payload, nil
+	}
+	return data, span
 }
 
 // Drain publishes until the outbox is empty and returns how many entries

@@ -1,0 +1,60 @@
+package deployments
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
+)
+
+// TestSubmitCarriesTraceContext: a submitted deployment is published in a
+// producer span, a child of the caller's trace context, and the request on
+// the queue carries the span's context.
+func TestSubmitCarriesTraceContext(t *testing.T) {
+	t.Parallel()
+	db, rdb := testenv.Pool(t), testenv.Redis(t)
+	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
+	rec := tracetest.NewSpanRecorder()
+	s, err := New(db, rdb, stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
+		Config{Streams: streams, Tracing: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))}, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	ctx := tracing.Extract(context.Background(), messages.TraceContext{Traceparent: parent})
+	sub, err := s.Submit(ctx, "", Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
+		ServerIP: "198.51.100.7", Port: 22}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := rdb.XRange(ctx, streams.Queue, "-", "+").Result()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("queue: %v, %v", entries, err)
+	}
+	m, err := messages.DecodeAnsibleDeployMessage([]byte(entries[0].Values[messages.DataField].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spans := rec.Ended()
+	if len(spans) != 1 || spans[0].Name() != "send "+streams.Queue {
+		t.Fatalf("spans %v", spans)
+	}
+	sp := spans[0]
+	if sp.Parent().SpanID().String() != "00f067aa0ba902b7" || sp.SpanContext().TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("send span's parent %v, want the caller's context", sp.Parent())
+	}
+	if !strings.Contains(m.Traceparent, "4bf92f3577b34da6a3ce929d0e0e4736-"+sp.SpanContext().SpanID().String()) {
+		t.Errorf("request traceparent %q, want the send span's context", m.Traceparent)
+	}
+	if m.JobID != sub.Deployment.JobID {
+		t.Errorf("job id %s, want %s", m.JobID, sub.Deployment.JobID)
+	}
+}
