@@ -42,8 +42,12 @@ test: ## run every test against real services (starts them when REDIS_URL/DATABA
 	@scripts/test.sh
 
 .PHONY: chaos
-chaos: ## fault-injection run (short form): infra replicas killed and stopped at random; CHAOS_SEED repeats one
-	cd services/infra && $(GO) test -tags chaos -run '^TestChaos$$' -count=1 -timeout 20m -v .
+chaos: ## fault-injection run, short form (CI): replicas, Redis and Postgres faulted at random; prints the table
+	@scripts/chaos.sh short
+
+.PHONY: chaos-long
+chaos-long: ## fault-injection run at issue 10's sizes, CHAOS_REPEAT (10) seeded repeats; CHAOS_SEED=s re-runs one
+	@scripts/chaos.sh long
 
 .PHONY: bench
 bench: ## run the benchmarks and print comparable figures
