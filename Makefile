@@ -58,6 +58,7 @@ lint: ## gofmt, go vet, staticcheck, dependency rules and govulncheck over every
 	@[ -n "$(MODULES)" ] || { echo "no Go modules found in go.work"; exit 1; }
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do echo "==> vet $$m"; (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
+	@echo "==> vet services/infra -tags chaos (make chaos)"; cd services/infra && $(GO) vet -tags chaos . && $(GO) run $(STATICCHECK) -tags chaos .
 	@scripts/checkdeps.sh
 	@GOVULNCHECK=$(GOVULNCHECK) scripts/vulncheck.sh $(MODULES)
 

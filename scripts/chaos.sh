@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # chaos.sh: the fault-injection run of services/infra (chaos_test.go).
 #
-#   scripts/chaos.sh          short form (CI): every scenario at once, small sizes
+#   scripts/chaos.sh          short form (CI): small sizes, CHAOS_PARALLEL (3) scenarios at once
 #   scripts/chaos.sh long     issue 10's sizes, CHAOS_REPEAT (default 10) seeded repeats
 #
 # CHAOS_SEED=s re-runs one seed (printed with every table); CHAOS_SCENARIOS=a,b
@@ -25,7 +25,7 @@ export REDIS_URL DATABASE_URL
 form=${1:-short}
 case "$form" in
 short)
-	parallel=${CHAOS_PARALLEL:-6}
+	parallel=${CHAOS_PARALLEL:-3}
 	timeout=${CHAOS_TIMEOUT:-15m}
 	;;
 long)
