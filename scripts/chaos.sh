@@ -5,7 +5,7 @@
 #   scripts/chaos.sh long     issue 10's sizes, CHAOS_REPEAT (default 10) seeded repeats
 #
 # CHAOS_SEED=s re-runs one seed (printed with every table); CHAOS_SCENARIOS=a,b
-# runs only the named scenarios (none kill9 sigterm redis pg2s pg30s dup).
+# runs only the named scenarios (none kill9 sigterm redis pg2s pg30s dup sentinel).
 # Like `make test`, it starts the test profile's Redis and Postgres when
 # REDIS_URL/DATABASE_URL are unset (the scenarios that fault Redis or
 # Postgres start their own servers).

@@ -64,6 +64,7 @@ type chaosWorld struct {
 	replicas []*infraProc
 	names    []string
 	redis    *testenv.RedisServer
+	sentinel *testenv.SentinelSet
 	pg       *testenv.PostgresServer
 	// published counts the publishes of each job id.
 	published map[string]int
@@ -74,11 +75,13 @@ type chaosWorld struct {
 
 // scenario is one row of the table: a fault and when to inject it.
 type scenario struct {
-	name   string
-	fault  string // the table's Fault column
-	long   bool   // only in the long form (CHAOS=long)
-	ownPG  bool   // the scenario stops Postgres: it gets its own server
-	inject func(w *chaosWorld)
+	name  string
+	fault string // the table's Fault column
+	long  bool   // only in the long form (CHAOS=long)
+	ownPG bool   // the scenario stops Postgres: it gets its own server
+	// sentinel: Redis is a primary, a replica and three Sentinels.
+	sentinel bool
+	inject   func(w *chaosWorld)
 }
 
 func chaosScenarios() []scenario {
@@ -90,6 +93,7 @@ func chaosScenarios() []scenario {
 		{name: "pg2s", fault: "Postgres down 2 s", ownPG: true, inject: func(w *chaosWorld) { w.stopPostgres(2 * time.Second) }},
 		{name: "pg30s", fault: "Postgres down 30 s", ownPG: true, inject: func(w *chaosWorld) { w.stopPostgres(30 * time.Second) }},
 		{name: "dup", fault: "duplicate publishes of one job id", inject: (*chaosWorld).duplicates},
+		{name: "sentinel", fault: "Redis primary failed over (Sentinel)", sentinel: true, inject: (*chaosWorld).failover},
 	}
 }
 
@@ -266,11 +270,19 @@ func runScenario(t *testing.T, sc scenario, size chaosSize, seed uint64) chaosRo
 // operator would run it) and, when it stops Postgres, its own Postgres.
 func (w *chaosWorld) setUp(sc scenario) {
 	t := w.t
-	w.redis = testenv.StartRedisServer(t, "--appendfsync", "everysec")
-	w.redisURL = w.redis.URL()
-	w.rdb = w.redis.Client()
-	if got, err := w.rdb.ConfigGet(context.Background(), "appendfsync").Result(); err != nil || got["appendfsync"] != "everysec" {
-		t.Fatalf("redis appendfsync = %v (%v), want everysec", got, err)
+	if sc.sentinel {
+		w.sentinel = testenv.StartSentinelSet(t)
+		w.redisURL = "redis://" + w.sentinel.Primary() + "/0" // with Sentinel only its db counts
+		w.rdb = w.sentinel.Client()
+		w.env = append(w.env, "REDIS_SENTINEL_MASTER="+w.sentinel.Master,
+			"REDIS_SENTINEL_ADDRS="+strings.Join(w.sentinel.Addrs(), ","))
+	} else {
+		w.redis = testenv.StartRedisServer(t, "--appendfsync", "everysec")
+		w.redisURL = w.redis.URL()
+		w.rdb = w.redis.Client()
+		if got, err := w.rdb.ConfigGet(context.Background(), "appendfsync").Result(); err != nil || got["appendfsync"] != "everysec" {
+			t.Fatalf("redis appendfsync = %v (%v), want everysec", got, err)
+		}
 	}
 	if sc.ownPG {
 		w.pg = testenv.StartPostgresServer(t)
@@ -389,6 +401,18 @@ func (w *chaosWorld) killRedis() {
 	w.redis.Kill()
 	time.Sleep(w.size.redisDown)
 	w.redis.Start()
+}
+
+// failover fails the Redis primary over to its replica at a random point
+// (SENTINEL FAILOVER), once the requests reached the replica.
+func (w *chaosWorld) failover() {
+	if n, err := w.rdb.Do(context.Background(), "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		w.note(true, "WAIT for the replica: %d %v", n, err)
+	}
+	w.pause(300*time.Millisecond, w.window())
+	old := w.sentinel.Primary()
+	w.sentinel.Failover()
+	w.t.Logf("Redis failed over from %s to %s", old, w.sentinel.Primary())
 }
 
 // stopPostgres stops Postgres (fast shutdown: every session ended) at a
