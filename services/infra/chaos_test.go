@@ -49,7 +49,7 @@ var (
 	chaosShort = chaosSize{replicas: 3, servers: 2, requests: 4, play: time.Second, lease: 2 * time.Second,
 		redisDown: 5 * time.Second, settle: 8 * time.Minute, short: true}
 	chaosLong = chaosSize{replicas: 3, servers: 6, requests: 36, play: 20 * time.Second, lease: 5 * time.Second,
-		redisDown: 8 * time.Second, settle: 10 * time.Minute}
+		redisDown: 8 * time.Second, settle: 20 * time.Minute}
 )
 
 // chaosWorld is one scenario's system: its replicas, servers, and the
