@@ -25,10 +25,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
 
 # Packages every part of the system needs at run or test time.
-PACKAGES=(redis-server redis-tools postgresql postgresql-client openssh-server openssh-client
+PACKAGES=(redis-server redis-sentinel redis-tools postgresql postgresql-client openssh-server openssh-client
 	ansible-core ansible ansible-lint python3-ansible-runner git iproute2 debootstrap
 	tinyproxy nftables procps curl ca-certificates python3-redis python3-msgpack
-	prometheus) # promtool checks the alert rules (deploy/observability)
+	prometheus) # promtool checks the alert rules (deploy/observability); redis-sentinel: failover tests
 
 profile_ports() {
 	case "$1" in
@@ -74,7 +74,7 @@ cmd_deps() {
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 	# Debian starts packaged daemons on install; we run our own instances.
-	for svc in redis-server postgresql ssh tinyproxy prometheus; do
+	for svc in redis-server redis-sentinel postgresql ssh tinyproxy prometheus; do
 		if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
 			systemctl stop "$svc" >/dev/null 2>&1 || true
 		fi

@@ -196,11 +196,19 @@ func BenchmarkLatency(b *testing.B) {
 
 // BenchmarkRedeliveryAfterKill measures how long an entry held by a consumer
 // process killed with SIGKILL takes to reach another consumer, with a 5 s
-// lease. Run with -benchtime=1x.
+// lease, for kills at several points of the job: right after delivery, and
+// later (a heartbeat renewed the lease some time before the kill, so less
+// of the lease is left). Run with -benchtime=1x.
 func BenchmarkRedeliveryAfterKill(b *testing.B) {
+	const lease = 5 * time.Second
+	for _, after := range []time.Duration{0, lease / 4, lease / 2, 3 * lease / 4, 2 * lease} {
+		b.Run("killed_after="+after.String(), func(b *testing.B) { benchRedeliveryAfterKill(b, lease, after) })
+	}
+}
+
+func benchRedeliveryAfterKill(b *testing.B, lease, after time.Duration) {
 	rdb := testenv.Redis(b)
 	ctx := context.Background()
-	const lease = 5 * time.Second
 	for range b.N {
 		s, g := names()
 		child, started := startChild(b, testenv.RedisURL(b), s, g, lease)
@@ -220,6 +228,7 @@ func BenchmarkRedeliveryAfterKill(b *testing.B) {
 		runCtx, cancel := context.WithCancel(ctx)
 		stopped := make(chan struct{})
 		go func() { _ = c.Run(runCtx); close(stopped) }()
+		time.Sleep(after)
 		b.ResetTimer()
 		killed := time.Now()
 		if err := child.Process.Signal(syscall.SIGKILL); err != nil {

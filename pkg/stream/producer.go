@@ -4,10 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 )
 
 // DefaultSafetyMaxLen is the default approximate MAXLEN of Producer: a safety
@@ -27,6 +33,12 @@ type ProducerOptions struct {
 	// or PublishBatch for its stream (messages.Sign with the producer's
 	// key); the signature goes into the SigField of the entry.
 	Sign func(stream string, data []byte) (string, error)
+	// OutageWait, when positive, makes Publish and PublishValues wait out
+	// Redis being unreachable (refused or cut connections, a server still
+	// loading its AOF, a read-only replica or no primary during a
+	// failover): the XADD is retried with backoff for up to OutageWait, or
+	// until ctx ends. Zero fails at once, as before.
+	OutageWait time.Duration
 }
 
 // SigField is the field of an entry that holds its producer's signature
@@ -39,6 +51,7 @@ type Producer struct {
 	maxLen  int64
 	metrics *Metrics
 	sign    func(stream string, data []byte) (string, error)
+	outage  time.Duration
 }
 
 // NewProducer returns a Producer that appends through rdb.
@@ -50,7 +63,7 @@ func NewProducer(rdb redis.UniversalClient, opts ProducerOptions) *Producer {
 	case maxLen < 0:
 		maxLen = 0
 	}
-	return &Producer{rdb: rdb, maxLen: maxLen, metrics: opts.Metrics, sign: opts.Sign}
+	return &Producer{rdb: rdb, maxLen: maxLen, metrics: opts.Metrics, sign: opts.Sign, outage: opts.OutageWait}
 }
 
 // Publish appends an entry whose DataField is data and returns its id.
@@ -80,8 +93,20 @@ func (p *Producer) values(stream string, data []byte) (map[string]any, error) {
 }
 
 // PublishValues appends an entry with the given fields and returns its id.
+// With OutageWait it waits out an unreachable Redis first.
 func (p *Producer) PublishValues(ctx context.Context, stream string, values map[string]any) (string, error) {
 	id, err := p.rdb.XAdd(ctx, p.args(stream, values)).Result()
+	if err != nil && p.outage > 0 && Unreachable(err) {
+		deadline := time.Now().Add(p.outage)
+		delay := 100 * time.Millisecond
+		for err != nil && Unreachable(err) && time.Now().Before(deadline) {
+			if clock.Sleep(ctx, nil, min(delay, time.Until(deadline))) != nil {
+				break // ctx ended: the last error stands
+			}
+			delay = min(2*delay, 2*time.Second)
+			id, err = p.rdb.XAdd(ctx, p.args(stream, values)).Result()
+		}
+	}
 	if err != nil {
 		return "", fmt.Errorf("xadd %s: %w", stream, err)
 	}
@@ -234,3 +259,24 @@ func isBusyGroup(err error) bool {
 // isNil reports whether err is redis.Nil (an empty reply, e.g. a read that
 // timed out).
 func isNil(err error) bool { return errors.Is(err, redis.Nil) }
+
+// Unreachable reports whether err says Redis cannot be reached or cannot
+// take writes right now (a restart, a failover): worth waiting out, unlike
+// an error of the command itself.
+func Unreachable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrClosed) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	msg := err.Error()
+	for _, prefix := range []string{"LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"} {
+		if strings.HasPrefix(msg, prefix) || strings.Contains(msg, ": "+prefix+" ") {
+			return true
+		}
+	}
+	return false
+}

@@ -98,6 +98,7 @@ type JobsConfig struct {
 	ProgressTTL      time.Duration `env:"PROGRESS_TTL" envDefault:"24h" desc:"how long a job's progress stream is kept after the job"`
 	CancelPoll       time.Duration `env:"CANCEL_POLL" envDefault:"1s" desc:"how often a running job checks its cancel key"`
 	OutageWait       time.Duration `env:"DB_OUTAGE_WAIT" envDefault:"3m" desc:"how long a job waits out a Postgres outage (retrying with backoff) before it counts as an infrastructure error; a job never fails for an outage shorter than this"`
+	RedisOutageWait  time.Duration `env:"REDIS_OUTAGE_WAIT" envDefault:"3m" desc:"how long publishing a job's result waits out Redis being unreachable (a restart, a failover) before the request is retried; the play itself goes on through a Redis outage"`
 }
 
 // stopMargin is the part of SHUTDOWN_GRACE kept for what follows the

@@ -145,6 +145,9 @@ type Config struct {
 	// with backoff) before the failure counts as an infrastructure error;
 	// 0 means 3m.
 	OutageWait time.Duration
+	// RedisOutageWait is how long publishing a result may wait out Redis
+	// being unreachable (the Producer retries for that long); 0: no wait.
+	RedisOutageWait time.Duration
 	// LockCheck is how often a running job checks that its lock session
 	// lives; 0 means the store's default (store.LockOptions).
 	LockCheck time.Duration
@@ -178,7 +181,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck,
-		"elsewhere recheck": c.ElsewhereRecheck, "outage wait": c.OutageWait} {
+		"elsewhere recheck": c.ElsewhereRecheck, "outage wait": c.OutageWait, "redis outage wait": c.RedisOutageWait} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must not be negative", name, d))
 		}

@@ -408,8 +408,12 @@ func (j *job) publish(ctx context.Context) error {
 	return j.publishData(ctx, data)
 }
 
+// publishData publishes a result. It waits out a Redis outage for up to
+// RedisOutageWait (the Producer's retries), even when the job's context
+// ends: the result is stored, and publishing it is what lets the request
+// be acknowledged.
 func (j *job) publishData(ctx context.Context, data []byte) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second+j.h.cfg.RedisOutageWait)
 	defer cancel()
 	ctx, span := j.startSpan(ctx, spanPublish, attribute.String("messaging.destination.name", j.resultStream))
 	_, err := j.h.Producer.Publish(ctx, j.resultStream, data)
