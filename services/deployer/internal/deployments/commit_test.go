@@ -90,3 +90,32 @@ func TestCommitGroups(t *testing.T) {
 		t.Errorf("committers left: %d running, %d queued", s.committer.running, len(s.committer.queue))
 	}
 }
+
+// TestSubmitFailedCommitIsNotAccepted: when the group cannot be stored,
+// Submit returns the error (the API answers 500, never 202) and nothing is
+// published.
+func TestSubmitFailedCommitIsNotAccepted(t *testing.T) {
+	t.Parallel()
+	db, rdb := testenv.Pool(t), testenv.Redis(t)
+	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
+	s, err := New(db, rdb, stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
+		Config{Streams: streams}, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close() // every statement now fails
+	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
+	var wg sync.WaitGroup
+	for range 20 { // concurrent: they fail as groups, and each submit on its own
+		wg.Go(func() {
+			sub, err := s.Submit(context.Background(), "", r, "")
+			if err == nil || sub != nil {
+				t.Errorf("submit with the database gone: %+v, %v; want an error", sub, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n, _ := rdb.XLen(context.Background(), streams.Queue).Result(); n != 0 {
+		t.Errorf("%d entries published for submits that were not stored", n)
+	}
+}
