@@ -6,11 +6,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
-	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 // TestRepublish: a deployment stored but never published (Redis was down,
@@ -19,13 +17,7 @@ import (
 // published one are left alone.
 func TestRepublish(t *testing.T) {
 	t.Parallel()
-	db, rdb := testenv.Pool(t), testenv.Redis(t)
-	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
-	s, err := New(db, rdb, stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
-		Config{Streams: streams}, zerolog.Nop(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, db, rdb, streams := newTestService(t)
 	ctx := context.Background()
 	store := func(age time.Duration) string {
 		id := uuid.Must(uuid.NewV7()).String()
