@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -75,9 +76,25 @@ type wireField struct {
 	omitEmpty bool
 }
 
+// fieldCache memoizes wireFields by type: a type's fields never change,
+// and walking them by reflection on every Encode and decode was the largest
+// cost of both. Like encoding/json's field cache it is the one
+// package-level variable here; it holds nothing but what the types say.
+var fieldCache sync.Map // reflect.Type -> []wireField
+
 // wireFields lists the keys of struct type t sorted by name, flattening
-// embedded structs that have no key of their own.
+// embedded structs that have no key of their own. The slice is shared:
+// callers must not change it.
 func wireFields(t reflect.Type) []wireField {
+	if f, ok := fieldCache.Load(t); ok {
+		return f.([]wireField)
+	}
+	f, _ := fieldCache.LoadOrStore(t, walkWireFields(t))
+	return f.([]wireField)
+}
+
+// walkWireFields computes wireFields(t).
+func walkWireFields(t reflect.Type) []wireField {
 	var fields []wireField
 	var walk func(t reflect.Type, index []int)
 	walk = func(t reflect.Type, index []int) {

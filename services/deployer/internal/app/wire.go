@@ -111,6 +111,10 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 			StartID: "$",
 			// The observer must never hold back infra's trimming for long.
 			TrimInterval: -1,
+			// Its handler is quick (most entries are this replica's own,
+			// skipped from memory): read and acknowledge in large batches
+			// rather than one round trip per free slot.
+			Prefetch: 256,
 		}, p.Deployments.ObserverHandler())
 		if err != nil {
 			return nil, err

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -19,13 +21,7 @@ import (
 // submits all end stored and published once.
 func TestCommitGroups(t *testing.T) {
 	t.Parallel()
-	db, rdb := testenv.Pool(t), testenv.Redis(t)
-	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
-	s, err := New(db, rdb, stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
-		Config{Streams: streams}, zerolog.Nop(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, db, rdb, streams := newTestService(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); s.marker.run(ctx) }()
@@ -89,4 +85,41 @@ func TestCommitGroups(t *testing.T) {
 	if s.committer.running != 0 || len(s.committer.queue) != 0 {
 		t.Errorf("committers left: %d running, %d queued", s.committer.running, len(s.committer.queue))
 	}
+}
+
+// TestSubmitFailedCommitIsNotAccepted: when the group cannot be stored,
+// Submit returns the error (the API answers 500, never 202) and nothing is
+// published.
+func TestSubmitFailedCommitIsNotAccepted(t *testing.T) {
+	t.Parallel()
+	s, db, rdb, streams := newTestService(t)
+	db.Close() // every statement now fails
+	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
+	var wg sync.WaitGroup
+	for range 20 { // concurrent: they fail as groups, and each submit on its own
+		wg.Go(func() {
+			sub, err := s.Submit(context.Background(), "", r, "")
+			if err == nil || sub != nil {
+				t.Errorf("submit with the database gone: %+v, %v; want an error", sub, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n, _ := rdb.XLen(context.Background(), streams.Queue).Result(); n != 0 {
+		t.Errorf("%d entries published for submits that were not stored", n)
+	}
+}
+
+// newTestService returns a Service on a fresh database and real Redis, with
+// streams of its own.
+func newTestService(t *testing.T) (*Service, *pgxpool.Pool, *redis.Client, Streams) {
+	t.Helper()
+	db, rdb := testenv.Pool(t), testenv.Redis(t)
+	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
+	s, err := New(db, rdb, stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
+		Config{Streams: streams}, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, db, rdb, streams
 }

@@ -73,6 +73,33 @@ type job struct {
 	lastID  string
 	changed chan struct{} // closed when events grow
 	subs    int
+
+	// The last check of the job's final state, shared by its subscribers
+	// (see finalState).
+	finalMu     sync.Mutex
+	finalAt     time.Time // when the last check started
+	finalStatus string
+	finalDone   bool
+}
+
+// finalState returns the job's final state through check, shared by all
+// subscribers of the job on this replica: a check that started at or
+// after notBefore is reused, and one running is waited for, so that a
+// thousand subscribers polling cost one query instead of a thousand. A
+// failed check is not reused.
+func (j *job) finalState(ctx context.Context, notBefore time.Time, check FinalFunc) (string, bool, error) {
+	j.finalMu.Lock()
+	defer j.finalMu.Unlock()
+	if !j.finalAt.IsZero() && !j.finalAt.Before(notBefore) {
+		return j.finalStatus, j.finalDone, nil
+	}
+	started := time.Now()
+	status, done, err := check(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	j.finalAt, j.finalStatus, j.finalDone = started, status, done
+	return status, done, nil
 }
 
 // NewHub returns a Hub reading through rdb.

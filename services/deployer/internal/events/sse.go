@@ -118,6 +118,10 @@ func (h *Hub) Serve(w http.ResponseWriter, r *http.Request, req Request, cfg Str
 	beat := time.NewTicker(cfg.Heartbeat)
 	defer beat.Stop()
 	first := true // a job that ended before the client came ends its stream at once
+	// A check must have started after this to tell whether the job ended:
+	// the time of the notification, or a poll interval ago (so that the
+	// subscribers of one job share one check per interval).
+	notBefore := time.Now().Add(-cfg.Poll / 2)
 	for {
 		evs, changed := sub.Next()
 		final, ok := send(evs)
@@ -137,9 +141,9 @@ func (h *Hub) Serve(w http.ResponseWriter, r *http.Request, req Request, cfg Str
 			case <-changed:
 				continue
 			case <-req.Changed:
-				checkEnd = true
+				checkEnd, notBefore = true, time.Now()
 			case <-poll.C:
-				checkEnd = true
+				checkEnd, notBefore = true, time.Now().Add(-cfg.Poll/2)
 			case <-beat.C:
 				if !write(": keepalive\n\n") || !flush() {
 					return
@@ -149,7 +153,7 @@ func (h *Hub) Serve(w http.ResponseWriter, r *http.Request, req Request, cfg Str
 		if !checkEnd || req.Final == nil {
 			continue
 		}
-		status, done, err := req.Final(ctx)
+		status, done, err := sub.j.finalState(ctx, notBefore, req.Final)
 		if err != nil || !done {
 			continue
 		}
