@@ -218,3 +218,15 @@ func lastLine(s string) string {
 	}
 	return l
 }
+
+// RemoteScope returns the scope part of the markers of h's runs: every
+// process of a run against h on the target has AUTOPROV_RUN=<scope>.<run>
+// in its environment (an operator finds them with
+// grep -l AUTOPROV_RUN=<scope>. /proc/*/environ).
+func RemoteScope(h Host) (string, error) {
+	key, err := validateHost(&h)
+	if err != nil {
+		return "", err
+	}
+	return newRemoteMarker(h, key).scope, nil
+}
