@@ -226,3 +226,59 @@ func TestCancelledRunStopsItsRemoteTask(t *testing.T) {
 	}
 	waitLogged(t, a, 10*time.Second, "job-c", "cleanup stopped")
 }
+
+// With one handler slot (CONCURRENCY=1), requests for a busy server do not
+// hold it while they wait: a request for another, idle server published
+// after them runs to its result while the busy server is still held, and
+// the waiting ones run once it is free, one at a time.
+func TestBusyServerRequestsDoNotHoldTheSlot(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e := newE2E(t, sshd)
+	e.addServer("web-1", sshd)
+	e.addServer("web-2", sshd)
+	free := e.busyServer("web-1")
+
+	p := e.infra("STREAM_CONCURRENCY=1", "SERVER_BUSY_RECHECK=200ms")
+	busy := []string{"job-b1", "job-b2", "job-b3"}
+	for _, id := range busy {
+		e.provision(id, "web-1")
+	}
+	for _, id := range busy {
+		waitLogged(t, p, time.Minute, id, waitingLine)
+	}
+	e.provision("job-idle", "web-2")
+	if r := e.waitProvision("job-idle", 2*time.Minute); r.Status != messages.StatusSucceeded {
+		t.Fatalf("job-idle: %s %+v", r.Status, r.Error)
+	}
+	// It finished while web-1 was still held: nothing ran there.
+	for _, id := range busy {
+		if rs := e.provisionResults(id); len(rs) != 0 {
+			t.Fatalf("%s has a result while its server is busy: %+v", id, rs[0])
+		}
+	}
+	if spans := e.spans("web-1"); len(spans) != 0 {
+		t.Fatalf("a run started on the busy server: %+v", spans)
+	}
+
+	free()
+	for _, id := range busy {
+		if r := e.waitProvision(id, 2*time.Minute); r.Status != messages.StatusSucceeded {
+			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
+		}
+	}
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
+	for _, id := range append(busy, "job-idle") {
+		if n := len(e.provisionResults(id)); n != 1 {
+			t.Errorf("%s: %d results, want 1", id, n)
+		}
+	}
+	spans := e.spans("web-1")
+	if len(spans) != len(busy) {
+		t.Errorf("runs on web-1 = %+v, want %d", spans, len(busy))
+	}
+	assertNoOverlap(t, spans)
+	if dead := e.results(messages.StreamProvisionerQueue + ":dead"); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none (waiting must not count deliveries)", len(dead))
+	}
+}
