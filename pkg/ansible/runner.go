@@ -22,7 +22,13 @@
 //     are redacted, handed to Spec.OnEvent in order, and decide the outcome,
 //     with the exit code as a cross-check;
 //   - stdout and stderr (one pipe, so their lines stay in order) are drained
-//     continuously; a redacted, size-capped tail is kept for the result.
+//     continuously; a redacted, size-capped tail is kept for the result;
+//   - the run's remote work carries a marker (AUTOPROV_RUN in the
+//     environment of every module process on the target): before the play
+//     starts, a takeover over SSH stops what earlier runs of the same target
+//     left running there (their controller died), and a stopped play's own
+//     task is stopped on the target too (see remote.go). The caller must
+//     hold the target (one run per target at a time).
 //
 // The Spec.Redact function is applied to all text before it leaves the
 // package (events, output tail, errors, logs).
