@@ -344,6 +344,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 
 	e := &execution{r: r, spec: &spec, rd: rd, log: log}
 	e.t.runCalled = called
+	if takeover != nil {
+		e.t.takeover = int64(takeover.Duration)
+	}
 	defer e.cleanup() // kills the group if a panic cuts supervise short
 	if err := e.start(); err != nil {
 		return nil, err
