@@ -612,8 +612,12 @@ func TestRunKillGrace(t *testing.T) {
 			}
 		})
 		sp := watchSpawn(r)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		res, err := r.Run(ctx, specFor(s, "ping.yml", nil))
+		// Cancelled a second after the process started (the takeover before
+		// it takes its own time on a loaded machine).
+		ctx, cancel := context.WithCancel(context.Background())
+		spec := specFor(s, "ping.yml", nil)
+		spec.OnStart = func(int) { time.AfterFunc(time.Second, cancel) }
+		res, err := r.Run(ctx, spec)
 		cancel()
 		if err != nil {
 			t.Fatalf("guarded=%v: %v", guarded, err)
