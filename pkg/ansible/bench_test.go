@@ -18,7 +18,9 @@ import (
 //   - start_*: from the Run call to ansible-playbook's exec (guarded: the
 //     time runguard reports; direct: when exec.Cmd.Start returned);
 //   - prep_p50: Run call to starting the process (validation, run dir and
-//     files, agent);
+//     files, agent, the takeover);
+//   - takeover_p50: the takeover of earlier runs' remote work (one SSH
+//     session and reap.py on the target), part of prep;
 //   - guard_start_p50: starting runguard until its main runs (fork/exec, Go
 //     runtime start); guard_exec_p50: runguard's main to the program's exec;
 //   - exit_*: from ansible-playbook's exit (guarded: as runguard saw it;
@@ -39,10 +41,11 @@ func BenchmarkRunOverhead(b *testing.B) {
 				}
 			})
 			r.log = zerolog.Nop()
-			var start, prep, guardStart, guardExec, exit, exitReap []time.Duration
+			var start, prep, takeover, guardStart, guardExec, exit, exitReap []time.Duration
 			r.hooks.onTimings = func(t timings) {
 				ms := func(from, to int64) time.Duration { return time.Duration(to - from) }
 				prep = append(prep, ms(t.runCalled, t.spawning))
+				takeover = append(takeover, time.Duration(t.takeover))
 				if mode == "guarded" {
 					start = append(start, ms(t.runCalled, t.childStarted))
 					guardStart = append(guardStart, ms(t.spawning, t.guardMain))
@@ -69,6 +72,7 @@ func BenchmarkRunOverhead(b *testing.B) {
 			report(b, "start", start, true)
 			report(b, "exit", exit, true)
 			report(b, "prep", prep, false)
+			report(b, "takeover", takeover, false)
 			if mode == "guarded" {
 				report(b, "guard_start", guardStart, false)
 				report(b, "guard_exec", guardExec, false)

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,5 +154,29 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	}
 	if _, err := os.Lstat(runDir); !os.IsNotExist(err) {
 		t.Fatalf("run dir still there after the sweep: %v", err)
+	}
+
+	// The task's command on the target outlived its controller (nothing
+	// there noticed the death)...
+	if !moduleRunning(targetTmp) {
+		t.Fatalf("the Sleep task's command is gone from the target with its controller: nothing left to take over")
+	}
+	// ...until the next run of the server takes over: it stops it before
+	// its own play starts.
+	var overlapped atomic.Bool
+	spec := specFor(s, "ping.yml", nil)
+	spec.OnStart = func(int) { overlapped.Store(moduleRunning(targetTmp)) }
+	res, err := r.Run(context.Background(), spec)
+	if err != nil || res.Outcome != OutcomeSucceeded {
+		t.Fatalf("next run: %v %+v", err, res)
+	}
+	if overlapped.Load() {
+		t.Errorf("the next run's play started while the killed run's task still ran on the target")
+	}
+	if moduleRunning(targetTmp) {
+		t.Errorf("the killed run's task still runs on the target after the takeover")
+	}
+	if tk := res.Takeover; tk == nil || tk.Stopped < 2 || tk.Left != 0 || len(tk.Runs) != 1 {
+		t.Errorf("Takeover = %+v, want the killed run's python and sleep stopped", tk)
 	}
 }

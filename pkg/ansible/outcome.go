@@ -53,6 +53,16 @@ type Result struct {
 	StartedAt, ExitedAt, FinishedAt time.Time
 	// Err says why when Outcome is not succeeded; it never holds a secret.
 	Err error
+	// RemoteRun is the run part of the marker the run's remote work
+	// carries on the target (AUTOPROV_RUN, see remote.go).
+	RemoteRun string
+	// Takeover is what the takeover before the play found and stopped of
+	// earlier runs on the target; nil when it could not connect (the play
+	// then found the target unreachable).
+	Takeover *RemoteReport
+	// Cleanup is what the cleanup after a stopped play (cancelled,
+	// timeout, idle timeout) stopped of the run's own work on the target.
+	Cleanup *RemoteReport
 }
 
 // result collects the finished run's Result.

@@ -23,6 +23,7 @@ import (
 // overhead benchmark.
 type timings struct {
 	runCalled    int64 // Run entered
+	takeover     int64 // the takeover's SSH session and script took this long (ns)
 	spawning     int64 // exec.Cmd.Start called
 	spawned      int64 // exec.Cmd.Start returned (guard or playbook started)
 	guardMain    int64 // runguard's main began (guarded)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -291,12 +292,16 @@ func TestRunFailures(t *testing.T) {
 			outcome: OutcomeSucceeded, exit: 0, recap: Recap{OK: 1, Rescued: 1}},
 		{name: "syntax error", playbook: "syntax_error.yml", outcome: OutcomeError, exit: 4},
 	}
-	for _, tt := range tests {
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r, _ := newTestRunner(t, nil)
 			sp := watchSpawn(r)
-			res, err := r.Run(context.Background(), specFor(s, tt.playbook, tt.vars))
+			// The subtests share one sshd: each is a server of its own
+			// (a takeover stops the tasks of other runs of its server).
+			spec := specFor(s, tt.playbook, tt.vars)
+			spec.Host.Alias = fmt.Sprintf("target-%d", i+1)
+			res, err := r.Run(context.Background(), spec)
 			if err != nil {
 				t.Fatalf("Run: %v", err)
 			}
@@ -307,7 +312,7 @@ func TestRunFailures(t *testing.T) {
 				if res.Err == nil || !strings.Contains(res.Err.Error(), "ERROR!") {
 					t.Errorf("err = %v, want Ansible's error line", res.Err)
 				}
-			} else if got := res.Hosts["target-1"]; got != tt.recap {
+			} else if got := res.Hosts[spec.Host.Alias]; got != tt.recap {
 				t.Errorf("recap = %+v, want %+v", got, tt.recap)
 			}
 			if tt.task == "" {
@@ -316,7 +321,7 @@ func TestRunFailures(t *testing.T) {
 				}
 			} else {
 				ft := res.FailedTask
-				if ft == nil || ft.Name != tt.task || ft.Host != "target-1" || ft.Play != "Failing play" || ft.Message != tt.msg {
+				if ft == nil || ft.Name != tt.task || ft.Host != spec.Host.Alias || ft.Play != "Failing play" || ft.Message != tt.msg {
 					t.Errorf("FailedTask = %+v, want %s: %s", ft, tt.task, tt.msg)
 				}
 				if res.Err == nil || !strings.Contains(res.Err.Error(), tt.task) {
@@ -414,7 +419,7 @@ func TestRunStops(t *testing.T) {
 		{name: "wall-clock timeout", timeout: 30 * time.Second, idle: 2 * time.Minute, outcome: OutcomeTimeout},
 		{name: "idle timeout", timeout: 2 * time.Minute, idle: 15 * time.Second, outcome: OutcomeIdleTimeout},
 	}
-	for _, tt := range tests {
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r, _ := newTestRunner(t, func(c *Config) {
@@ -431,6 +436,7 @@ func TestRunStops(t *testing.T) {
 			targetTmp := targetDir(t)
 			spec := specFor(s, "sleep.yml", map[string]any{"sleep_seconds": 300, "target_tmp": targetTmp})
 			spec.Timeout, spec.IdleTimeout = tt.timeout, tt.idle
+			spec.Host.Alias = fmt.Sprintf("target-%d", i+1) // one server per subtest (one sshd)
 			var sawMaster atomic.Bool
 			var events eventLog
 			spec.OnEvent = events.add
@@ -478,6 +484,14 @@ func TestRunStops(t *testing.T) {
 			t.Logf("%s after %s, exit %d: %v", res.Outcome, time.Since(start).Round(time.Millisecond), res.ExitCode, res.Err)
 			pgid, runDir := sp.get()
 			assertNothingLeft(t, pgid, runDir)
+			// The task's command on the target was stopped with the play,
+			// not left running.
+			if moduleRunning(targetTmp) {
+				t.Errorf("the Sleep task's command still runs on the target after Run returned")
+			}
+			if c := res.Cleanup; c == nil || c.Stopped < 1 || c.Left != 0 {
+				t.Errorf("Cleanup = %+v, want the task's processes stopped", c)
+			}
 		})
 	}
 }
@@ -495,7 +509,9 @@ func TestRunConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = r.Run(context.Background(), specFor(s, "ping.yml", nil))
+			spec := specFor(s, "ping.yml", nil)
+			spec.Host.Alias = fmt.Sprintf("target-%d", i+1) // servers of their own
+			results[i], errs[i] = r.Run(context.Background(), spec)
 		}()
 	}
 	wg.Wait()
@@ -596,8 +612,12 @@ func TestRunKillGrace(t *testing.T) {
 			}
 		})
 		sp := watchSpawn(r)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		res, err := r.Run(ctx, specFor(s, "ping.yml", nil))
+		// Cancelled a second after the process started (the takeover before
+		// it takes its own time on a loaded machine).
+		ctx, cancel := context.WithCancel(context.Background())
+		spec := specFor(s, "ping.yml", nil)
+		spec.OnStart = func(int) { time.AfterFunc(time.Second, cancel) }
+		res, err := r.Run(ctx, spec)
 		cancel()
 		if err != nil {
 			t.Fatalf("guarded=%v: %v", guarded, err)

@@ -123,7 +123,7 @@ func writeFile(path string, data []byte) error {
 }
 
 // writeInputs writes inventory.yml, known_hosts and vars.yml for spec.
-func (d *runDir) writeInputs(spec *Spec, key pinnedKey) error {
+func (d *runDir) writeInputs(spec *Spec, key pinnedKey, m remoteMarker) error {
 	h := spec.Host
 	// -F /dev/null: no ssh_config of this machine or user (a stray
 	// "Host *" there could add a ProxyCommand or weaken checks).
@@ -134,8 +134,10 @@ func (d *runDir) writeInputs(spec *Spec, key pinnedKey) error {
 		"-o StrictHostKeyChecking=yes",
 		"-o HostKeyAlgorithms=" + key.algorithms,
 	}, " ")
-	inv := fmt.Sprintf("all:\n  hosts:\n    %s:\n      ansible_host: !unsafe %s\n      ansible_port: %d\n      ansible_user: !unsafe %s\n      ansible_ssh_common_args: !unsafe %s\n",
-		quoted(h.Alias), quoted(h.Address), h.Port, quoted(h.User), quoted(sshArgs))
+	// The interpreter and remote tmp dir carry the run's marker (remote.go).
+	inv := fmt.Sprintf("all:\n  hosts:\n    %s:\n      ansible_host: !unsafe %s\n      ansible_port: %d\n      ansible_user: !unsafe %s\n      ansible_ssh_common_args: !unsafe %s\n"+
+		"      ansible_python_interpreter: !unsafe %s\n      ansible_remote_tmp: !unsafe %s\n",
+		quoted(h.Alias), quoted(h.Address), h.Port, quoted(h.User), quoted(sshArgs), quoted(m.interpreter()), quoted(m.remoteTmp()))
 	if err := d.writeFile(d.inventory, []byte(inv)); err != nil {
 		return fmt.Errorf("write inventory: %w", err)
 	}

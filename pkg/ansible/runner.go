@@ -22,7 +22,13 @@
 //     are redacted, handed to Spec.OnEvent in order, and decide the outcome,
 //     with the exit code as a cross-check;
 //   - stdout and stderr (one pipe, so their lines stay in order) are drained
-//     continuously; a redacted, size-capped tail is kept for the result.
+//     continuously; a redacted, size-capped tail is kept for the result;
+//   - the run's remote work carries a marker (AUTOPROV_RUN in the
+//     environment of every module process on the target): before the play
+//     starts, a takeover over SSH stops what earlier runs of the same target
+//     left running there (their controller died), and a stopped play's own
+//     task is stopped on the target too (see remote.go). The caller must
+//     hold the target (one run per target at a time).
 //
 // The Spec.Redact function is applied to all text before it leaves the
 // package (events, output tail, errors, logs).
@@ -313,7 +319,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 			log.Error().Err(err).Msg("remove run dir")
 		}
 	}()
-	if err := rd.writeInputs(&spec, key); err != nil {
+	marker := newRemoteMarker(spec.Host, key)
+	log = log.With().Str("remote_run", marker.String()).Logger()
+	if err := rd.writeInputs(&spec, key, marker); err != nil {
 		return nil, err
 	}
 	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
@@ -326,8 +334,19 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	}
 	defer ag.close()
 
+	// No process of an earlier run may still run on the target when the
+	// play starts (remote.go).
+	takeover, stop := r.takeover(ctx, rd, &spec, key, marker, log)
+	if stop != nil {
+		stop.RemoteRun, stop.Takeover = marker.run, takeover
+		return stop, nil
+	}
+
 	e := &execution{r: r, spec: &spec, rd: rd, log: log}
 	e.t.runCalled = called
+	if takeover != nil {
+		e.t.takeover = int64(takeover.Duration)
+	}
 	defer e.cleanup() // kills the group if a panic cuts supervise short
 	if err := e.start(); err != nil {
 		return nil, err
@@ -339,6 +358,58 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	res.RemoteRun, res.Takeover = marker.run, takeover
+	switch res.Outcome {
+	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
+		// The play was stopped: so is its task on the target.
+		res.Cleanup = r.cleanupRemote(ctx, rd, &spec, key, marker, log)
+	}
 	done = &e.t
 	return res, nil
+}
+
+// takeover stops what earlier runs left running on the target (see
+// remote.go). It returns the Result of a run that must not start: the
+// takeover failed or ctx ended.
+func (r *Runner) takeover(ctx context.Context, rd *runDir, spec *Spec, key pinnedKey, m remoteMarker, log zerolog.Logger) (*RemoteReport, *Result) {
+	rep, err := r.reap(ctx, rd, spec, key, m, reapTakeover)
+	now := time.Now()
+	switch {
+	case ctx.Err() != nil:
+		return rep, &Result{Outcome: OutcomeCancelled, ExitCode: -1, Hosts: map[string]Recap{}, StartedAt: now, FinishedAt: now,
+			Err: errors.New(spec.Redact(fmt.Sprintf("cancelled before start (during the takeover): %v", context.Cause(ctx))))}
+	case errors.Is(err, errTakeoverConnect):
+		// The play connects the same way and will report the target
+		// unreachable with ssh's own words.
+		log.Warn().Err(err).Msg("takeover could not reach the target; the play will find it unreachable")
+		return nil, nil
+	case err != nil:
+		log.Error().Err(err).Msg("takeover failed: the play does not start")
+		return rep, &Result{Outcome: OutcomeError, ExitCode: -1, Hosts: map[string]Recap{}, StartedAt: now, FinishedAt: now,
+			Err: fmt.Errorf("takeover of the target from earlier runs: %w", err)}
+	}
+	ev := log.Debug()
+	if rep.Stopped > 0 {
+		ev = log.Warn()
+	}
+	ev.Int("stopped", rep.Stopped).Int("killed", rep.Killed).Strs("earlier_runs", rep.Runs).Int("dirs_removed", rep.Dirs).
+		Bool("privileged", rep.Privileged).Dur("took", rep.Duration).
+		Msgf("takeover stopped %d processes of earlier runs on the target", rep.Stopped)
+	if !rep.Privileged {
+		log.Warn().Msg("takeover ran without root on the target (no passwordless sudo): it saw only the login user's processes")
+	}
+	return rep, nil
+}
+
+// cleanupRemote stops the run's own task on the target after its play was
+// stopped; whatever happens, the next run's takeover tries again.
+func (r *Runner) cleanupRemote(ctx context.Context, rd *runDir, spec *Spec, key pinnedKey, m remoteMarker, log zerolog.Logger) *RemoteReport {
+	rep, err := r.reap(context.WithoutCancel(ctx), rd, spec, key, m, reapCleanup)
+	if err != nil {
+		log.Warn().Err(err).Msg("cleanup of the stopped run on the target failed; the next run's takeover stops what is left")
+		return rep
+	}
+	log.Info().Int("stopped", rep.Stopped).Int("killed", rep.Killed).Dur("took", rep.Duration).
+		Msgf("cleanup stopped %d processes of the stopped run on the target", rep.Stopped)
+	return rep
 }

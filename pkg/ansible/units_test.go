@@ -301,7 +301,8 @@ func TestKnownHostsAndInventory(t *testing.T) {
 	}
 	defer d.remove()
 	spec := Spec{Host: h, Vars: map[string]any{"x": 1}}
-	if err := d.writeInputs(&spec, pk); err != nil {
+	m := newRemoteMarker(h, pk)
+	if err := d.writeInputs(&spec, pk, m); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{d.inventory, d.knownHosts, d.vars, filepath.Join(d.path, markerName)} {
@@ -317,7 +318,8 @@ func TestKnownHostsAndInventory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ansible-inventory: %v\n%s", err, out)
 	}
-	for _, want := range []string{`"__ansible_unsafe": "127.0.0.1"`, `"__ansible_unsafe": "root"`, "HostKeyAlgorithms=rsa-sha2-512,rsa-sha2-256", "UserKnownHostsFile=" + d.knownHosts, "StrictHostKeyChecking=yes", "-F /dev/null"} {
+	for _, want := range []string{`"__ansible_unsafe": "127.0.0.1"`, `"__ansible_unsafe": "root"`, "HostKeyAlgorithms=rsa-sha2-512,rsa-sha2-256", "UserKnownHostsFile=" + d.knownHosts, "StrictHostKeyChecking=yes", "-F /dev/null",
+		"/usr/bin/env AUTOPROV_RUN=" + m.String() + " python3", "~/.ansible/tmp/autoprov-" + m.String()} {
 		if !strings.Contains(out, want) {
 			t.Errorf("inventory lacks %s:\n%s", want, out)
 		}

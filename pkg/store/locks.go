@@ -21,6 +21,10 @@ import (
 // another instance runs the job right now; leave the request to it.
 var ErrJobRunningElsewhere = errors.New("job is running elsewhere")
 
+// ErrTargetBusy: another run holds the target's lock and the caller asked
+// not to wait (LockOptions.NoWait); nothing is held.
+var ErrTargetBusy = errors.New("target is busy with another run")
+
 // JobLockKey is the advisory lock key of a job: the first 8 bytes of
 // SHA-256("job:"+jobID). A 64-bit key from a strong hash makes collisions
 // (which would make an unrelated job look "running elsewhere") negligible.
@@ -54,6 +58,11 @@ type LockOptions struct {
 	// queued, holding the job lock, until the target lock freed; with
 	// slices it notices within one.
 	WaitSlice time.Duration
+	// NoWait: when another run holds the target lock, give up at once with
+	// ErrTargetBusy (releasing the job lock) instead of waiting; OnWait is
+	// not called. A service whose handlers run in a bounded number of slots
+	// uses it so that a request for a busy server does not hold a slot.
+	NoWait bool
 }
 
 // lockNotAvailable is the SQLSTATE of a lock wait that ran into
@@ -220,6 +229,9 @@ func (lk *Locker) Acquire(ctx context.Context, jobID, target string, opts LockOp
 	}
 	if !gotJob {
 		return fail(fmt.Errorf("lock job %s: %w", jobID, ErrJobRunningElsewhere)) // unlocks the target too
+	}
+	if !gotTarget && opts.NoWait {
+		return fail(fmt.Errorf("lock target %s (job %s): %w", target, jobID, ErrTargetBusy))
 	}
 	if !gotTarget {
 		if opts.OnWait != nil {

@@ -162,6 +162,35 @@ func TestJobLockRunningElsewhere(t *testing.T) {
 	}
 }
 
+// With NoWait, a run of a busy target is refused at once with
+// ErrTargetBusy and holds nothing afterwards (its job lock included); once
+// the target is free, it gets both locks.
+func TestNoWaitOnBusyTarget(t *testing.T) {
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	a := acquire(t, pool, "job-a", "web-1", store.LockOptions{})
+	waitCalled := false
+	_, err := store.AcquireRunLocks(ctx, pool, "job-b", "web-1", store.LockOptions{NoWait: true, OnWait: func() { waitCalled = true }})
+	if !errors.Is(err, store.ErrTargetBusy) || waitCalled {
+		t.Fatalf("err = %v (OnWait called %v), want ErrTargetBusy at once", err, waitCalled)
+	}
+	if rows := advisoryLocks(t, pool, store.JobLockKey("job-b")); len(rows) != 0 {
+		t.Fatalf("refused run left its job lock: %+v", rows)
+	}
+	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-1")); len(rows) != 1 || rows[0].PID != a.BackendPID() {
+		t.Fatalf("target lock rows = %+v, want only the holder's", rows)
+	}
+	// A free target is taken as without NoWait.
+	c := acquire(t, pool, "job-c", "web-2", store.LockOptions{NoWait: true})
+	if c.Waited() != 0 {
+		t.Fatalf("free target waited %s", c.Waited())
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, pool, "job-b", "web-1", store.LockOptions{NoWait: true})
+}
+
 func TestTargetLockSerialisesRuns(t *testing.T) {
 	pool := testenv.Pool(t)
 	first := acquire(t, pool, "job-1", "web-1", store.LockOptions{})

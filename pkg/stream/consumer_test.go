@@ -651,3 +651,40 @@ func TestLaterRedeliversWithoutCountingDeliveries(t *testing.T) {
 		}
 	}
 }
+
+// An entry that keeps coming back (stream.Later: a request waiting for a
+// busy server) does not starve new entries of the only handler slot, even
+// when another stream's reader takes turns for it: claiming and reading
+// alternate when both are due.
+func TestLaterDoesNotStarveNewEntries(t *testing.T) {
+	rdb := testenv.Redis(t)
+	s, g := names()
+	quiet := testenv.Unique("test:stream:quiet:")
+	var laters atomic.Int32
+	handled := make(chan string, 16)
+	h := stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		if string(msg.Data()) == "0" {
+			laters.Add(1)
+			return stream.Later(200*time.Millisecond, errors.New("server busy"))
+		}
+		handled <- string(msg.Data())
+		return nil
+	})
+	running(t, newConsumer(t, rdb, stream.Config{
+		Group: g, Streams: []string{s, quiet}, Concurrency: 1, Lease: 2 * time.Second, MaxDeliveries: 2,
+	}, h))
+	publish(t, rdb, s, 1)
+	testenv.WaitFor(t, 30*time.Second, "the waiting entry to come back a few times", func() bool { return laters.Load() >= 3 })
+	p := stream.NewProducer(rdb, stream.ProducerOptions{})
+	if _, err := p.Publish(context.Background(), s, []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-handled:
+		if got != "new" {
+			t.Fatalf("handled %q", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the new entry was not handled while another kept coming back (%d times)", laters.Load())
+	}
+}

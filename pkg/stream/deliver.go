@@ -15,7 +15,10 @@ import (
 // readLoop serves one stream while ctx lives: it re-runs this consumer's
 // own pending entries at start, then, with the slots it holds, claims idle
 // entries every ClaimInterval and reads new ones. Claiming and reading share
-// the loop so that neither can starve the other of slots.
+// the loop so that neither can starve the other of slots: when a claim took
+// slots, the next turn reads even if another claim is due (an entry that
+// keeps coming back, stream.Later, would otherwise take every turn when
+// slots are scarce and the reader waits for them longer than ClaimInterval).
 func (c *Consumer) readLoop(ctx context.Context, st *streamState) {
 	c.recoverOwn(ctx, st)
 	bo := newBackoff()
@@ -23,13 +26,15 @@ func (c *Consumer) readLoop(ctx context.Context, st *streamState) {
 	// its reply are already ours.
 	rctx := context.WithoutCancel(ctx)
 	nextClaim := time.Now()
+	claimedLast := false
 	for ctx.Err() == nil {
 		n := c.slots.acquire(ctx, c.share())
 		if n == 0 {
 			return
 		}
-		if !time.Now().Before(nextClaim) {
+		if !time.Now().Before(nextClaim) && !claimedLast {
 			used, more := c.claim(ctx, st, n)
+			claimedLast = used > 0
 			n -= used
 			nextClaim = time.Now().Add(c.cfg.ClaimInterval)
 			if more {
@@ -39,6 +44,7 @@ func (c *Consumer) readLoop(ctx context.Context, st *streamState) {
 				continue
 			}
 		}
+		claimedLast = false
 		// Block no longer than the next claim round is due.
 		block := max(min(c.cfg.Block, time.Until(nextClaim)), time.Millisecond)
 		sent := time.Now()

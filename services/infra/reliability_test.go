@@ -112,8 +112,11 @@ func TestSIGTERMWhileWaitingForBusyServerReleasesTheRequest(t *testing.T) {
 	if code := a.Wait(time.Minute); code != 0 {
 		t.Fatalf("exit status %d after SIGTERM, want 0; logs:\n%s", code, a.Stderr())
 	}
-	if !strings.Contains(a.Stderr(), "releasing entry to other consumers") {
-		t.Errorf("the entry was not released at shutdown")
+	// The entry was released, not acknowledged: at shutdown when a
+	// handler had it, else before, when it left its slot to wait for the
+	// busy server (stream.Later).
+	if !strings.Contains(a.Stderr(), "releasing entry to other consumers") && !strings.Contains(a.Stderr(), "it will be delivered again") {
+		t.Errorf("the entry was neither released at shutdown nor left pending to wait")
 	}
 
 	a2 := e.infra(name)

@@ -135,6 +135,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	handler, err := jobs.New(jobs.Config{
 		Owner:            consumerName,
 		ElsewhereRecheck: cfg.Stream.RetryBackoff,
+		BusyRecheck:      cfg.Jobs.BusyRecheck,
 		OutageWait:       cfg.Jobs.OutageWait,
 		RedisOutageWait:  cfg.Jobs.RedisOutageWait,
 		Playbooks:        jobs.DefaultPlaybooks,

@@ -97,6 +97,7 @@ type JobsConfig struct {
 	ReinstallSSHWait time.Duration `env:"REINSTALL_SSH_WAIT" envDefault:"15m" desc:"how long to wait for SSH after a provider reinstall"`
 	ProgressTTL      time.Duration `env:"PROGRESS_TTL" envDefault:"24h" desc:"how long a job's progress stream is kept after the job"`
 	CancelPoll       time.Duration `env:"CANCEL_POLL" envDefault:"1s" desc:"how often a running job checks its cancel key"`
+	BusyRecheck      time.Duration `env:"SERVER_BUSY_RECHECK" envDefault:"1s" desc:"how often a request for a server another run holds tries the server again; it waits pending in the stream, not in one of the CONCURRENCY slots"`
 	OutageWait       time.Duration `env:"DB_OUTAGE_WAIT" envDefault:"3m" desc:"how long a job waits out a Postgres outage (retrying with backoff) before it counts as an infrastructure error; a job never fails for an outage shorter than this"`
 	RedisOutageWait  time.Duration `env:"REDIS_OUTAGE_WAIT" envDefault:"3m" desc:"how long publishing a job's result waits out Redis being unreachable (a restart, a failover) before the request is retried; the play itself goes on through a Redis outage"`
 }

@@ -141,6 +141,10 @@ type Config struct {
 	// delivered again to see whether that job's outcome is durable by then;
 	// 0 means 5s.
 	ElsewhereRecheck time.Duration
+	// BusyRecheck is how long a request for a server another run holds
+	// stays pending, outside the handler slots, before it is delivered
+	// again to try the server's lock; 0 means 1s.
+	BusyRecheck time.Duration
 	// OutageWait is how long a job waits out a Postgres outage (retrying
 	// with backoff) before the failure counts as an infrastructure error;
 	// 0 means 3m.
@@ -181,7 +185,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck,
-		"elsewhere recheck": c.ElsewhereRecheck, "outage wait": c.OutageWait, "redis outage wait": c.RedisOutageWait} {
+		"elsewhere recheck": c.ElsewhereRecheck, "busy recheck": c.BusyRecheck, "outage wait": c.OutageWait, "redis outage wait": c.RedisOutageWait} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must not be negative", name, d))
 		}

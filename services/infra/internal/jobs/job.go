@@ -139,17 +139,24 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 
 	var locks *store.RunLocks
 	lctx, lockSpan := j.startSpan(ctx, spanLock, attribute.String("autoprov.target", target))
-	err = j.durably(lctx, "take run locks", 24*time.Hour, func(context.Context) (err error) {
-		// The lock wait is bounded by ctx alone (a play on the server may
-		// take hours); connecting is bounded by the pool's settings.
-		locks, err = j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{
-			PingInterval: j.h.cfg.LockCheck,
-			OnWait: func() {
-				j.log.Info().Str("target", target).Msg("waiting for another run on this server to finish")
-			},
-		})
+	err = j.durably(lctx, "take run locks", 30*time.Second, func(ctx context.Context) (err error) {
+		// Neither lock is waited for: a request for a busy server must not
+		// hold one of the handler slots (CONCURRENCY) that runs on other
+		// servers need while it waits.
+		locks, err = j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{PingInterval: j.h.cfg.LockCheck, NoWait: true})
 		return err
 	})
+	if errors.Is(err, store.ErrTargetBusy) {
+		// The request waits outside the slots: released for redelivery
+		// without counting a delivery, it looks again after BusyRecheck,
+		// on whichever instance claims it then.
+		lockSpan.SetAttributes(attribute.Bool("autoprov.target_busy", true))
+		endSpan(lockSpan, nil)
+		delay := cmp.Or(j.h.cfg.BusyRecheck, time.Second)
+		j.log.Info().Str("target", target).Dur("recheck_in", delay).
+			Msg("waiting for another run on this server to finish (outside the handler slots)")
+		return stream.Later(delay, err)
+	}
 	endSpan(lockSpan, err)
 	if errors.Is(err, store.ErrJobRunningElsewhere) {
 		// Its outcome is not durable yet, and whoever runs it may still die,

@@ -17,6 +17,7 @@ type Metrics struct {
 	progressDropped prometheus.Counter
 	overhead        *prometheus.HistogramVec
 	sshChecksReused prometheus.Counter
+	remoteStopped   *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -40,8 +41,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"phase"}),
 		sshChecksReused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "ssh_checks_reused_total",
 			Help: "Runs that went without an SSH check because the same server passed one moments before."}),
+		remoteStopped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "remote_processes_stopped_total",
+			Help: "Processes stopped on servers: of earlier runs whose controller was gone, before a play (takeover), " +
+				"and of a play that was stopped (cleanup)."}, []string{"step"}),
 	}
-	reg.MustRegister(m.runs, m.duration, m.unreachable, m.inFlight, m.progressDropped, m.overhead, m.sshChecksReused)
+	reg.MustRegister(m.runs, m.duration, m.unreachable, m.inFlight, m.progressDropped, m.overhead, m.sshChecksReused, m.remoteStopped)
 	return m
 }
 

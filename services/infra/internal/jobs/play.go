@@ -83,6 +83,7 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	if err != nil {
 		return nil, fmt.Errorf("run %s: %w", playbook, err)
 	}
+	j.reportRemote(ep, res)
 	// The finish overhead counts from ansible-playbook's exit: the runner's
 	// clean-up after it is the service's own time.
 	j.playEnded = res.ExitedAt
@@ -106,4 +107,30 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		}
 	}
 	return res, nil
+}
+
+// reportRemote logs (and counts) what the run stopped on the server: work of
+// earlier runs whose controller was gone (the takeover before the play),
+// and its own task after its play was stopped (the cleanup).
+func (j *job) reportRemote(ep endpoint, res *ansible.Result) {
+	attempt := 0
+	if j.run != nil {
+		attempt = j.run.Attempt
+	}
+	for step, rep := range map[string]*ansible.RemoteReport{"takeover": res.Takeover, "cleanup": res.Cleanup} {
+		if rep == nil || rep.Stopped == 0 {
+			continue
+		}
+		j.h.Metrics.remoteStopped.WithLabelValues(step).Add(float64(rep.Stopped))
+		ev := j.log.Warn()
+		if step == "cleanup" {
+			ev = j.log.Info()
+		}
+		if j.server == nil { // else the job's logger names the server
+			ev = ev.Str("host", ep.alias).Str("address", ep.address)
+		}
+		ev.Str("step", step).Int("attempt", attempt).Str("remote_run", res.RemoteRun).
+			Strs("earlier_runs", rep.Runs).Int("stopped", rep.Stopped).Int("killed", rep.Killed).Int("dirs_removed", rep.Dirs).
+			Msgf("%s stopped %d processes on the server", step, rep.Stopped)
+	}
 }

@@ -1,0 +1,232 @@
+package ansible
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Remote work and its controller.
+//
+// Killing ansible-playbook (a crash of this process, a cancelled or timed-out
+// run) ends the SSH connections, but not the module processes they started
+// on the target: without a terminal nothing sends them SIGHUP, and a task's
+// command (a long "sleep", a package install) runs on. A run that took over
+// would then start its play beside them. So every run marks its remote
+// work, and stops what earlier runs left before its own play starts:
+//
+//   - The marker: every module of a run starts as
+//     "/usr/bin/env AUTOPROV_RUN=<scope>.<run> python3" (the inventory's
+//     ansible_python_interpreter), so the module process and everything it
+//     starts carry AUTOPROV_RUN in their environment, also across sudo
+//     (become) and setsid. <scope> is a hash of the target (alias, address,
+//     port, pinned host key): the runs of one server share it, other
+//     servers never do. <run> is random per run. The run's remote tmp dir
+//     is ~/.ansible/tmp/autoprov-<scope>.<run>.
+//   - The takeover: before the play starts, one SSH session (the run's own
+//     pinned host key and agent; root through "sudo -n" when the login user
+//     is not root) runs reap.py, which finds the tasks of earlier runs of the
+//     scope still running (a module process with another run's marker) with
+//     their descendants, process groups and sessions, sends them SIGTERM,
+//     SIGKILL after KillGrace, checks that none is left and removes the
+//     earlier runs' remote tmp dirs. Only then does the play start; a
+//     takeover that leaves a process alive fails the run (OutcomeError)
+//     without starting it. The caller must hold the server (the infra
+//     service's server lock): any other run of the scope is by then one
+//     whose controller is gone.
+//   - The cleanup: a run that was stopped (cancelled, timeout, idle timeout)
+//     runs reap.py for its own marker after its process group is gone, so
+//     its task does not outlive it either.
+//
+// Processes a finished task left on purpose (a daemon started with
+// start-stop-daemon or setsid, a service) are not tasks and are never
+// stopped. Tasks that run no Python module on the target (raw, script) carry
+// no marker.
+
+//go:embed reap.py
+var reapScript []byte
+
+// markerEnv is the environment variable carrying a run's marker on the target.
+const markerEnv = "AUTOPROV_RUN"
+
+// RemoteReport says what a takeover or a cleanup found on the target.
+type RemoteReport struct {
+	// Stopped is the number of processes of earlier runs (takeover) or of
+	// the run itself (cleanup) that were signalled.
+	Stopped int `json:"stopped"`
+	// Killed is how many of them needed SIGKILL after KillGrace.
+	Killed int `json:"killed"`
+	// Left is the number still alive afterwards (0, or the step failed).
+	Left int `json:"left"`
+	// Runs are the markers' run parts of the runs whose tasks were stopped.
+	Runs []string `json:"runs"`
+	// Dirs is the number of remote tmp dirs of those runs removed.
+	Dirs int `json:"dirs"`
+	// Privileged tells whether the step ran as root on the target; without
+	// root it sees and stops only the login user's processes.
+	Privileged bool `json:"privileged"`
+	// Duration is how long the step took, SSH connection included.
+	Duration time.Duration `json:"-"`
+}
+
+// remoteMarker is the marker of one run: "<scope>.<run>", [0-9a-f.] only
+// (it is part of a shell command on the target).
+type remoteMarker struct{ scope, run string }
+
+func (m remoteMarker) String() string { return m.scope + "." + m.run }
+
+// newRemoteMarker returns a fresh marker for a run against h (validated).
+func newRemoteMarker(h Host, key pinnedKey) remoteMarker {
+	sum := sha256.Sum256([]byte(h.Alias + "\x00" + h.Address + "\x00" + strconv.Itoa(h.Port) + "\x00" + key.line))
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return remoteMarker{scope: hex.EncodeToString(sum[:8]), run: hex.EncodeToString(b[:])}
+}
+
+// interpreter is the run's ansible_python_interpreter: python3 with the
+// marker in its environment.
+func (m remoteMarker) interpreter() string {
+	return "/usr/bin/env " + markerEnv + "=" + m.String() + " python3"
+}
+
+// remoteTmp is the run's remote tmp dir (ansible_remote_tmp).
+func (m remoteMarker) remoteTmp() string { return "~/.ansible/tmp/autoprov-" + m.String() }
+
+// reapMode is what reap.py stops.
+type reapMode string
+
+const (
+	reapTakeover reapMode = "takeover" // earlier runs of the scope
+	reapCleanup  reapMode = "cleanup"  // the run itself
+)
+
+// errTakeoverConnect: the takeover's SSH session did not get through; the
+// play will find the target unreachable the same way.
+var errTakeoverConnect = errors.New("ssh connection failed")
+
+// reapCommand is the remote command: root through sudo -n when the login
+// user is not root and may; the script comes on stdin.
+func reapCommand(mode reapMode, m remoteMarker, grace time.Duration) string {
+	args := fmt.Sprintf("- %s %s %.3f", mode, m, grace.Seconds())
+	return `if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then exec sudo -n python3 ` + args +
+		`; else exec python3 ` + args + `; fi`
+}
+
+// sshArgs are the options of ssh for the run's own target: no ssh_config,
+// the run's pinned host key only, keys from the run's agent only.
+func sshArgs(d *runDir, h Host, key pinnedKey) []string {
+	return []string{
+		"-F", "/dev/null",
+		"-o", "UserKnownHostsFile=" + d.knownHosts,
+		"-o", "GlobalKnownHostsFile=/dev/null",
+		"-o", "StrictHostKeyChecking=yes",
+		"-o", "HostKeyAlgorithms=" + key.algorithms,
+		"-o", "BatchMode=yes",
+		"-o", "PreferredAuthentications=publickey",
+		"-o", "PasswordAuthentication=no",
+		"-o", "ControlMaster=no",
+		"-o", "ControlPath=none",
+		"-o", "ConnectTimeout=10",
+		"-o", "ServerAliveInterval=15",
+		"-o", "ServerAliveCountMax=4",
+		"-p", strconv.Itoa(h.Port),
+		"-l", h.User,
+	}
+}
+
+// reap runs reap.py on the run's target. The SSH key comes from the run's
+// agent; nothing secret is on the command line.
+func (r *Runner) reap(ctx context.Context, d *runDir, spec *Spec, key pinnedKey, m remoteMarker, mode reapMode) (*RemoteReport, error) {
+	start := time.Now()
+	grace := r.cfg.KillGrace
+	// Bound: connect, TERM, grace, KILL and its wait, with room to spare.
+	ctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
+	defer cancel()
+	args := append(sshArgs(d, spec.Host, key), "--", spec.Host.Address, reapCommand(mode, m, grace))
+	cmd := exec.CommandContext(ctx, "ssh", args...)
+	cmd.Env = []string{"PATH=" + safePath, "HOME=" + d.path, "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "SSH_AUTH_SOCK=" + d.agentSock}
+	cmd.Dir = d.tmpDir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if c := r.cfg.RunAs; c != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
+	}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	cmd.Stdin = bytes.NewReader(reapScript)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	rep, perr := parseReapOutput(stdout.Bytes())
+	if rep != nil {
+		rep.Duration = time.Since(start)
+	}
+	switch {
+	case err != nil && cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 255 && rep == nil:
+		return nil, fmt.Errorf("%s on %s: %w: %s", mode, spec.Host.Alias, errTakeoverConnect, spec.Redact(lastLine(stderr.String())))
+	case err != nil:
+		return rep, fmt.Errorf("%s on %s: %w: %s", mode, spec.Host.Alias, err, spec.Redact(lastLine(stderr.String())))
+	case perr != nil:
+		return nil, fmt.Errorf("%s on %s: %w: %s", mode, spec.Host.Alias, perr, spec.Redact(lastLine(stderr.String())))
+	case rep.Left > 0:
+		return rep, fmt.Errorf("%s on %s: %d processes of earlier runs still alive after SIGKILL", mode, spec.Host.Alias, rep.Left)
+	}
+	return rep, nil
+}
+
+// parseReapOutput reads reap.py's report: the last line that is a JSON
+// object (a login banner or a shell's chatter may come before it).
+func parseReapOutput(out []byte) (*RemoteReport, error) {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if !strings.HasPrefix(l, "{") {
+			continue
+		}
+		var raw struct {
+			RemoteReport
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(l), &raw); err != nil {
+			return nil, fmt.Errorf("unreadable report %q: %w", l, err)
+		}
+		if raw.Error != "" {
+			return nil, fmt.Errorf("reap: %s", raw.Error)
+		}
+		rep := raw.RemoteReport
+		return &rep, nil
+	}
+	return nil, errors.New("no report (is python3 installed on the target?)")
+}
+
+// lastLine is the last non-empty line of s, cut at 512 bytes.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	l := strings.TrimSpace(lines[len(lines)-1])
+	if len(l) > 512 {
+		l = l[:512]
+	}
+	return l
+}
+
+// RemoteScope returns the scope part of the markers of h's runs: every
+// process of a run against h on the target has AUTOPROV_RUN=<scope>.<run>
+// in its environment (an operator finds them with
+// grep -l AUTOPROV_RUN=<scope>. /proc/*/environ).
+func RemoteScope(h Host) (string, error) {
+	key, err := validateHost(&h)
+	if err != nil {
+		return "", err
+	}
+	return newRemoteMarker(h, key).scope, nil
+}
