@@ -301,6 +301,24 @@ func (e *events) waitCount(t testing.TB, timeout time.Duration, kind stream.Even
 	e.wait(t, timeout, fmt.Sprintf("%d %s events for %q", n, kind, id), func() bool { return e.count(kind, id) >= n })
 }
 
+// waitCountIn is waitCount for the entry id of stream st: entry ids are
+// per stream, and entries appended to two streams in one millisecond get
+// the same id.
+func (e *events) waitCountIn(t testing.TB, timeout time.Duration, kind stream.EventKind, st, id string, n int) {
+	t.Helper()
+	e.wait(t, timeout, fmt.Sprintf("%d %s events for %q of %s", n, kind, id, st), func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		seen := 0
+		for _, ev := range e.seen {
+			if ev.Kind == kind && ev.Stream == st && ev.ID == id {
+				seen++
+			}
+		}
+		return seen >= n
+	})
+}
+
 // pendingFor returns the ids of the entries pending for consumer in group g
 // of s, oldest first.
 func pendingFor(t testing.TB, rdb redis.UniversalClient, s, g, consumer string) []string {

@@ -115,7 +115,7 @@ func TestMuxUnderConsumer(t *testing.T) {
 			t.Fatal("routed entries not handled")
 		}
 	}
-	ev.waitCount(t, 10*time.Second, stream.EventAcked, orphanIDs[0], 1)
+	ev.waitCountIn(t, 10*time.Second, stream.EventAcked, orphan, orphanIDs[0], 1)
 	dead := deadEntries(t, rdb, orphan)
 	if len(dead) != 1 || dead[0].Values[stream.DeadFieldReason] != stream.ReasonUnknownStream ||
 		dead[0].Values[stream.DeadFieldDeliveries] != "1" {
