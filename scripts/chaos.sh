@@ -14,13 +14,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
 cd "$ROOT"
 
-if [ -z "${REDIS_URL:-}" ] || [ -z "${DATABASE_URL:-}" ]; then
-	scripts/services.sh start test
-	eval "$(scripts/services.sh env test)"
-else
-	scripts/services.sh deps
-fi
-export REDIS_URL DATABASE_URL
+test_services
 
 form=${1:-short}
 case "$form" in

@@ -20,3 +20,19 @@ wait_for() {
 	done
 	die "$name did not come up (tried: $*)"
 }
+
+# test_services: export REDIS_URL and DATABASE_URL for tests. When either is
+# unset, the test profile of services.sh provides both (installing Debian
+# packages and starting the servers if needed); otherwise only the packages
+# the tests run (sshd, ansible, ...) are made sure of.
+test_services() {
+	local services
+	services="$(dirname "${BASH_SOURCE[0]}")/services.sh"
+	if [ -z "${REDIS_URL:-}" ] || [ -z "${DATABASE_URL:-}" ]; then
+		"$services" start test
+		eval "$("$services" env test)"
+	else
+		"$services" deps
+	fi
+	export REDIS_URL DATABASE_URL
+}
