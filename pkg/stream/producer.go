@@ -98,12 +98,11 @@ func (p *Producer) PublishValues(ctx context.Context, stream string, values map[
 	id, err := p.rdb.XAdd(ctx, p.args(stream, values)).Result()
 	if err != nil && p.outage > 0 && Unreachable(err) {
 		deadline := time.Now().Add(p.outage)
-		delay := 100 * time.Millisecond
+		bo := newBackoff()
 		for err != nil && Unreachable(err) && time.Now().Before(deadline) {
-			if clock.Sleep(ctx, nil, min(delay, time.Until(deadline))) != nil {
+			if clock.Sleep(ctx, nil, min(bo.NextBackOff(), time.Until(deadline))) != nil {
 				break // ctx ended: the last error stands
 			}
-			delay = min(2*delay, 2*time.Second)
 			id, err = p.rdb.XAdd(ctx, p.args(stream, values)).Result()
 		}
 	}
