@@ -59,8 +59,6 @@ if [ ! -s "$RUN/webhook-signing.key" ]; then
 fi
 DEPLOYER_ENV=(
 	"API_ADDR=$API"
-	# Its Redis user may only append to ansible:deploy:queue, not read it.
-	"OBSERVE_QUEUE=false"
 	"WEBHOOK_SIGNING_KEY_FILE=$RUN/webhook-signing.key"
 )
 PIDS=()

@@ -177,6 +177,22 @@ func TestACLRolesInRealRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The deployer's observer follows the request queue.
+	observed := make(chan string, 10)
+	tail, err := stream.NewTail(rc["deployer"], stream.TailConfig{Stream: deployQueue, From: "0", Block: 100 * time.Millisecond},
+		func(_ context.Context, msgs []*stream.Message) error {
+			for _, m := range msgs {
+				observed <- string(m.Data())
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tctx, stopTail := context.WithCancel(ctx)
+	tailDone := make(chan error, 1)
+	go func() { tailDone <- tail.Run(tctx) }()
+	defer func() { stopTail(); <-tailDone }()
 	if _, err := stream.NewProducer(rc["deployer"], stream.ProducerOptions{}).Publish(ctx, deployQueue, []byte("deploy-1")); err != nil {
 		t.Fatalf("deployer cannot queue a deploy: %v", err)
 	}
@@ -200,6 +216,18 @@ func TestACLRolesInRealRedis(t *testing.T) {
 		n, _ := rc["admin"].XLen(ctx, provisionerQueue+stream.DeadLetterSuffix).Result()
 		return n == 1
 	})
+	// The deployer observes the request queue read-only (OBSERVE_QUEUE).
+	select {
+	case d := <-observed:
+		if d != "deploy-1" {
+			t.Errorf("the observer read %q, want deploy-1", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("the deployer's observer did not see deploy-1:\n%s", log.String())
+	}
+	if xs, err := rc["deployer"].XRevRangeN(ctx, deployQueue, "+", "-", 1).Result(); err != nil || len(xs) != 1 {
+		t.Errorf("deployer reads the queue's newest entry (where its observer starts): %v %v", xs, err)
+	}
 	// The requesters follow progress.
 	for _, u := range []string{"scheduler", "deployer"} {
 		if evs, err := rc[u].XRange(ctx, "job:deploy-1:events", "-", "+").Result(); err != nil || len(evs) != 1 {
@@ -263,7 +291,14 @@ func TestACLRolesInRealRedis(t *testing.T) {
 				return rc["deployer"].XReadGroup(ctx, &redis.XReadGroupArgs{Group: "infra", Consumer: "thief",
 					Streams: []string{deployQueue, ">"}, Count: 1, Block: -1}).Err()
 			},
-			func() error { return rc["deployer"].XRange(ctx, deployQueue, "-", "+").Err() },
+			// It observes the request queue read-only: it may not take,
+			// acknowledge, delete or trim infra's requests, nor open a
+			// consumer group there that would hold back infra's trimming.
+			func() error { return rc["deployer"].XAck(ctx, deployQueue, "infra", "0-1").Err() },
+			func() error { return rc["deployer"].XDel(ctx, deployQueue, "0-1").Err() },
+			func() error { return rc["deployer"].XTrimMaxLen(ctx, deployQueue, 0).Err() },
+			func() error { return rc["deployer"].XGroupCreateMkStream(ctx, deployQueue, "deployer", "$").Err() },
+			func() error { return rc["deployer"].XRange(ctx, provisionerQueue, "-", "+").Err() },
 		},
 	}
 	for role, tries := range forbidden {

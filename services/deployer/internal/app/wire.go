@@ -37,7 +37,7 @@ type Parts struct {
 	Hub         *events.Hub
 	Deliverer   *webhooks.Deliverer // nil when webhooks are disabled
 	Results     *stream.Consumer
-	Observer    *stream.Consumer // nil when OBSERVE_QUEUE is off
+	Observer    *observer // nil when OBSERVE_QUEUE is off
 	Logs        runlog.Store
 	cfg         *Config
 	log         zerolog.Logger
@@ -104,21 +104,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		return nil, err
 	}
 	if cfg.Stream.ObserveQueue {
-		p.Observer, err = stream.NewConsumer(d.Redis, stream.Config{
-			Group: cfg.Stream.Group, Streams: []string{streams.Queue}, Consumer: cfg.Stream.ConsumerName,
-			Concurrency: cfg.Stream.Concurrency, ShutdownGrace: 5 * time.Second, Logger: log, Metrics: streamMetrics,
-			// Only requests published from now on: older ones have results.
-			StartID: "$",
-			// The observer must never hold back infra's trimming for long.
-			TrimInterval: -1,
-			// Its handler is quick (most entries are this replica's own,
-			// skipped from memory): read and acknowledge in large batches
-			// rather than one round trip per free slot.
-			Prefetch: 256,
-		}, p.Deployments.ObserverHandler())
-		if err != nil {
-			return nil, err
-		}
+		p.Observer = &observer{rdb: d.Redis, stream: streams.Queue, svc: p.Deployments, log: log}
 	}
 
 	keys := auth.NewStore(d.DB)

@@ -10,7 +10,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
 // publishMarker records, in batches, that deployments were published (and
@@ -151,40 +150,6 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 		n++
 	}
 	return n, nil
-}
-
-// ObserverHandler returns the stream handler that watches the request
-// queue (group "deployer" on ansible:deploy:queue): a request another
-// producer put there gets a deployment (source "stream") while it is
-// queued, so it shows in the API before its result; the deployer's own
-// requests are already there and change nothing.
-func (s *Service) ObserverHandler() stream.Handler {
-	return stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
-		m, err := messages.DecodeAnsibleDeployMessage(msg.Data())
-		if err != nil || m == nil {
-			return nil // infra rejects it; its result creates the deployment
-		}
-		jobID := m.JobIDOr(msg.ID)
-		if s.own.has(jobID) {
-			return nil // published by this replica: stored already
-		}
-		var timeout *int
-		if m.TimeoutSeconds > 0 {
-			timeout = &m.TimeoutSeconds
-		}
-		_, err = s.db.Exec(ctx, `
-			INSERT INTO deployments (id, job_id, source, project_id, repo_full_name, branch, server_ip, port, modules,
-				github_token_ref, secrets_ref, correlation_id, timeout_seconds, request_id, published_at)
-			SELECT gen_random_uuid(), $1, 'stream', $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), NULLIF($10, ''), $11, $12, now()
-			WHERE NOT EXISTS (SELECT 1 FROM deployments WHERE job_id = $1)
-			ON CONFLICT (job_id) DO NOTHING`,
-			jobID, m.ProjectID, m.RepoFullName, m.Branch, m.ServerIP, m.Port, m.Modules,
-			m.GitHubTokenRef, m.SecretsRef, m.CorrelationID, timeout, msg.ID)
-		if err != nil {
-			return err
-		}
-		return nil
-	})
 }
 
 // recentSet remembers the last n strings added.

@@ -1,0 +1,77 @@
+package deployments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+)
+
+// ObserveFrom returns where a replica's observer of the request queue
+// starts: after the newest request entry the deployer knows of (its own
+// or another producer's), so that requests published while every deployer
+// was stopped still show while they are queued; the start of the queue
+// ("0") when it knows none (a new installation: what is still queued is
+// what infra has not finished, and the results consumer reads the results
+// stream from its start too). Reading a little too far back costs
+// nothing: ObserveBatch is idempotent.
+func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
+	var id string
+	err := s.db.QueryRow(ctx, `
+		SELECT request_id FROM deployments WHERE request_id IS NOT NULL
+		ORDER BY created_at DESC, id DESC LIMIT 1`).Scan(&id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "0", nil
+	case err != nil:
+		return "", fmt.Errorf("newest request entry: %w", err)
+	}
+	return id, nil
+}
+
+// ObserveBatch handles a batch of entries read from the request queue
+// (ansible:deploy:queue) by the deployer's read-only observer: a request
+// another producer put there gets a deployment (source "stream") while it
+// is queued, so it shows in the API before its result; the deployer's own
+// requests are there already and change nothing; an entry that is no
+// request is left to infra, which rejects it (its result then creates the
+// deployment). The batch is stored in one round trip.
+func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) error {
+	var batch pgx.Batch
+	seen := make(map[string]bool, len(msgs))
+	for _, msg := range msgs {
+		m, err := messages.DecodeAnsibleDeployMessage(msg.Data())
+		if err != nil || m == nil {
+			continue
+		}
+		jobID := m.JobIDOr(msg.ID)
+		if s.own.has(jobID) || seen[jobID] {
+			continue // published by this replica (stored already), or a duplicate entry
+		}
+		seen[jobID] = true
+		var timeout *int
+		if m.TimeoutSeconds > 0 {
+			timeout = &m.TimeoutSeconds
+		}
+		batch.Queue(`
+			INSERT INTO deployments (id, job_id, source, project_id, repo_full_name, branch, server_ip, port, modules,
+				github_token_ref, secrets_ref, correlation_id, timeout_seconds, request_id, published_at)
+			SELECT gen_random_uuid(), $1, 'stream', $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), NULLIF($10, ''), $11, $12, now()
+			WHERE NOT EXISTS (SELECT 1 FROM deployments WHERE job_id = $1)
+			ON CONFLICT (job_id) DO NOTHING`,
+			jobID, m.ProjectID, m.RepoFullName, m.Branch, m.ServerIP, m.Port, m.Modules,
+			m.GitHubTokenRef, m.SecretsRef, m.CorrelationID, timeout, msg.ID)
+	}
+	if batch.Len() == 0 {
+		return nil
+	}
+	// One round trip for the batch, in one implicit transaction.
+	if err := s.db.SendBatch(ctx, &batch).Close(); err != nil {
+		return fmt.Errorf("store %d observed requests: %w", batch.Len(), err)
+	}
+	return nil
+}
