@@ -2,8 +2,11 @@ package deployments
 
 import (
 	"context"
+	"reflect"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,11 +17,39 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
+// testRow returns a deployment row made with API key keyID ("" for none),
+// created age ago.
+func testRow(s *Service, keyID string, age time.Duration) deploymentRow {
+	id := uuid.Must(uuid.NewV7()).String()
+	return deploymentRow{id: id, keyID: keyID, projectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", repoFullName: "acme/shop",
+		branch: "main", serverIP: "198.51.100.7", port: 22, createdAt: s.now().Add(-age)}
+}
+
+// queueEntries returns the queue's entry ids by the data they carry.
+func queueEntries(t *testing.T, rdb *redis.Client, queue string) map[string]string {
+	t.Helper()
+	entries, err := rdb.XRange(context.Background(), queue, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byData := map[string]string{}
+	for _, e := range entries {
+		data, _ := e.Values[stream.DataField].(string)
+		if _, dup := byData[data]; dup {
+			t.Errorf("%q published twice", data)
+		}
+		byData[data] = e.ID
+	}
+	return byData
+}
+
 // TestCommitGroups stores and publishes submits in groups against real
 // Postgres and Redis: a group with a row Postgres refuses (an API key that
 // does not exist) stores every other row and fails only that submit; every
-// stored deployment is on the queue once and marked published; concurrent
-// submits all end stored and published once.
+// stored deployment is on the queue once and shows its own entry id as its
+// request id, marked published by its group's one row (the deployments'
+// rows are not updated); concurrent submits all end stored, published once
+// and marked.
 func TestCommitGroups(t *testing.T) {
 	t.Parallel()
 	s, db, rdb, streams := newTestService(t)
@@ -27,11 +58,8 @@ func TestCommitGroups(t *testing.T) {
 	go func() { defer close(done); s.marker.run(ctx) }()
 
 	item := func(keyID string) *commitItem {
-		id := uuid.Must(uuid.NewV7()).String()
-		r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
-		return &commitItem{id: id, data: []byte("request " + id), done: make(chan struct{}),
-			args: []any{id, nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
-				r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, nil, "", s.now(), id}}
+		row := testRow(s, keyID, 0)
+		return &commitItem{row: row, data: []byte("request " + row.id), done: make(chan struct{})}
 	}
 	stored := func(id string) bool {
 		var n int
@@ -47,8 +75,8 @@ func TestCommitGroups(t *testing.T) {
 	for i, it := range group {
 		<-it.done
 		bad := i == 2
-		if (it.err != nil) != bad || stored(it.id) == bad {
-			t.Errorf("item %d (bad %v): err %v, stored %v", i, bad, it.err, stored(it.id))
+		if (it.err != nil) != bad || stored(it.row.id) == bad {
+			t.Errorf("item %d (bad %v): err %v, stored %v", i, bad, it.err, stored(it.row.id))
 		}
 	}
 	if n, _ := rdb.XLen(ctx, streams.Queue).Result(); n != 4 {
@@ -68,22 +96,88 @@ func TestCommitGroups(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if n, _ := rdb.XLen(ctx, streams.Queue).Result(); n != 4+submits {
-		t.Errorf("%d entries on the queue, want %d", n, 4+submits)
-	}
 	cancel()
 	<-done // the marker wrote what was left
-	var unmarked int
-	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM deployments WHERE published_at IS NULL`).Scan(&unmarked); err != nil {
+	entries := queueEntries(t, rdb, streams.Queue)
+	if len(entries) != 4+submits {
+		t.Errorf("%d entries on the queue, want %d", len(entries), 4+submits)
+	}
+	for _, it := range append(slices.Delete(group, 2, 3), items...) {
+		d, err := s.Get(context.Background(), it.row.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := entries[string(it.data)]; d.RequestID != want || want == "" || d.publishedAt == nil {
+			t.Errorf("deployment %s: request id %q, published at %v; want entry %q", d.ID, d.RequestID, d.publishedAt, want)
+		}
+	}
+	var rowMarks, groups int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE published_at IS NOT NULL OR request_id IS NOT NULL),
+		(SELECT count(*) FROM deployment_publish_groups) FROM deployments`).Scan(&rowMarks, &groups); err != nil {
 		t.Fatal(err)
 	}
-	if unmarked != 0 {
-		t.Errorf("%d stored deployments not marked published", unmarked)
+	if rowMarks != 0 || groups == 0 || groups > 1+submits {
+		t.Errorf("%d deployments rows marked, %d group marks; want 0 rows and one mark per group", rowMarks, groups)
 	}
 	s.committer.mu.Lock()
 	defer s.committer.mu.Unlock()
 	if s.committer.running != 0 || len(s.committer.queue) != 0 {
 		t.Errorf("committers left: %d running, %d queued", s.committer.running, len(s.committer.queue))
+	}
+}
+
+// TestGroupInsertStoresWhatSingleInsertStores: a deployment stored by the
+// multi-row INSERT of a group reads back exactly as one stored on its own
+// (NULLs for empty fields, modules nil, empty or listed, timeouts, refs).
+func TestGroupInsertStoresWhatSingleInsertStores(t *testing.T) {
+	t.Parallel()
+	s, db, _, _ := newTestService(t)
+	ctx := context.Background()
+	full := testRow(s, "", 0)
+	full.modules, full.githubTokenRef, full.secretsRef = []string{"app", "nginx"}, "env:GH_TOKEN", "vault:secret/data/shop"
+	full.correlationID, full.timeoutSeconds, full.callbackURL = "ci-42", 600, "https://hooks.example.org/x?token=t"
+	empty := testRow(s, "", 0)
+	empty.modules = []string{}
+	rows := []deploymentRow{testRow(s, "", 0), full, empty}
+
+	var group []*commitItem
+	for _, r := range rows {
+		group = append(group, &commitItem{row: r})
+	}
+	if err := s.committer.insert(ctx, group[0].row.id, group); err != nil {
+		t.Fatal(err)
+	}
+	columns := `SELECT source, status, api_key_id, project_id, repo_full_name, branch, server_ip, port, modules,
+		github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at, job_id = id::text
+		FROM deployments WHERE id = $1`
+	for i, r := range rows {
+		single := r
+		single.id = uuid.Must(uuid.NewV7()).String()
+		if _, err := db.Exec(ctx, insertDeployment, single.args("", 0)...); err != nil {
+			t.Fatal(err)
+		}
+		var a, b [16]any
+		pa, pb := make([]any, 16), make([]any, 16)
+		for j := range a {
+			pa[j], pb[j] = &a[j], &b[j]
+		}
+		if err := db.QueryRow(ctx, columns, r.id).Scan(pa...); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRow(ctx, columns, single.id).Scan(pb...); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("row %d stored by the group: %v\nstored on its own: %v", i, a, b)
+		}
+		var group string
+		var pos int
+		if err := db.QueryRow(ctx, `SELECT publish_group::text, publish_pos FROM deployments WHERE id = $1`, r.id).Scan(&group, &pos); err != nil {
+			t.Fatal(err)
+		}
+		if group != rows[0].id || pos != i+1 {
+			t.Errorf("row %d: group %s position %d; want %s, %d", i, group, pos, rows[0].id, i+1)
+		}
 	}
 }
 

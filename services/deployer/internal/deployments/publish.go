@@ -2,6 +2,7 @@ package deployments
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,7 +14,11 @@ import (
 )
 
 // publishMarker records, in batches, that deployments were published (and
-// their entry ids), so that a submit costs one transaction, not two. A mark
+// their entry ids), so that a submit costs one transaction, not two. A
+// commit group is marked with one row (deployment_publish_groups: the
+// entry id of each position), not by updating each of its deployments; a
+// deployment published on its own (by the republisher, or a submit with
+// an Idempotency-Key) gets request_id and published_at on its row. A mark
 // lost in a crash only means the republisher publishes the request again,
 // which the job id makes harmless.
 type publishMarker struct {
@@ -21,20 +26,39 @@ type publishMarker struct {
 	log zerolog.Logger
 
 	mu      sync.Mutex
-	ids     []string
+	ids     []string // deployments published on their own
 	entries []string
-	kick    chan struct{}
+	groups  []string // commit groups published
+	// groupEntries holds each group's entry ids by position, joined with
+	// commas (entry ids never hold one).
+	groupEntries []string
+	kick         chan struct{}
 }
 
 func newPublishMarker(db *pgxpool.Pool, log zerolog.Logger) *publishMarker {
 	return &publishMarker{db: db, log: log, kick: make(chan struct{}, 1)}
 }
 
+// mark records that deployment id was published as entry.
 func (m *publishMarker) mark(id, entry string) {
 	m.mu.Lock()
 	m.ids = append(m.ids, id)
 	m.entries = append(m.entries, entry)
 	m.mu.Unlock()
+	m.wake()
+}
+
+// markGroup records that the deployments of commit group id were
+// published as entries (by position from 1; "" where none was stored).
+func (m *publishMarker) markGroup(id string, entries []string) {
+	m.mu.Lock()
+	m.groups = append(m.groups, id)
+	m.groupEntries = append(m.groupEntries, strings.Join(entries, ","))
+	m.mu.Unlock()
+	m.wake()
+}
+
+func (m *publishMarker) wake() {
 	select {
 	case m.kick <- struct{}{}:
 	default:
@@ -56,22 +80,43 @@ func (m *publishMarker) run(ctx context.Context) {
 	}
 }
 
+// markDeployments and markGroups write the two kinds of marks.
+const (
+	markDeployments = `
+		UPDATE deployments d SET request_id = v.entry, published_at = now()
+		FROM (SELECT unnest($1::uuid[]) AS id, unnest($2::text[]) AS entry) v
+		WHERE d.id = v.id AND d.published_at IS NULL`
+	markGroups = `
+		INSERT INTO deployment_publish_groups (id, entries)
+		SELECT g.id, string_to_array(g.entries, ',') FROM unnest($1::uuid[], $2::text[]) AS g(id, entries)
+		ON CONFLICT (id) DO NOTHING`
+)
+
 func (m *publishMarker) flush(ctx context.Context) {
 	m.mu.Lock()
-	ids, entries := m.ids, m.entries
-	m.ids, m.entries = nil, nil
+	ids, entries, groups, groupEntries := m.ids, m.entries, m.groups, m.groupEntries
+	m.ids, m.entries, m.groups, m.groupEntries = nil, nil, nil, nil
 	m.mu.Unlock()
-	if len(ids) == 0 {
+	if len(ids) == 0 && len(groups) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := m.db.Exec(ctx, `
-		UPDATE deployments d SET request_id = v.entry, published_at = now()
-		FROM (SELECT unnest($1::uuid[]) AS id, unnest($2::text[]) AS entry) v
-		WHERE d.id = v.id AND d.published_at IS NULL`, ids, entries)
+	var err error
+	switch {
+	case len(groups) == 0:
+		_, err = m.db.Exec(ctx, markDeployments, ids, entries)
+	case len(ids) == 0:
+		_, err = m.db.Exec(ctx, markGroups, groups, groupEntries)
+	default:
+		b := &pgx.Batch{}
+		b.Queue(markDeployments, ids, entries)
+		b.Queue(markGroups, groups, groupEntries)
+		err = m.db.SendBatch(ctx, b).Close()
+	}
 	if err != nil {
-		m.log.Warn().Err(err).Int("deployments", len(ids)).Msg("record published deployments (the republisher will publish them again)")
+		m.log.Warn().Err(err).Int("deployments", len(ids)).Int("groups", len(groups)).
+			Msg("record published deployments (the republisher will publish them again)")
 	}
 }
 
@@ -117,6 +162,7 @@ func (s *Service) Run(ctx context.Context, cfg RepublisherConfig) error {
 func (s *Service) republish(ctx context.Context, after time.Duration) (int, error) {
 	rows, err := s.db.Query(ctx, selectDeployment+`
 		WHERE d.published_at IS NULL AND d.source = 'api' AND d.status = 'queued' AND d.created_at < now() - $1::interval
+			AND g.id IS NULL
 		ORDER BY d.created_at LIMIT 500`, after)
 	if err != nil {
 		return 0, err

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -20,14 +20,11 @@ func TestRepublish(t *testing.T) {
 	s, db, rdb, streams := newTestService(t)
 	ctx := context.Background()
 	store := func(age time.Duration) string {
-		id := uuid.Must(uuid.NewV7()).String()
-		r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", Branch: "main", ServerIP: "198.51.100.7", Port: 22}
-		err := s.committer.insert(ctx, []*commitItem{{id: id, args: []any{id, nil, r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port,
-			r.Modules, r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, nil, "", s.now().Add(-age), id}}})
-		if err != nil {
+		row := testRow(s, "", age)
+		if _, err := db.Exec(ctx, insertDeployment, row.args("", 0)...); err != nil {
 			t.Fatal(err)
 		}
-		return id
+		return row.id
 	}
 	lost := store(2 * time.Minute)
 	store(0) // too recent: left alone
@@ -59,6 +56,78 @@ func TestRepublish(t *testing.T) {
 		t.Errorf("republished deployment: marked %v, request id %q; want %s", marked, requestID, entries[0].ID)
 	}
 	// Marked now: the next pass publishes nothing.
+	if n, err := s.republish(ctx, time.Minute); err != nil || n != 0 {
+		t.Errorf("second pass: %d, %v; want 0", n, err)
+	}
+}
+
+// TestRepublishGroupCrash: the process died between a group's commit and
+// its XADDs (stored, not published, no mark): the republisher publishes
+// each of its deployments once, and none of a group that was published and
+// marked, nor a cancelled one; then every deployment shows its entry id and
+// the next pass publishes nothing.
+func TestRepublishGroupCrash(t *testing.T) {
+	t.Parallel()
+	s, db, rdb, streams := newTestService(t)
+	ctx := context.Background()
+	storeGroup := func(n int) []*commitItem {
+		var group []*commitItem
+		for range n {
+			row := testRow(s, "", 2*time.Minute)
+			group = append(group, &commitItem{row: row})
+		}
+		if err := s.committer.insert(ctx, group[0].row.id, group); err != nil {
+			t.Fatal(err)
+		}
+		return group
+	}
+	lost := storeGroup(3) // the crash: stored, never published
+	published := storeGroup(2)
+	var entries []string
+	for range published {
+		id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: streams.Queue, Values: map[string]any{stream.DataField: "published before"}}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, id)
+	}
+	s.marker.markGroup(published[0].row.id, entries)
+	s.marker.flush(ctx)
+	if _, err := db.Exec(ctx, `UPDATE deployments SET status = 'cancelled' WHERE id = $1`, lost[2].row.id); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := s.republish(ctx, time.Minute)
+	if err != nil || n != 2 {
+		t.Fatalf("republish: %d, %v; want the 2 queued deployments of the lost group", n, err)
+	}
+	s.marker.flush(ctx)
+	all, err := rdb.XRange(ctx, streams.Queue, "-", "+").Result()
+	if err != nil || len(all) != 4 {
+		t.Fatalf("queue: %d entries, %v; want 2 published before and 2 republished", len(all), err)
+	}
+	jobs := map[string]string{}
+	for _, e := range all[2:] {
+		data, _ := e.Values[stream.DataField].(string)
+		m, err := messages.DecodeAnsibleDeployMessage([]byte(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs[m.JobID] = e.ID
+	}
+	for i, it := range append(lost[:2:2], published...) {
+		d, err := s.Get(ctx, it.row.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := jobs[it.row.id]
+		if i >= 2 {
+			want = entries[i-2]
+		}
+		if d.RequestID != want || want == "" {
+			t.Errorf("deployment %d: request id %q, want %q", i, d.RequestID, want)
+		}
+	}
 	if n, err := s.republish(ctx, time.Minute); err != nil || n != 0 {
 		t.Errorf("second pass: %d, %v; want 0", n, err)
 	}

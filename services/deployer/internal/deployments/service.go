@@ -188,12 +188,14 @@ type Submission struct {
 	Replayed bool
 }
 
-// insertDeployment stores a deployment submitted through the API.
+// insertDeployment stores a deployment submitted through the API (the
+// arguments of deploymentRow.args).
 const insertDeployment = `
 	INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
-		modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at)
+		modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at,
+		publish_group, publish_pos)
 	VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
-		$12, NULLIF($13, ''), $14)`
+		$12, NULLIF($13, ''), $14, $16, $17)`
 
 // Submit validates, stores and publishes a deployment made with the API
 // key keyID. With an idempotencyKey, a request repeated with the same key
@@ -220,14 +222,12 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 	defer span.End()
 	msg.TraceContext = tracing.Inject(sctx)
 
-	var timeout *int
-	if r.Options.TimeoutSeconds > 0 {
-		timeout = &r.Options.TimeoutSeconds
-	}
-	args := []any{id.String(), nullUUID(keyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
-		r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.Options.CallbackURL, now, id.String()}
+	row := deploymentRow{id: id.String(), keyID: keyID, projectID: r.ProjectID, repoFullName: r.RepoFullName,
+		branch: r.Branch, serverIP: r.ServerIP, port: r.Port, modules: r.Modules, githubTokenRef: r.GitHubTokenRef,
+		secretsRef: r.SecretsRef, correlationID: r.CorrelationID, timeoutSeconds: r.Options.TimeoutSeconds,
+		callbackURL: r.Options.CallbackURL, createdAt: now}
 	insert := func(q store.Querier) error {
-		_, err := q.Exec(ctx, insertDeployment, args...)
+		_, err := q.Exec(ctx, insertDeployment, row.args("", 0)...)
 		return err
 	}
 	var existing string
@@ -239,7 +239,7 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 		if eerr != nil {
 			return nil, fmt.Errorf("encode deployment request: %w", eerr)
 		}
-		err = s.committer.commit(&commitItem{id: id.String(), args: args, data: data})
+		err = s.committer.commit(&commitItem{row: row, data: data})
 		published = true
 	} else {
 		hash := requestHash(&r)

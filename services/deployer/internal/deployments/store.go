@@ -20,15 +20,18 @@ import (
 var ErrNotFound = errors.New("deployment not found")
 
 // selectDeployment reads deployments with their run (infra's row of the
-// job), which says whether a queued deployment has started.
+// job), which says whether a queued deployment has started, and their
+// commit group's publish mark (the entry id of a deployment published with
+// its group).
 const selectDeployment = `
 	SELECT d.id::text, d.job_id, d.source, COALESCE(d.api_key_id::text, ''), d.status,
 		COALESCE(d.project_id, ''), COALESCE(d.repo_full_name, ''), COALESCE(d.branch, ''), COALESCE(d.server_ip, ''),
 		COALESCE(d.port, 0), d.modules, COALESCE(d.github_token_ref, ''), COALESCE(d.secrets_ref, ''),
 		COALESCE(d.correlation_id, ''), COALESCE(d.timeout_seconds, 0), COALESCE(d.callback_url, ''),
-		COALESCE(d.request_id, ''), d.published_at, d.cancel_requested_at, d.result, d.created_at, d.finished_at,
+		COALESCE(d.request_id, g.entries[d.publish_pos], ''), COALESCE(d.published_at, g.published_at), d.cancel_requested_at, d.result, d.created_at, d.finished_at,
 		COALESCE(r.state, ''), r.started_at
-	FROM deployments d LEFT JOIN runs r ON r.job_id = d.job_id`
+	FROM deployments d LEFT JOIN runs r ON r.job_id = d.job_id
+		LEFT JOIN deployment_publish_groups g ON g.id = d.publish_group`
 
 func scanDeployment(row pgx.Row) (*Deployment, error) {
 	var d Deployment
