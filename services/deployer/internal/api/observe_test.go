@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,9 +61,25 @@ func TestObservedRequestsShowWhileQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The deployer's own submit, the newest request it knows.
+	resp, body := e.Do("POST", "/api/v1/deployments", e.CI, dt.Request())
+	if resp.StatusCode != 202 {
+		t.Fatalf("submit: %d %s", resp.StatusCode, body)
+	}
+	own := dt.JSON[deployments.Deployment](t, body)
+	testenv.WaitFor(t, 30*time.Second, "the submit's publish mark", func() bool {
+		_, body := e.Do("GET", "/api/v1/deployments/"+own.ID, e.CI, nil)
+		own = dt.JSON[deployments.Deployment](t, body)
+		return own.RequestID != ""
+	})
+
 	e.Stop()
 	publish("agent-queued-2") // while no deployer runs
 	e2 := dt.Start(t, dt.Options{NoInfra: true, DB: e.DB, Redis: e.Redis, Streams: e.Streams})
+	// It resumes after the newest request it knows, not from the start.
+	testenv.WaitFor(t, 30*time.Second, "the observer to start", func() bool {
+		return strings.Contains(e2.Logs.String(), `"from":"`+own.RequestID+`"`)
+	})
 	queued(e2, "agent-queued-2")
 	publish("agent-queued-3")
 	queued(e2, "agent-queued-3")
@@ -74,8 +91,8 @@ func TestObservedRequestsShowWhileQueued(t *testing.T) {
 	if len(groups) != 0 {
 		t.Errorf("the deployer opened consumer groups on the request queue: %+v", groups)
 	}
-	if n, err := e.Redis.XLen(ctx, e.Streams.Queue).Result(); err != nil || n != 4 {
-		t.Errorf("queue length %d (%v), want the 4 entries still there for infra", n, err)
+	if n, err := e.Redis.XLen(ctx, e.Streams.Queue).Result(); err != nil || n != 5 {
+		t.Errorf("queue length %d (%v), want the 5 entries still there for infra", n, err)
 	}
 	// Once infra runs, the observed deployments end like any other.
 	e2.StartInfra()

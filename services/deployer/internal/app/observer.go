@@ -39,6 +39,6 @@ func (o *observer) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	o.log.Debug().Str("stream", o.stream).Str("from", from).Msg("observer: following the request queue")
+	o.log.Info().Str("stream", o.stream).Str("from", from).Msg("observer: following the request queue")
 	return t.Run(ctx)
 }

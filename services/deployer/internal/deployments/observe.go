@@ -21,9 +21,12 @@ import (
 // nothing: ObserveBatch is idempotent.
 func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
 	var id string
+	// A deployment's entry id is its own mark or its commit group's.
 	err := s.db.QueryRow(ctx, `
-		SELECT request_id FROM deployments WHERE request_id IS NOT NULL
-		ORDER BY created_at DESC, id DESC LIMIT 1`).Scan(&id)
+		SELECT COALESCE(d.request_id, g.entries[d.publish_pos])
+		FROM deployments d LEFT JOIN deployment_publish_groups g ON g.id = d.publish_group
+		WHERE COALESCE(d.request_id, g.entries[d.publish_pos], '') <> ''
+		ORDER BY d.created_at DESC, d.id DESC LIMIT 1`).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return "0", nil
