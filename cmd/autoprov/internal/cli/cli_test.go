@@ -59,10 +59,16 @@ func serviceBinaries(t *testing.T) string {
 // run runs the command line in-process with environ as its environment.
 func run(t *testing.T, environ map[string]string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runWith(t, environ, nil, args...)
+}
+
+// runWith is run with Env.Environ set to list.
+func runWith(t *testing.T, environ map[string]string, list func() []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	code = Run(ctx, args, Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return environ[k] }})
+	code = Run(ctx, args, Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return environ[k] }, Environ: list})
 	return out.String(), errOut.String(), code
 }
 
