@@ -27,16 +27,7 @@ type validateSecretsFixture struct {
 func newValidateSecretsFixture(t *testing.T) *validateSecretsFixture {
 	t.Helper()
 	dir := t.TempDir()
-	write := func(name, text string) string {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t, dir)
 	keyPath := filepath.Join(dir, "id_ed25519")
 	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", keyPath).CombinedOutput(); err != nil {
 		t.Fatalf("ssh-keygen: %v: %s", err, out)
