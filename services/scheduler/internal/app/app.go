@@ -129,6 +129,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		UnreachableCooldown: cfg.Retry.UnreachableCooldown}
 	handler := results.New(f, holder.Rules, policy, log, d.Metrics)
 	handler.Applied = wakeNotify
+	handler.Tracing = d.Tracing
 
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	sign, err := cfg.Signing.Signer()
