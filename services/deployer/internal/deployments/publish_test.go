@@ -11,6 +11,20 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
+// storeUnpublished stores a deployment created age ago and never
+// published, and returns its id (its job id too).
+func storeUnpublished(t *testing.T, s *Service, age time.Duration) string {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7()).String()
+	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", Branch: "main", ServerIP: "198.51.100.7", Port: 22}
+	err := s.committer.insert(context.Background(), []*commitItem{{id: id, args: []any{id, nil, r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port,
+		r.Modules, r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, nil, "", s.now().Add(-age), id}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // TestRepublish: a deployment stored but never published (Redis was down,
 // or the process died between the commit and the XADD) is published by the
 // republisher once it is older than After, and marked; a recent one and a
@@ -19,16 +33,7 @@ func TestRepublish(t *testing.T) {
 	t.Parallel()
 	s, db, rdb, streams := newTestService(t)
 	ctx := context.Background()
-	store := func(age time.Duration) string {
-		id := uuid.Must(uuid.NewV7()).String()
-		r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", Branch: "main", ServerIP: "198.51.100.7", Port: 22}
-		err := s.committer.insert(ctx, []*commitItem{{id: id, args: []any{id, nil, r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port,
-			r.Modules, r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, nil, "", s.now().Add(-age), id}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	store := func(age time.Duration) string { return storeUnpublished(t, s, age) }
 	lost := store(2 * time.Minute)
 	store(0) // too recent: left alone
 	published := store(2 * time.Minute)
