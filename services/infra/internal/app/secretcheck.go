@@ -52,10 +52,11 @@ func SecretChecks(ctx context.Context, cfg *Config, getenv func(string) string) 
 	if cfg.SSH.KeyRef != "" {
 		c.Refs = append(c.Refs, service.SecretRef{Source: "SSH_KEY_REF", Ref: cfg.SSH.KeyRef})
 	}
-	byRef := map[string]signing.KeySpec{}
+	bySource := map[string]signing.KeySpec{}
 	for _, k := range keys {
-		c.Refs = append(c.Refs, service.SecretRef{Source: "REQUEST_KEYS key " + k.ID, Ref: k.Ref})
-		byRef[k.Ref] = k
+		src := "REQUEST_KEYS key " + k.ID
+		c.Refs = append(c.Refs, service.SecretRef{Source: src, Ref: k.Ref})
+		bySource[src] = k
 	}
 	own := signingRefs(keys)
 	res, err := openOwnSecrets(ctx, cfg, getenv, zerolog.Nop(), secrets.NewRedactor())
@@ -78,7 +79,7 @@ func SecretChecks(ctx context.Context, cfg *Config, getenv func(string) string) 
 		if r.Source == "SSH_KEY_REF" {
 			return sshKey(ctx, r.Ref)
 		}
-		return checkSigningKey(ctx, res, byRef[r.Ref])
+		return checkSigningKey(ctx, res, bySource[r.Source])
 	}
 	c.Extra = func(ctx context.Context, r service.SecretRef) error {
 		if r.Ref == "" {
