@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing/otlptest"
 )
@@ -34,15 +32,7 @@ func TestRepublishTraced(t *testing.T) {
 	if err := tp.Shutdown(ctx); err != nil { // flushes the batch
 		t.Fatal(err)
 	}
-	entries, err := rdb.XRange(ctx, streams.Queue, "-", "+").Result()
-	if err != nil || len(entries) != 1 {
-		t.Fatalf("queue: %v, %v; want one entry", entries, err)
-	}
-	data, _ := entries[0].Values[stream.DataField].(string)
-	m, err := messages.DecodeAnsibleDeployMessage([]byte(data))
-	if err != nil || m.JobID != lost {
-		t.Fatalf("republished entry: %+v, %v; want job %s", m, err, lost)
-	}
+	_, m := republished(t, rdb, streams.Queue, lost)
 	spans := recv.Spans()
 	if len(spans) != 1 {
 		t.Fatalf("spans %+v, want one", spans)
