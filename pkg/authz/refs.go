@@ -157,11 +157,8 @@ func (a *Authorizer) Ref(projectID, field, ref string, own []string) (secrets.Re
 	if !projectIDRE.MatchString(projectID) {
 		return deny(r.String(), "the request has no valid project_id")
 	}
-	for _, o := range own {
-		or, err := secrets.ParseRef(o)
-		if err == nil && sameSecret(r, or) {
-			return deny(r.String(), "it names a credential of the service itself")
-		}
+	if namesAny(r, own) {
+		return deny(r.String(), "it names a credential of the service itself")
 	}
 	for _, t := range a.templates {
 		if t.match(projectID, r) {
@@ -172,6 +169,24 @@ func (a *Authorizer) Ref(projectID, field, ref string, own []string) (secrets.Re
 		return deny(r.String(), "DEPLOY_SECRET_REFS is empty: requests may name no secrets")
 	}
 	return deny(r.String(), "project "+projectID+" may not use it (DEPLOY_SECRET_REFS)")
+}
+
+// NamesAny reports whether ref names the same secret as one of refs (same
+// scheme, mount and path, whatever version or field). An unparsable ref
+// names nothing.
+func NamesAny(ref string, refs []string) bool {
+	r, err := secrets.ParseRef(ref)
+	return err == nil && namesAny(r, refs)
+}
+
+func namesAny(r secrets.Ref, refs []string) bool {
+	for _, o := range refs {
+		or, err := secrets.ParseRef(o)
+		if err == nil && sameSecret(r, or) {
+			return true
+		}
+	}
+	return false
 }
 
 // sameSecret reports whether a and b name the same secret, whatever

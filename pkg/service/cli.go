@@ -15,6 +15,11 @@ var ErrHelp = errors.New("help requested")
 // starting the service (what `autoprov validate` and deploy checks run).
 var ErrCheckConfig = errors.New("configuration check requested")
 
+// ErrCheckSecrets is returned by ParseArgs for --check-secrets: Run then
+// checks the configuration as for --check-config and, when it is valid,
+// resolves every secret reference it names (see SecretChecker).
+var ErrCheckSecrets = errors.New("secret check requested")
+
 // UsageError is a mistake on the command line; ExitCode maps it to 2.
 type UsageError struct {
 	Err error
@@ -28,37 +33,51 @@ func (e *UsageError) Unwrap() error { return e.Err }
 
 // ParseArgs handles the command line the services share: no arguments,
 // -h/--help, which writes Usage(stdout, name, summary, cfg) and returns
-// ErrHelp, or --check-config, which returns ErrCheckConfig. Anything else
-// is a *UsageError. Services take their configuration from the environment
-// only.
+// ErrHelp, --check-config, which returns ErrCheckConfig, or
+// --check-secrets [--secret-refs FILE], which returns ErrCheckSecrets.
+// Anything else is a *UsageError. Services take their configuration from
+// the environment only.
 func ParseArgs(args []string, stdout io.Writer, name, summary string, cfg any) error {
+	_, err := parseArgs(args, stdout, name, summary, cfg)
+	return err
+}
+
+// parseArgs is ParseArgs; it also returns the --secret-refs file.
+func parseArgs(args []string, stdout io.Writer, name, summary string, cfg any) (refsFile string, err error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	check := fs.Bool("check-config", false, "validate the configuration and exit")
-	err := fs.Parse(args)
+	checkSecrets := fs.Bool("check-secrets", false, "validate the configuration, resolve every secret reference it names, and exit")
+	fs.StringVar(&refsFile, "secret-refs", "", "with --check-secrets: JSON lines of further references to check")
+	err = fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		Usage(stdout, name, summary, cfg)
-		return ErrHelp
+		return "", ErrHelp
 	case err != nil:
-		return &UsageError{Err: err}
+		return "", &UsageError{Err: err}
 	case fs.NArg() > 0:
-		return &UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+		return "", &UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	case refsFile != "" && !*checkSecrets:
+		return "", &UsageError{Err: errors.New("--secret-refs needs --check-secrets")}
+	case *checkSecrets:
+		return refsFile, ErrCheckSecrets
 	case *check:
-		return ErrCheckConfig
+		return "", ErrCheckConfig
 	}
-	return nil
+	return "", nil
 }
 
 // ExitCode maps the error a run function returned to the process exit
 // status: 0 for nil and ErrHelp, 2 for configuration and usage errors
-// (*ConfigError, *UsageError), 1 otherwise.
+// (*ConfigError, *UsageError), 1 otherwise (a *SecretsError: some secret
+// reference did not pass --check-secrets).
 func ExitCode(err error) int {
 	var cfgErr *ConfigError
 	var usageErr *UsageError
 	switch {
-	case err == nil, errors.Is(err, ErrHelp), errors.Is(err, ErrCheckConfig):
+	case err == nil, errors.Is(err, ErrHelp), errors.Is(err, ErrCheckConfig), errors.Is(err, ErrCheckSecrets):
 		return 0
 	case errors.As(err, &cfgErr), errors.As(err, &usageErr):
 		return 2

@@ -375,7 +375,9 @@ func RedactURL(s string) string { return secrets.RedactCredentials(s) }
 // nested structs and prefixes included) with its default and description.
 // Defaults are the envDefault tags, or the values cfg already holds.
 func Usage(w io.Writer, name, summary string, cfg any) {
-	fmt.Fprintf(w, "%s: %s\n\nUsage: %s [--help]\n\n", name, summary, name)
+	fmt.Fprintf(w, "%s: %s\n\nUsage: %s [--help | --check-config | --check-secrets [--secret-refs FILE]]\n\n", name, summary, name)
+	fmt.Fprintf(w, "  --check-config   load and validate the configuration, start nothing, exit\n")
+	fmt.Fprintf(w, "  --check-secrets  also resolve every secret reference it names (one JSON line each, no values)\n\n")
 	fields, err := fieldsOf(cfg)
 	if err != nil {
 		fmt.Fprintf(w, "(no configuration: %v)\n", err)

@@ -397,6 +397,9 @@ func TestParseArgs(t *testing.T) {
 		{args: []string{"serve"}, wantCode: 2},
 		{args: []string{"--check-config"}, wantCode: 0},
 		{args: []string{"--check-config", "serve"}, wantCode: 2},
+		{args: []string{"--check-secrets"}, wantCode: 0},
+		{args: []string{"--check-secrets", "--secret-refs", "refs.jsonl"}, wantCode: 0},
+		{args: []string{"--secret-refs", "refs.jsonl"}, wantCode: 2},
 	}
 	for _, tt := range tests {
 		var out bytes.Buffer
@@ -421,6 +424,8 @@ func TestExitCode(t *testing.T) {
 		{nil, 0},
 		{ErrHelp, 0},
 		{ErrCheckConfig, 0},
+		{ErrCheckSecrets, 0},
+		{&SecretsError{Failed: 1, Total: 2}, 1},
 		{&ConfigError{Problems: []error{Invalid("X", "bad")}}, 2},
 		{&UsageError{Err: errors.New("bad flag")}, 2},
 		{errors.New("boom"), 1},

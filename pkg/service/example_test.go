@@ -44,7 +44,10 @@ func ExampleUsage() {
 	// Output:
 	// demo: serves demos
 	//
-	// Usage: demo [--help]
+	// Usage: demo [--help | --check-config | --check-secrets [--secret-refs FILE]]
+	//
+	//   --check-config   load and validate the configuration, start nothing, exit
+	//   --check-secrets  also resolve every secret reference it names (one JSON line each, no values)
 	//
 	// Configuration, from environment variables:
 	//

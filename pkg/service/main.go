@@ -29,20 +29,28 @@ type Program[C Config] struct {
 	// Components returns the service's long-running parts for the loaded
 	// configuration (see ComponentsFunc).
 	Components func(ctx context.Context, cfg C, d Deps) ([]Component, error)
+	// Secrets returns what --check-secrets checks: the secret references
+	// the loaded configuration names, resolved with the backends the
+	// service uses at run time (getenv reads the environment the
+	// configuration came from). Nil: the service names no references.
+	Secrets func(ctx context.Context, cfg C, getenv func(string) string) SecretChecker
 }
 
 // Run is a service binary's whole life but the exit: it handles the
 // command line (--help; --check-config loads and validates the
 // configuration, writes "NAME: configuration valid" and returns nil, or
-// returns the *ConfigError listing every problem), loads the configuration
+// returns the *ConfigError listing every problem; --check-secrets does the
+// same, then writes one JSON SecretResult line per secret reference and
+// returns a *SecretsError when some failed), loads the configuration
 // from getenv (completed with the environment package AUTOPROV_ENV names,
 // see WithEnvPackage), builds the logger (with a "service" field) on
 // stderr, and Serves until ctx is done. Map its error to the exit status
 // with ExitCode.
 func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg := p.NewConfig()
-	err := ParseArgs(args, stdout, p.Name, p.Summary, cfg)
-	check := errors.Is(err, ErrCheckConfig)
+	refsFile, err := parseArgs(args, stdout, p.Name, p.Summary, cfg)
+	wantSecrets := errors.Is(err, ErrCheckSecrets)
+	check := wantSecrets || errors.Is(err, ErrCheckConfig)
 	if err != nil && !check {
 		return err // ErrHelp after --help: exit status 0
 	}
@@ -55,7 +63,14 @@ func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func
 	}
 	if check {
 		fmt.Fprintf(stdout, "%s: configuration valid\n", p.Name)
-		return nil
+		if !wantSecrets {
+			return nil
+		}
+		var checker SecretChecker
+		if p.Secrets != nil {
+			checker = p.Secrets(ctx, cfg, getenv)
+		}
+		return checkSecrets(ctx, p.Name, checker, refsFile, stdout)
 	}
 	common := cfg.common()
 	if common.Tracing.ServiceName == "" {

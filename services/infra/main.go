@@ -21,5 +21,6 @@ func main() {
 		Summary:    app.Summary,
 		NewConfig:  app.NewConfig,
 		Components: app.Components,
+		Secrets:    app.SecretChecks,
 	})
 }

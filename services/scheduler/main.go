@@ -32,5 +32,6 @@ func main() {
 		Summary:    app.Summary,
 		NewConfig:  app.NewConfig,
 		Components: app.Components,
+		Secrets:    app.SecretChecks,
 	})
 }

@@ -26,6 +26,9 @@ type Env struct {
 	Stdout, Stderr io.Writer
 	// Getenv reads the process environment.
 	Getenv func(string) string
+	// Environ lists the process environment (os.Environ); nil: empty.
+	// validate passes the secret backends' credentials on from it.
+	Environ func() []string
 }
 
 // Exit statuses.

@@ -59,11 +59,33 @@ func serviceBinaries(t *testing.T) string {
 // run runs the command line in-process with environ as its environment.
 func run(t *testing.T, environ map[string]string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runWith(t, environ, nil, args...)
+}
+
+// runWith is run with Env.Environ set to list.
+func runWith(t *testing.T, environ map[string]string, list func() []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	code = Run(ctx, args, Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return environ[k] }})
+	code = Run(ctx, args, Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return environ[k] }, Environ: list})
 	return out.String(), errOut.String(), code
+}
+
+// fileWriter returns a function writing a file (and its folders) under
+// dir and returning its path.
+func fileWriter(t *testing.T, dir string) func(name, text string) string {
+	return func(name, text string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 }
 
 func mustJSON(t *testing.T, text string, v any) {
@@ -425,13 +447,7 @@ func TestProbe(t *testing.T) {
 func TestValidate(t *testing.T) {
 	bin := serviceBinaries(t)
 	dir := t.TempDir()
-	write := func(name, text string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t, dir)
 	env := map[string]string{"PATH": os.Getenv("PATH")}
 
 	good := write("good.env", "REDIS_URL=redis://redis:6379/0\nDATABASE_URL=postgres://u:hunter2@db/autoprov\nLOG_LEVEL=debug\nSTREAM_CONCURRENCY=8\n")

@@ -47,9 +47,12 @@ func TestEnvPackage(t *testing.T) {
 	write("site-vars.json", `{"docker_install_source": "debian"}`)
 
 	env := map[string]string{"PATH": os.Getenv("PATH")}
-	validate := func() (string, int) {
+	// The package's checks; its references (vault: without a Vault) are
+	// checked once below.
+	validate := func(extra ...string) (string, int) {
 		t.Helper()
-		out, errOut, code := run(t, env, "validate", "--env", "staging", "--config-dir", cfg, "--bin-dir", bin)
+		args := append([]string{"validate", "--env", "staging", "--config-dir", cfg, "--bin-dir", bin, "--no-secrets"}, extra...)
+		out, errOut, code := run(t, env, args...)
 		return out + errOut, code
 	}
 
@@ -63,6 +66,15 @@ func TestEnvPackage(t *testing.T) {
 	out, code = validate()
 	if code != 0 || !strings.Contains(out, "ok   infra configuration (package staging)") || !strings.Contains(out, "ok   inventory") || !strings.Contains(out, "ok   site vars") {
 		t.Fatalf("sealed package: exit %d\n%s", code, out)
+	}
+	// By default infra resolves its references: SSH_KEY_REF (also the key
+	// of the inventory's host, which names none) needs a Vault the package
+	// does not configure.
+	out, errOut, code := run(t, env, "validate", "--env", "staging", "--config-dir", cfg, "--bin-dir", bin)
+	if code != 1 || !strings.Contains(out, "FAIL infra secret references (2 resolved by infra)") ||
+		!strings.Contains(out, "SSH_KEY_REF: vault:secret/infra/ssh#private_key: disabled: ") ||
+		!strings.Contains(out, "staging/inventories/hosts.ini host web-1 (no autoprov_ssh_key_ref: SSH_KEY_REF): disabled: ") {
+		t.Fatalf("package's references: exit %d\n%s%s", code, out, errOut)
 	}
 
 	// A change without a bump; the service itself rejects the value.
@@ -108,7 +120,9 @@ func TestEnvPackage(t *testing.T) {
 func TestExamplePackage(t *testing.T) {
 	bin := serviceBinaries(t)
 	env := map[string]string{"PATH": os.Getenv("PATH")}
-	out, errOut, code := run(t, env, "validate", "--env", "example", "--config-dir", "../../../../config", "--bin-dir", bin)
+	// Its hosts name no SSH key and it sets no SSH_KEY_REF (make run
+	// gives infra one in its environment): its references are not checked.
+	out, errOut, code := run(t, env, "validate", "--env", "example", "--config-dir", "../../../../config", "--bin-dir", bin, "--no-secrets")
 	if code != 0 || strings.Count(out, "ok ") < 7 {
 		t.Fatalf("config/example: exit %d\n%s%s", code, out, errOut)
 	}

@@ -13,6 +13,9 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 )
 
 // validateCmd checks a configuration before it is rolled out, with the
@@ -28,6 +31,7 @@ type validateCmd struct {
 	AnsibleDir string        `name:"ansible-dir" type:"existingdir" help:"syntax-check every playbook in DIR/playbooks with ansible-playbook and lint DIR with ansible-lint (production profile)"`
 	NoLint     bool          `name:"no-lint" help:"with --ansible-dir: skip ansible-lint"`
 	Rules      string        `name:"rules" type:"existingfile" help:"the scheduler's rules file to check (as RULES_FILE; its playbooks are looked up in --ansible-dir, else PLAYBOOK_DIR); a RULES_FILE in the settings is checked anyway"`
+	NoSecrets  bool          `name:"no-secrets" help:"do not resolve the secret references (by default each service resolves those its settings name, and infra those of the inventories' hosts, with the backends it uses at run time; values are never printed): for a machine that cannot reach Vault"`
 	Timeout    time.Duration `default:"2m" help:"limit of each check"`
 }
 
@@ -36,6 +40,15 @@ type checkResult struct {
 	Check    string   `json:"check"`
 	OK       bool     `json:"ok"`
 	Problems []string `json:"problems,omitempty"`
+	// Secrets are the outcomes of a service's secret references (never
+	// their values).
+	Secrets []secretOutcome `json:"secrets,omitempty"`
+}
+
+// secretOutcome is one reference a service checked.
+type secretOutcome struct {
+	Service string `json:"service"`
+	service.SecretResult
 }
 
 func (c *validateCmd) Run(g *globals) error {
@@ -47,12 +60,22 @@ func (c *validateCmd) Run(g *globals) error {
 		}
 		results = append(results, pkg...)
 	}
-	for _, svc := range c.Services {
-		results = append(results, c.checkService(g, svc))
-	}
+	// The inventories first: infra's check resolves their hosts' SSH keys.
+	var invResults []checkResult
+	var hostRefs []service.SecretRef
 	for _, inv := range c.Inventory {
-		results = append(results, c.checkInventory(g, inv))
+		r, refs := c.checkInventory(g, inv)
+		invResults = append(invResults, r)
+		hostRefs = append(hostRefs, refs...)
 	}
+	for _, svc := range c.Services {
+		var extra []service.SecretRef
+		if svc == "infra" {
+			extra = hostRefs
+		}
+		results = append(results, c.checkService(g, svc, extra)...)
+	}
+	results = append(results, invResults...)
 	if c.AnsibleDir != "" {
 		results = append(results, c.checkPlaybooks(g)...)
 	}
@@ -130,7 +153,8 @@ func fileExists(p string) bool {
 // childEnv is the environment of a check: with --env, AUTOPROV_ENV and
 // AUTOPROV_CONFIG_DIR (the service loads the package itself); the
 // --env-file's variables when one is given; PATH, HOME and TMPDIR to run
-// at all. Without either, autoprov's own environment.
+// at all; the secret backends' credentials from autoprov's environment
+// (see secretCredentials). Without either, autoprov's own environment.
 func (c *validateCmd) childEnv(g *globals) []string {
 	if g.envFile == "" && c.Env == "" {
 		return os.Environ()
@@ -158,7 +182,39 @@ func (c *validateCmd) childEnv(g *globals) []string {
 	for _, k := range keys {
 		env = append(env, k+"="+g.file[k])
 	}
-	return env
+	return append(env, c.secretCredentials(g)...)
+}
+
+// secretCredentials are the variables of autoprov's environment a service
+// needs to resolve its references and that neither an environment package
+// nor (usually) an env file holds: the Vault token or AppRole secret_id
+// (VAULT_* and PROJECT_VAULT_*) and the variables env: references read
+// (SECRETS_ENV_PREFIX, default AUTOPROV_SECRET_). The --env-file's own
+// settings win.
+func (c *validateCmd) secretCredentials(g *globals) []string {
+	if g.env.Environ == nil {
+		return nil
+	}
+	prefix := g.file["SECRETS_ENV_PREFIX"]
+	if prefix == "" {
+		prefix = g.env.Getenv("SECRETS_ENV_PREFIX")
+	}
+	if prefix == "" {
+		prefix = "AUTOPROV_SECRET_"
+	}
+	var out []string
+	for _, kv := range g.env.Environ() {
+		k, _, ok := strings.Cut(kv, "=")
+		if _, set := g.file[k]; !ok || set {
+			continue
+		}
+		switch {
+		case k == "VAULT_TOKEN", k == "VAULT_SECRET_ID", k == "PROJECT_VAULT_TOKEN", k == "PROJECT_VAULT_SECRET_ID",
+			len(prefix) >= 4 && strings.HasPrefix(k, prefix):
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // binary finds a service's binary.
@@ -183,7 +239,12 @@ func (c *validateCmd) binary(name string) (string, error) {
 	return p, nil
 }
 
-func (c *validateCmd) checkService(g *globals, svc string) checkResult {
+// checkService runs the service's own check: --check-config, or by
+// default --check-secrets, which also resolves every secret reference its
+// settings name (and, for infra, extra: the inventories' hosts' SSH key
+// references). It returns the configuration's result, then the secret
+// references' when there were any.
+func (c *validateCmd) checkService(g *globals, svc string, extra []service.SecretRef) []checkResult {
 	r := checkResult{Check: svc + " configuration"}
 	switch {
 	case c.Env != "" && g.envFile != "":
@@ -196,7 +257,7 @@ func (c *validateCmd) checkService(g *globals, svc string) checkResult {
 	bin, err := c.binary(svc)
 	if err != nil {
 		r.Problems = []string{err.Error()}
-		return r
+		return []checkResult{r}
 	}
 	env := c.childEnv(g)
 	if svc == "scheduler" && c.Rules != "" {
@@ -208,18 +269,99 @@ func (c *validateCmd) checkService(g *globals, svc string) checkResult {
 			env = append(env, "PLAYBOOK_DIR="+absPath(c.AnsibleDir))
 		}
 	}
-	stdout, stderr, code, err := c.run(g, bin, "", env, "--check-config")
+	args := []string{"--check-config"}
+	if !c.NoSecrets {
+		args = []string{"--check-secrets"}
+		if len(extra) > 0 {
+			file, err := writeSecretRefs(extra)
+			if err != nil {
+				r.Problems = []string{err.Error()}
+				return []checkResult{r}
+			}
+			defer os.Remove(file)
+			args = append(args, "--secret-refs", file)
+		}
+	}
+	stdout, stderr, code, err := c.run(g, bin, "", env, args...)
+	valid := strings.Contains(stdout, svc+": configuration valid")
+	var outcomes []secretOutcome
+	if valid && !c.NoSecrets {
+		outcomes = secretOutcomes(svc, stdout)
+	}
 	switch {
 	case err != nil:
 		r.Problems = []string{fmt.Sprintf("run %s: %v", bin, err)}
-	case code == 0 && strings.Contains(stdout, "configuration valid"):
+	case code == 0 && valid:
 		r.OK = true
+	case code == 1 && valid && len(outcomes) > 0:
+		r.OK = true // the configuration is valid; some references are not
 	case code == 2:
 		r.Problems = configProblems(svc, stderr)
 	default:
-		r.Problems = []string{fmt.Sprintf("%s --check-config exited %d: %s", svc, code, strings.TrimSpace(stderr+stdout))}
+		r.Problems = []string{fmt.Sprintf("%s %s exited %d: %s", svc, args[0], code, strings.TrimSpace(stderr+stdout))}
 	}
-	return r
+	if !r.OK || len(outcomes) == 0 {
+		return []checkResult{r}
+	}
+	s := checkResult{Check: fmt.Sprintf("%s secret references (%d resolved by %s)", svc, len(outcomes), svc), Secrets: outcomes}
+	for _, o := range outcomes {
+		if !o.OK {
+			s.Problems = append(s.Problems, o.problem())
+		}
+	}
+	s.OK = len(s.Problems) == 0
+	return []checkResult{r, s}
+}
+
+// secretOutcomes reads the JSON lines --check-secrets writes after
+// "NAME: configuration valid".
+func secretOutcomes(svc, stdout string) []secretOutcome {
+	var out []secretOutcome
+	for _, line := range strings.Split(stdout, "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var res service.SecretResult
+		if json.Unmarshal([]byte(line), &res) == nil {
+			out = append(out, secretOutcome{Service: svc, SecretResult: res})
+		}
+	}
+	return out
+}
+
+// problem is the outcome's line: what holds the reference, the reference,
+// the kind of failure and what the service said (never a value).
+func (o secretOutcome) problem() string {
+	detail := strings.Join(strings.Fields(o.Error), " ") // Vault's errors span lines
+	if o.Ref == "" {
+		return fmt.Sprintf("%s: %s: %s", o.Source, o.Kind, detail)
+	}
+	if canon, err := secrets.ParseRef(o.Ref); err == nil {
+		detail = strings.TrimPrefix(detail, "secret "+canon.String()+": ")
+	}
+	return fmt.Sprintf("%s: %s: %s: %s", o.Source, o.Ref, o.Kind, detail)
+}
+
+// writeSecretRefs writes refs to a temporary file for --secret-refs
+// (references name secrets, they hold none).
+func writeSecretRefs(refs []service.SecretRef) (string, error) {
+	f, err := os.CreateTemp("", "autoprov-secret-refs-*.jsonl")
+	if err != nil {
+		return "", fmt.Errorf("secret references file: %w", err)
+	}
+	enc := json.NewEncoder(f)
+	for _, r := range refs {
+		if err := enc.Encode(r); err != nil {
+			f.Close()
+			os.Remove(f.Name())
+			return "", fmt.Errorf("secret references file: %w", err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("secret references file: %w", err)
+	}
+	return f.Name(), nil
 }
 
 // stepName names a check's command for the progress line.
@@ -257,18 +399,28 @@ func configProblems(svc, stderr string) []string {
 	return out
 }
 
-func (c *validateCmd) checkInventory(g *globals, path string) checkResult {
+// checkInventory parses the inventory with ansible-inventory (unparsed
+// sources are errors) and returns, for infra's secret check, its hosts'
+// SSH key references (see inventoryRefs).
+func (c *validateCmd) checkInventory(g *globals, path string) (checkResult, []service.SecretRef) {
 	r := checkResult{Check: "inventory " + path}
 	bin, err := exec.LookPath("ansible-inventory")
 	if err != nil {
 		r.Problems = []string{"ansible-inventory not found in PATH (install ansible-core)"}
-		return r
+		return r, nil
 	}
 	// Unparsed sources are warnings by default: make them errors.
 	env := append(os.Environ(), "ANSIBLE_INVENTORY_UNPARSED_FAILED=True", "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED=True", "ANSIBLE_NOCOLOR=1")
-	_, stderr, code, err := c.run(g, bin, "", env, "-i", path, "--list")
+	stdout, stderr, code, err := c.run(g, bin, "", env, "-i", path, "--list")
 	r.ansibleOutcome(stderr, code, err)
-	return r
+	if !r.OK || c.NoSecrets {
+		return r, nil
+	}
+	refs, err := inventoryRefs(path, []byte(stdout))
+	if err != nil {
+		r.OK, r.Problems = false, []string{err.Error()}
+	}
+	return r, refs
 }
 
 func (c *validateCmd) checkPlaybooks(g *globals) []checkResult {

@@ -13,16 +13,7 @@ import (
 func TestValidateRules(t *testing.T) {
 	bin := serviceBinaries(t)
 	dir := t.TempDir()
-	write := func(name, text string) string {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t, dir)
 	env := map[string]string{"PATH": os.Getenv("PATH")}
 	ansibleDir := filepath.Join(dir, "ansible")
 	write("ansible/playbooks/nginx.yml", "- name: Nginx\n  hosts: all\n  tasks: []\n")

@@ -9,8 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
 // publishMarker records, in batches, that deployments were published (and
@@ -184,11 +186,7 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 			ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP, Port: r.Port,
 			Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef, TimeoutSeconds: r.Options.TimeoutSeconds,
 		}
-		data, err := messages.Encode(msg)
-		if err != nil {
-			return n, err
-		}
-		entry, err := s.producer.Publish(ctx, s.cfg.Streams.Queue, data)
+		entry, err := s.republishOne(ctx, d.ID, msg)
 		if err != nil {
 			return n, err
 		}
@@ -196,6 +194,25 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 		n++
 	}
 	return n, nil
+}
+
+// republishOne publishes a stored deployment's request inside a producer
+// span whose context the request carries, so infra's job span joins it.
+// The submit's own trace is not stored with the deployment: the span
+// starts a trace of its own, marked autoprov.republished.
+func (s *Service) republishOne(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) (string, error) {
+	sctx, span := tracing.StartPublish(ctx, s.cfg.Tracing, s.cfg.Streams.Queue,
+		attribute.String("autoprov.deployment_id", id), attribute.String("autoprov.job_id", msg.JobID),
+		attribute.Bool("autoprov.republished", true))
+	msg.TraceContext = tracing.Inject(sctx)
+	data, err := messages.Encode(msg)
+	if err != nil {
+		tracing.End(span, err)
+		return "", err
+	}
+	entry, err := s.producer.Publish(sctx, s.cfg.Streams.Queue, data)
+	tracing.End(span, err)
+	return entry, err
 }
 
 // recentSet remembers the last n strings added.

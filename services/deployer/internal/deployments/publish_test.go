@@ -11,6 +11,33 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
+// storeUnpublished stores a deployment created age ago and never
+// published, and returns its id (its job id too).
+func storeUnpublished(t *testing.T, s *Service, age time.Duration) string {
+	t.Helper()
+	row := testRow(s, "", age)
+	if _, err := s.db.Exec(context.Background(), insertDeployment, row.args("", 0)...); err != nil {
+		t.Fatal(err)
+	}
+	return row.id
+}
+
+// republished returns the one entry on queue, which must be the request
+// of job, and the request.
+func republished(t *testing.T, rdb *redis.Client, queue, job string) (string, *messages.AnsibleDeployMessage) {
+	t.Helper()
+	entries, err := rdb.XRange(context.Background(), queue, "-", "+").Result()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("queue: %v, %v; want one entry", entries, err)
+	}
+	data, _ := entries[0].Values[stream.DataField].(string)
+	m, err := messages.DecodeAnsibleDeployMessage([]byte(data))
+	if err != nil || m.JobID != job {
+		t.Fatalf("republished entry: %+v, %v; want job %s", m, err, job)
+	}
+	return entries[0].ID, m
+}
+
 // TestRepublish: a deployment stored but never published (Redis was down,
 // or the process died between the commit and the XADD) is published by the
 // republisher once it is older than After, and marked; a recent one and a
@@ -19,13 +46,7 @@ func TestRepublish(t *testing.T) {
 	t.Parallel()
 	s, db, rdb, streams := newTestService(t)
 	ctx := context.Background()
-	store := func(age time.Duration) string {
-		row := testRow(s, "", age)
-		if _, err := db.Exec(ctx, insertDeployment, row.args("", 0)...); err != nil {
-			t.Fatal(err)
-		}
-		return row.id
-	}
+	store := func(age time.Duration) string { return storeUnpublished(t, s, age) }
 	lost := store(2 * time.Minute)
 	store(0) // too recent: left alone
 	published := store(2 * time.Minute)
@@ -37,23 +58,15 @@ func TestRepublish(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("republish: %d, %v; want 1", n, err)
 	}
-	entries, err := rdb.XRange(ctx, streams.Queue, "-", "+").Result()
-	if err != nil || len(entries) != 1 {
-		t.Fatalf("queue: %v, %v; want one entry", entries, err)
-	}
-	data, _ := entries[0].Values[stream.DataField].(string)
-	m, err := messages.DecodeAnsibleDeployMessage([]byte(data))
-	if err != nil || m.JobID != lost {
-		t.Fatalf("republished entry: %+v, %v; want job %s", m, err, lost)
-	}
+	entryID, _ := republished(t, rdb, streams.Queue, lost)
 	s.marker.flush(ctx)
 	var requestID string
 	var marked bool
 	if err := db.QueryRow(ctx, `SELECT COALESCE(request_id, ''), published_at IS NOT NULL FROM deployments WHERE id = $1`, lost).Scan(&requestID, &marked); err != nil {
 		t.Fatal(err)
 	}
-	if !marked || requestID != entries[0].ID {
-		t.Errorf("republished deployment: marked %v, request id %q; want %s", marked, requestID, entries[0].ID)
+	if !marked || requestID != entryID {
+		t.Errorf("republished deployment: marked %v, request id %q; want %s", marked, requestID, entryID)
 	}
 	// Marked now: the next pass publishes nothing.
 	if n, err := s.republish(ctx, time.Minute); err != nil || n != 0 {

@@ -216,7 +216,8 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 	// The request carries the context of its producer span, a child of the
 	// HTTP request's trace context when the client sent one; the span ends
 	// once the request is stored and published (or left to the
-	// republisher, whose copy carries no trace context).
+	// republisher, whose copy carries a trace of its own: see
+	// republishOne).
 	sctx, span := tracing.StartPublish(ctx, s.cfg.Tracing, s.cfg.Streams.Queue,
 		attribute.String("autoprov.deployment_id", id.String()))
 	defer span.End()

@@ -30,12 +30,9 @@ import (
 func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Component, error) {
 	log := d.Logger
 
-	lookupEnv := func(name string) (string, bool) {
-		v := d.Getenv(name)
-		return v, v != ""
-	}
+	lookupEnv := lookupIn(d.Getenv)
 	redactor := secrets.NewRedactor()
-	resolver, err := secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: lookupEnv})
+	resolver, err := openOwnSecrets(ctx, cfg, d.Getenv, log, redactor)
 	if err != nil {
 		return nil, err
 	}
@@ -58,10 +55,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		return nil, err
 	}
 	keySpecs, _ := cfg.Signing.ParseKeys() // validated with the config
-	var ownRefs []string
-	for _, k := range keySpecs {
-		ownRefs = append(ownRefs, k.Ref)
-	}
+	ownRefs := signingRefs(keySpecs)
 
 	runAs, err := cfg.Playbook.RunAs()
 	if err != nil {

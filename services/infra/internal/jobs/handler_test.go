@@ -32,7 +32,8 @@ func TestProvisionOutcomes(t *testing.T) {
 		name       string
 		sets       []string // SQL assignments for the case's server
 		noServer   bool     // the request names an unregistered server
-		garbage    bool     // the request is not a message at all
+		mod        func(*jobs.Config)
+		garbage    bool // the request is not a message at all
 		ssh        func(w *world) *fakeSSH
 		run        func(context.Context, ansible.Spec) (*ansible.Result, error)
 		deliveries int64
@@ -110,6 +111,15 @@ func TestProvisionOutcomes(t *testing.T) {
 		{
 			name: "ssh key reference unusable", sets: []string{"ssh_key_ref = 'env:AUTOPROV_SECRET_NOT_KEY'"},
 			wantStatus: messages.StatusFailed, wantKind: messages.KindSecretUnavailable, wantMsg: "not a usable SSH private key",
+			wantServer: store.ServerFailed, wantRow: store.RunDone,
+		},
+		{
+			// A server key naming a request signing key is refused before
+			// anything is resolved (the key is a valid reference that
+			// resolves, but to a secret that is no SSH key).
+			name: "ssh key reference names a signing key", sets: []string{"ssh_key_ref = 'env:AUTOPROV_SECRET_NOT_KEY'"},
+			mod:        func(c *jobs.Config) { c.OwnRefs = []string{"env:AUTOPROV_SECRET_NOT_KEY"} },
+			wantStatus: messages.StatusFailed, wantKind: messages.KindSecretUnavailable, wantMsg: "names a request signing key",
 			wantServer: store.ServerFailed, wantRow: store.RunDone,
 		},
 		{
@@ -229,7 +239,7 @@ func TestProvisionOutcomes(t *testing.T) {
 			if tt.run != nil {
 				f.runner = newFakeRunner(tt.run)
 			}
-			h := w.handler(t, f, nil)
+			h := w.handler(t, f, tt.mod)
 			msg := w.provision(t, jobID, srv, tt.deliveries)
 			if tt.garbage {
 				msg.Values[stream.DataField] = "\xc1 not msgpack"

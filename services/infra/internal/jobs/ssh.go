@@ -13,6 +13,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
@@ -41,21 +42,22 @@ func (j *job) sshCredentials(ctx context.Context) (*credentials, error) {
 	ref := j.h.cfg.DefaultSSHKeyRef
 	if j.server != nil && j.server.SSHKeyRef != "" {
 		ref = j.server.SSHKeyRef
+		if err := CheckServerKeyRef(ref, j.h.cfg.OwnRefs); err != nil {
+			j.log.Warn().Str("reason", err.Error()).Msg("server ssh_key_ref refused: nothing resolved")
+			return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable, "%v", err)
+		}
 	}
 	if ref == "" {
-		return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable,
-			"no SSH key: the server has no ssh_key_ref and SSH_KEY_REF is not set")
+		return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable, "%s", ErrNoSSHKey)
 	}
 	v, err := j.resolve(ctx, "ssh key", ref)
 	if err != nil {
 		return nil, err
 	}
 	defer v.Wipe()
-	signer, err := ssh.ParsePrivateKey(v.Bytes())
+	signer, err := ParseSSHKey(ref, v)
 	if err != nil {
-		// Never include the parse error's details: they may quote the key.
-		return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable,
-			"secret %s is not a usable SSH private key (unencrypted OpenSSH or PEM)", ref)
+		return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable, "%v", err)
 	}
 	key := bytes.Clone(v.Bytes())
 	return &credentials{
@@ -64,6 +66,31 @@ func (j *job) sshCredentials(ctx context.Context) (*credentials, error) {
 		publicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey()))),
 		clients:   ssh.FingerprintSHA256(signer.PublicKey()),
 	}, nil
+}
+
+// ErrNoSSHKey: a server without ssh_key_ref, and no SSH_KEY_REF.
+var ErrNoSSHKey = errors.New("no SSH key: the server has no ssh_key_ref and SSH_KEY_REF is not set")
+
+// CheckServerKeyRef refuses a server's ssh_key_ref that names a credential
+// of the service that is no SSH key (own: the request signing keys' refs):
+// such a secret is never read as a server's key. The error wraps
+// service.ErrSecretRefused.
+func CheckServerKeyRef(ref string, own []string) error {
+	if authz.NamesAny(ref, own) {
+		return fmt.Errorf("ssh_key_ref %s: %w: it names a request signing key of the service (REQUEST_KEYS)", ref, service.ErrSecretRefused)
+	}
+	return nil
+}
+
+// ParseSSHKey parses the SSH private key ref resolved to. The error wraps
+// service.ErrSecretUnusable and never holds the parser's details: they may
+// quote the key.
+func ParseSSHKey(ref string, v secrets.Value) (ssh.Signer, error) {
+	signer, err := ssh.ParsePrivateKey(v.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("secret %s is not a usable SSH private key (unencrypted OpenSSH or PEM): %w", ref, service.ErrSecretUnusable)
+	}
+	return signer, nil
 }
 
 // resolve resolves a secret reference for the job. Errors in the reference

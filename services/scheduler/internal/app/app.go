@@ -36,14 +36,10 @@ import (
 // configuration came from.
 func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Component, error) {
 	log := d.Logger
-	lookupEnv := func(name string) (string, bool) {
-		v := d.Getenv(name)
-		return v, v != ""
-	}
 	f := fleet.New(d.DB, fleet.Options{})
 
 	redactor := secrets.NewRedactor()
-	resolver, err := secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: lookupEnv})
+	resolver, err := openSecrets(ctx, cfg, d.Getenv, log, redactor)
 	if err != nil {
 		return nil, err
 	}
@@ -133,6 +129,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		UnreachableCooldown: cfg.Retry.UnreachableCooldown}
 	handler := results.New(f, holder.Rules, policy, log, d.Metrics)
 	handler.Applied = wakeNotify
+	handler.Tracing = d.Tracing
 
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	sign, err := cfg.Signing.Signer()

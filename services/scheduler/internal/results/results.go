@@ -15,10 +15,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/rules"
 )
@@ -79,6 +82,9 @@ type Handler struct {
 	// Applied, when not nil, is called after each applied result (the
 	// notifier's wake-up).
 	Applied func()
+	// Tracing, when not nil, makes a consumer span per result applied,
+	// continuing the trace the result carries (infra's job span).
+	Tracing trace.TracerProvider
 }
 
 // New returns a Handler; reg may be nil.
@@ -106,8 +112,26 @@ func (h *Handler) Handle(ctx context.Context, msg *stream.Message) error {
 		h.log.Warn().Err(err).Str("msg_id", msg.ID).Msg("invalid result dead-lettered")
 		return stream.Permanent("invalid_result", err)
 	}
-	return h.apply(ctx, res)
+	if h.Tracing == nil {
+		return h.apply(ctx, res)
+	}
+	ctx, span := tracing.Tracer(h.Tracing).Start(tracing.Extract(ctx, res.TraceContext), SpanApply,
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			attribute.String("messaging.system", "redis"),
+			attribute.String("messaging.destination.name", messages.StreamProvisionerResults),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.message.id", msg.ID),
+			attribute.String("autoprov.job_id", res.JobID),
+			attribute.String("autoprov.server", res.ServerHandle),
+			attribute.String("autoprov.status", string(res.Status)),
+		))
+	err = h.apply(ctx, res)
+	tracing.End(span, err)
+	return err
 }
+
+// SpanApply is the name of the span of a result applied.
+const SpanApply = "process " + messages.StreamProvisionerResults
 
 // ApplyEncoded applies an encoded result (a stored one, for a job whose
 // published result was lost).
