@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -116,14 +117,41 @@ func TestEnvPackage(t *testing.T) {
 	}
 }
 
-// TestExamplePackage: the repository's example package is sealed and valid.
+// TestExamplePackage: the repository's example package is sealed and
+// valid; its SSH key comes from the environment, so the secret check
+// passes with a key there and names the reference without one.
 func TestExamplePackage(t *testing.T) {
 	bin := serviceBinaries(t)
-	env := map[string]string{"PATH": os.Getenv("PATH")}
-	// Its hosts name no SSH key and it sets no SSH_KEY_REF (make run
-	// gives infra one in its environment): its references are not checked.
-	out, errOut, code := run(t, env, "validate", "--env", "example", "--config-dir", "../../../../config", "--bin-dir", bin, "--no-secrets")
+	keyPath := filepath.Join(t.TempDir(), "id_ed25519")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", keyPath).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v: %s", err, out)
+	}
+	key, err := os.ReadFile(keyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"validate", "--env", "example", "--config-dir", "../../../../config", "--bin-dir", bin}
+	env := map[string]string{"PATH": os.Getenv("PATH"), "AUTOPROV_SECRET_SSH_KEY": string(key)}
+	list := func() []string {
+		var l []string
+		for k, v := range env {
+			l = append(l, k+"="+v)
+		}
+		return l
+	}
+	out, errOut, code := runWith(t, env, list, args...)
 	if code != 0 || strings.Count(out, "ok ") < 7 {
-		t.Fatalf("config/example: exit %d\n%s%s", code, out, errOut)
+		t.Fatalf("config/example with its key: exit %d\n%s%s", code, out, errOut)
+	}
+	if strings.Contains(out+errOut, "PRIVATE KEY") {
+		t.Fatalf("validate printed the key:\n%s%s", out, errOut)
+	}
+	delete(env, "AUTOPROV_SECRET_SSH_KEY")
+	out, errOut, code = runWith(t, env, list, args...)
+	if code != 1 || !strings.Contains(out, "SSH_KEY_REF: env:AUTOPROV_SECRET_SSH_KEY: not_found") {
+		t.Fatalf("config/example without its key: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, _, code = run(t, env, append(args, "--no-secrets")...); code != 0 {
+		t.Fatalf("config/example --no-secrets: exit %d", code)
 	}
 }
