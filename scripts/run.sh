@@ -195,6 +195,11 @@ else
 	step "not root (or no iproute2): no local target, so no demo job; the services run alone"
 fi
 
+# Where this run's lines start in each log (they accumulate across runs).
+declare -A LOG_START
+for svc in scheduler infra deployer; do
+	LOG_START[$svc]=$(($(wc -l <"$LOGS/$svc.log" 2>/dev/null || echo 0) + 1))
+done
 for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
@@ -240,6 +245,15 @@ if [ -n "$demo" ] && [ "$status" -eq 0 ]; then
 	scripts/demo-deploy.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
 	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m the demo deployment did not succeed (exit %s); see run/dev/logs/\n' "$status" >&2
 fi
+
+# A command the shipped Redis ACL refuses is a bug (a role missing a key
+# pattern, or a service using a key it should not): say so.
+for svc in scheduler infra deployer; do
+	if tail -n "+${LOG_START[$svc]}" "$LOGS/$svc.log" | grep -q NOPERM; then
+		printf '\033[1;31merror:\033[0m %s ran a Redis command its ACL user may not (NOPERM in run/dev/logs/%s.log)\n' "$svc" "$svc" >&2
+		status=1
+	fi
+done
 
 if [ -n "${RUN_ONCE:-}" ]; then
 	step "RUN_ONCE set: stopping"

@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -27,51 +24,6 @@ const (
 	provisionerResults = "provisioner:results"
 	deployResults      = "deploy:results"
 )
-
-// aclRedis starts a redis-server with the shipped ACL file
-// (deploy/redis/users.acl) turned on by scripts/redis-acl.sh, and returns
-// it with a client per role.
-func aclRedis(t *testing.T) (*testenv.RedisServer, map[string]*redis.Client) {
-	t.Helper()
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	pass := filepath.Join(dir, "passwords")
-	users := []string{"admin", "scheduler", "deployer", "infra"}
-	script := filepath.Join(root, "scripts", "redis-acl.sh")
-	if out, err := exec.Command("bash", append([]string{script, "passwords", pass}, users...)...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-acl.sh passwords: %v\n%s", err, out)
-	}
-	acl, err := exec.Command("bash", script, "render", filepath.Join(root, "deploy", "redis", "users.acl"), pass).Output()
-	if err != nil {
-		t.Fatalf("redis-acl.sh render: %v", err)
-	}
-	if bytes.Contains(acl, []byte(">")) {
-		t.Fatal("the rendered ACL file holds a plain-text password")
-	}
-	aclFile := filepath.Join(dir, "users.acl")
-	if err := os.WriteFile(aclFile, acl, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	srv := testenv.StartRedisServer(t, "--aclfile", aclFile)
-	clients := map[string]*redis.Client{}
-	for _, u := range users {
-		pw, err := os.ReadFile(filepath.Join(pass, u+".pass"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		u := u
-		clients[u] = srv.Client(func(o *redis.Options) {
-			o.Username, o.Password = u, strings.TrimSpace(string(pw))
-		})
-		if err := clients[u].Ping(context.Background()).Err(); err != nil {
-			t.Fatalf("%s cannot log in: %v", u, err)
-		}
-	}
-	return srv, clients
-}
 
 // lockedLog collects a zerolog output for inspection.
 type lockedLog struct {
@@ -125,7 +77,7 @@ func noPerm(err error) bool {
 // the results; no command of the runtime is refused. Then each role tries
 // what it must not do, and is refused.
 func TestACLRolesInRealRedis(t *testing.T) {
-	_, rc := aclRedis(t)
+	_, rc := testenv.ACLRedis(t)
 	ctx := context.Background()
 	log := &lockedLog{}
 

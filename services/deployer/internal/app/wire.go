@@ -119,7 +119,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
 		Deployments: p.Deployments, Keys: keys, Auth: authn, Forget: authn.Forget,
-		Limiter: auth.NewLimiter(d.Redis, "deployer:rate:", cfg.API.RateLimit, cfg.API.RateBurst),
+		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),
 		Hub:     p.Hub, Logs: logs,
 		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
 			return webhooks.ListForDeployment(ctx, d.DB, id)

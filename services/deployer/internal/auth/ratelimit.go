@@ -58,9 +58,14 @@ const (
 	maxBuckets = 10_000
 )
 
+// RateKeyPrefix is the prefix of the deployer's rate limit buckets. redis_rate
+// puts "rate:" before every key, so they live under "rate:deployer:" in
+// Redis, which the deployer's ACL user may use (deploy/redis/users.acl).
+const RateKeyPrefix = "deployer:"
+
 // NewLimiter returns a limiter allowing rate requests per second with
 // bursts of burst, per key unless the key has its own rate (then its burst
-// is twice its rate). Its Redis keys start with prefix.
+// is twice its rate). Its Redis keys start with "rate:" and prefix.
 func NewLimiter(rdb redis.UniversalClient, prefix string, rate, burst int) *Limiter {
 	return &Limiter{rl: redis_rate.NewLimiter(rdb), prefix: prefix, rate: rate, burst: burst,
 		leaseFor: defaultLeaseFor, now: time.Now, leases: map[string]*lease{}}

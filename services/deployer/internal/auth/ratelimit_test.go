@@ -116,3 +116,34 @@ func TestLimiterExpiredLeaseIsNotUsed(t *testing.T) {
 		t.Errorf("a lease that expired unused did not shrink: size %d, want 8", ls.size)
 	}
 }
+
+// The limiter works as the deployer's ACL user of the shipped ACL file: a
+// refused command would let every request through (the API fails open
+// when the limiter errs), so the limit would silently not hold.
+func TestLimiterUnderTheShippedACL(t *testing.T) {
+	_, rc := testenv.ACLRedis(t)
+	for _, rate := range []int{1, 100} { // exact, and with leases
+		l := NewLimiter(rc["deployer"], RateKeyPrefix, rate, rate*2)
+		allowed := 0
+		for range rate*2 + 1 {
+			d, err := l.Allow(context.Background(), "key:ci", 0)
+			if err != nil {
+				t.Fatalf("rate %d: the deployer's ACL user cannot use the limiter: %v", rate, err)
+			}
+			if d.Allowed {
+				allowed++
+			}
+		}
+		if allowed < rate*2-rate/10 || allowed > rate*2+1 {
+			t.Errorf("rate %d, burst %d: %d of %d allowed", rate, rate*2, allowed, rate*2+1)
+		}
+		if err := rc["admin"].Del(context.Background(), "rate:"+RateKeyPrefix+"key:ci").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What the limiter writes is where the ACL allows it, and nowhere else.
+	keys, err := rc["admin"].Keys(context.Background(), "*").Result()
+	if err != nil || len(keys) != 0 {
+		t.Errorf("keys left: %v %v", keys, err)
+	}
+}
