@@ -143,6 +143,9 @@ func (c *committer) commitGroup(group []*commitItem) {
 	for _, it := range group {
 		if it.err == nil {
 			data = append(data, it.data)
+			// Stored, so the observer must skip it: known before the XADD,
+			// which the observer may read before PublishBatch returns.
+			s.own.add(it.row.id)
 		}
 	}
 	if len(data) == 0 {
@@ -159,7 +162,6 @@ func (c *committer) commitGroup(group []*commitItem) {
 	for i, it := range group {
 		if it.err == nil {
 			entries[i], published = published[0], published[1:]
-			s.own.add(it.row.id)
 		}
 	}
 	s.marker.markGroup(groupID, entries)

@@ -186,6 +186,7 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 			ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP, Port: r.Port,
 			Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef, TimeoutSeconds: r.Options.TimeoutSeconds,
 		}
+		s.own.add(d.JobID) // stored: the observer skips it
 		entry, err := s.republishOne(ctx, d.ID, msg)
 		if err != nil {
 			return n, err

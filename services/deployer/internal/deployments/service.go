@@ -305,6 +305,7 @@ func (s *Service) publish(ctx context.Context, id string, msg *messages.AnsibleD
 		s.log.Error().Err(err).Str("deployment_id", id).Msg("encode deployment request")
 		return
 	}
+	s.own.add(id) // stored: the observer skips it, even if it reads the entry before Publish returns
 	entry, err := s.producer.Publish(context.WithoutCancel(ctx), s.cfg.Streams.Queue, data)
 	if err != nil {
 		s.metrics.publishFailures.Inc()
@@ -312,7 +313,6 @@ func (s *Service) publish(ctx context.Context, id string, msg *messages.AnsibleD
 		return
 	}
 	s.marker.mark(id, entry)
-	s.own.add(id)
 }
 
 func requestHash(r *Request) []byte {
