@@ -39,6 +39,16 @@ func NewEnvBackend(prefix string, lookup func(string) (string, bool), reserved .
 	return e, nil
 }
 
+// LookupIn turns a getenv function (a service's environment, as
+// service.Deps.Getenv gives it) into a lookup for Deps.LookupEnv; an empty
+// variable counts as unset.
+func LookupIn(getenv func(string) string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		v := getenv(name)
+		return v, v != ""
+	}
+}
+
 // Prefix returns the prefix allowed names must have.
 func (e *EnvBackend) Prefix() string { return e.prefix }
 

@@ -349,10 +349,11 @@ type span struct {
 	start, end float64 // end 0: never finished
 }
 
-// spans parses out/<host>.log.
-func (e *e2e) spans(host string) []span {
+// records returns the fields of the four-field lines of the test
+// playbooks' record out/<name> on the targets (nil when there is none).
+func (e *e2e) records(name string) [][]string {
 	e.t.Helper()
-	f, err := os.Open(filepath.Join(e.ansibleDir, "out", host+".log"))
+	f, err := os.Open(filepath.Join(e.ansibleDir, "out", name))
 	if os.IsNotExist(err) {
 		return nil
 	}
@@ -360,15 +361,23 @@ func (e *e2e) spans(host string) []span {
 		e.t.Fatal(err)
 	}
 	defer f.Close()
-	byToken := map[string]*span{}
-	var order []string
+	var out [][]string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		// "<start|end> <playbook> <token> <unix time>"
-		fs := strings.Fields(sc.Text())
-		if len(fs) != 4 {
-			continue
+		if fs := strings.Fields(sc.Text()); len(fs) == 4 {
+			out = append(out, fs)
 		}
+	}
+	return out
+}
+
+// spans parses out/<host>.log.
+func (e *e2e) spans(host string) []span {
+	e.t.Helper()
+	byToken := map[string]*span{}
+	var order []string
+	// "<start|end> <playbook> <token> <unix time>"
+	for _, fs := range e.records(host + ".log") {
 		ts, _ := strconv.ParseFloat(fs[3], 64)
 		s := byToken[fs[2]]
 		if s == nil {

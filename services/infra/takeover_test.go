@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"os"
@@ -32,22 +31,9 @@ type hold struct {
 // holds reads the target's hold records of host, in order of start.
 func (e *e2e) holds(host string) []hold {
 	e.t.Helper()
-	f, err := os.Open(filepath.Join(e.ansibleDir, "out", host+".hold.log"))
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer f.Close()
 	byToken := map[string]*hold{}
 	var order []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) != 4 {
-			continue
-		}
+	for _, fs := range e.records(host + ".hold.log") {
 		ts, _ := strconv.ParseFloat(fs[2], 64)
 		h := byToken[fs[1]]
 		if h == nil {

@@ -104,19 +104,14 @@ func (m *publishMarker) flush(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var err error
-	switch {
-	case len(groups) == 0:
-		_, err = m.db.Exec(ctx, markDeployments, ids, entries)
-	case len(ids) == 0:
-		_, err = m.db.Exec(ctx, markGroups, groups, groupEntries)
-	default:
-		b := &pgx.Batch{}
+	b := &pgx.Batch{} // one round trip for both kinds
+	if len(ids) > 0 {
 		b.Queue(markDeployments, ids, entries)
-		b.Queue(markGroups, groups, groupEntries)
-		err = m.db.SendBatch(ctx, b).Close()
 	}
-	if err != nil {
+	if len(groups) > 0 {
+		b.Queue(markGroups, groups, groupEntries)
+	}
+	if err := m.db.SendBatch(ctx, b).Close(); err != nil {
 		m.log.Warn().Err(err).Int("deployments", len(ids)).Int("groups", len(groups)).
 			Msg("record published deployments (the republisher will publish them again)")
 	}

@@ -30,7 +30,6 @@ import (
 func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Component, error) {
 	log := d.Logger
 
-	lookupEnv := lookupIn(d.Getenv)
 	redactor := secrets.NewRedactor()
 	resolver, err := openOwnSecrets(ctx, cfg, d.Getenv, log, redactor)
 	if err != nil {
@@ -39,7 +38,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	// The references requests carry go to backends of their own: another
 	// Vault login (a policy of project paths only), another env prefix and
 	// file root, each off unless configured.
-	project, err := secrets.OpenProject(ctx, cfg.Project, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: lookupEnv})
+	project, err := secrets.OpenProject(ctx, cfg.Project, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: secrets.LookupIn(d.Getenv)})
 	if err != nil {
 		resolver.Close()
 		return nil, err

@@ -14,19 +14,11 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/signing"
 )
 
-// lookupIn makes an env: lookup of getenv (an empty variable is unset).
-func lookupIn(getenv func(string) string) func(string) (string, bool) {
-	return func(name string) (string, bool) {
-		v := getenv(name)
-		return v, v != ""
-	}
-}
-
 // openOwnSecrets opens the service's own resolver (VAULT_*, SECRETS_*):
 // the SSH keys and the request signing keys. Components and the secret
 // check open it alike.
 func openOwnSecrets(ctx context.Context, cfg *Config, getenv func(string) string, log zerolog.Logger, red *secrets.Redactor) (*secrets.Resolver, error) {
-	return secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: red, LookupEnv: lookupIn(getenv)})
+	return secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: red, LookupEnv: secrets.LookupIn(getenv)})
 }
 
 // signingRefs are the references of the request signing keys: no request

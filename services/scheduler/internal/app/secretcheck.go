@@ -12,11 +12,7 @@ import (
 // openSecrets opens the scheduler's resolver (VAULT_*, SECRETS_*; env:
 // references read getenv). Components and the secret check open it alike.
 func openSecrets(ctx context.Context, cfg *Config, getenv func(string) string, log zerolog.Logger, red *secrets.Redactor) (*secrets.Resolver, error) {
-	lookupEnv := func(name string) (string, bool) {
-		v := getenv(name)
-		return v, v != ""
-	}
-	return secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: red, LookupEnv: lookupEnv})
+	return secrets.Open(ctx, cfg.Secrets, secrets.Deps{Logger: log, Redactor: red, LookupEnv: secrets.LookupIn(getenv)})
 }
 
 // secretRefs are the references the configuration names, by variable.
