@@ -71,7 +71,10 @@ func TestCommitGroups(t *testing.T) {
 
 	// One group, one bad row in the middle.
 	group := []*commitItem{item(""), item(""), item(uuid.NewString()), item(""), item("")}
-	s.committer.commitGroup(group)
+	gctx, gcancel := context.WithTimeout(context.Background(), commitTimeout)
+	s.committer.store(gctx, group)
+	s.committer.publish(gctx, group)
+	gcancel()
 	for i, it := range group {
 		<-it.done
 		bad := i == 2
@@ -119,10 +122,16 @@ func TestCommitGroups(t *testing.T) {
 	if rowMarks != 0 || groups == 0 || groups > 1+submits {
 		t.Errorf("%d deployments rows marked, %d group marks; want 0 rows and one mark per group", rowMarks, groups)
 	}
+	// One inserter: the submits that arrive while a group is being stored
+	// wait for the next group, so 200 at once make a few groups, not 200.
+	if groups-1 > submits/4 {
+		t.Errorf("%d concurrent submits were stored in %d groups; want far fewer groups", submits, groups-1)
+	}
 	s.committer.mu.Lock()
 	defer s.committer.mu.Unlock()
-	if s.committer.running != 0 || len(s.committer.queue) != 0 {
-		t.Errorf("committers left: %d running, %d queued", s.committer.running, len(s.committer.queue))
+	if s.committer.running || len(s.committer.queue) != 0 || len(s.committer.publishing) != 0 {
+		t.Errorf("committer left: inserter running %v, %d queued, %d groups publishing",
+			s.committer.running, len(s.committer.queue), len(s.committer.publishing))
 	}
 }
 

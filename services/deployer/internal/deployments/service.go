@@ -98,7 +98,7 @@ func New(db *pgxpool.Pool, rdb redis.UniversalClient, producer *stream.Producer,
 		log: log.With().Str("component", "deployments").Logger(), now: time.Now, metrics: m}
 	s.marker = newPublishMarker(db, s.log)
 	s.own = newRecentSet(100_000)
-	s.committer = &committer{s: s}
+	s.committer = newCommitter(s)
 	return s, nil
 }
 
