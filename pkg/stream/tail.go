@@ -22,6 +22,12 @@ type TailConfig struct {
 	Count int64
 	// Block is how long one XREAD waits for new entries. Default 5s.
 	Block time.Duration
+	// Pause, when positive, is how long the tail waits after handing over
+	// a batch smaller than Count before it reads again: under a steady flow
+	// of entries each XREAD then returns the entries of a whole Pause
+	// instead of one or two (far fewer round trips for the tail and for
+	// Redis), and an entry reaches the handler up to Pause later.
+	Pause time.Duration
 	// Logger receives the tail's logs. The zero value logs nothing.
 	Logger zerolog.Logger
 }
@@ -131,6 +137,9 @@ func (t *Tail) Run(ctx context.Context) error {
 		}
 		bo.Reset()
 		last = msgs[len(msgs)-1].ID
+		if t.cfg.Pause > 0 && int64(len(msgs)) < t.cfg.Count {
+			sleepCtx(ctx, t.cfg.Pause)
+		}
 	}
 	return nil
 }

@@ -99,6 +99,47 @@ func TestTailFromNowSkipsOlderEntries(t *testing.T) {
 	}
 }
 
+// TestTailPauseBatchesASteadyFlow: with Pause, entries published one at a
+// time reach the handler in a few batches (not one read per entry), all of
+// them, in order; a full batch (Count entries) is not followed by a pause.
+func TestTailPauseBatchesASteadyFlow(t *testing.T) {
+	rdb := testenv.Redis(t)
+	s, _ := names()
+	log := &tailLog{}
+	runTail(t, rdb, stream.TailConfig{Stream: s, From: "0", Count: 100, Block: 50 * time.Millisecond, Pause: 200 * time.Millisecond}, log.handle)
+	const n = 40
+	p := stream.NewProducer(rdb, stream.ProducerOptions{})
+	for i := range n { // about 400 ms of entries, 10 ms apart
+		if _, err := p.Publish(context.Background(), s, []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the tail to hand over every entry", func() bool {
+		data, _ := log.snapshot()
+		return len(data) == n
+	})
+	data, batches := log.snapshot()
+	for i, d := range data {
+		if d != strconv.Itoa(i) {
+			t.Fatalf("entry %d is %q, want %d (all: %v)", i, d, i, data)
+		}
+	}
+	if len(batches) > n/4 {
+		t.Errorf("%d entries came in %d batches; with a 200 ms pause, want a few", n, len(batches))
+	}
+
+	// Full batches follow each other without a pause (an hour here).
+	s2, _ := names()
+	publish(t, rdb, s2, 30)
+	full := &tailLog{}
+	runTail(t, rdb, stream.TailConfig{Stream: s2, From: "0", Count: 10, Block: 50 * time.Millisecond, Pause: time.Hour}, full.handle)
+	testenv.WaitFor(t, 20*time.Second, "three full batches", func() bool {
+		data, _ := full.snapshot()
+		return len(data) == 30
+	})
+}
+
 func TestTailHandsAFailedBatchOverAgain(t *testing.T) {
 	rdb := testenv.Redis(t)
 	s, _ := names()

@@ -47,6 +47,11 @@ func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) erro
 	var batch pgx.Batch
 	seen := make(map[string]bool, len(msgs))
 	for _, msg := range msgs {
+		// Most entries are this replica's own: recognised by their job id
+		// alone, without decoding the request.
+		if id, ok := messages.PeekString(msg.Data(), "job_id"); ok && s.own.has(id) {
+			continue
+		}
 		m, err := messages.DecodeAnsibleDeployMessage(msg.Data())
 		if err != nil || m == nil {
 			continue
