@@ -85,6 +85,11 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	if e.Streams == (deployments.Streams{}) {
 		e.Streams = deployments.Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
+		// Streams of its own are removed when the test ends (after the
+		// deployer stops: cleanups run last first), so that tests and
+		// benchmarks (a benchmark's queue holds tens of MB) do not pile up
+		// in a shared Redis, whose forks for AOF rewrites grow with it.
+		t.Cleanup(func() { e.Redis.Del(context.Background(), e.Streams.Queue, e.Streams.Results) })
 	}
 	env := map[string]string{
 		"API_ADDR": "127.0.0.1:0", "WEBHOOK_SIGNING_KEY": SigningKey, "LOG_FORMAT": "json",
