@@ -172,8 +172,14 @@ func (m *Manager) Sync(ctx context.Context) (Report, error) {
 	}
 	// Merge in precedence order: the first source to claim a handle or an
 	// address wins.
-	handleOwner := map[string]string{}
-	addrOwner := map[string]string{} // address:port -> handle
+	// Sized up front: with a large fleet, growing the maps and the winners'
+	// lists step by step made most of a tick's garbage.
+	listed := len(manual)
+	for _, l := range lists {
+		listed += len(l.servers)
+	}
+	handleOwner := make(map[string]string, listed)
+	addrOwner := make(map[string]string, listed) // address:port -> handle
 	for h, a := range manual {
 		handleOwner[h] = fleet.SourceManual
 		addrOwner[a] = h
@@ -186,6 +192,7 @@ func (m *Manager) Sync(ctx context.Context) (Report, error) {
 		if r.Err != nil {
 			continue
 		}
+		winners[i] = make([]fleet.Detected, 0, len(lists[i].servers))
 		for _, s := range lists[i].servers {
 			if err := s.Validate(); err != nil {
 				r.Invalid++
