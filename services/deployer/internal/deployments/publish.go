@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
@@ -75,20 +76,17 @@ func (m *publishMarker) wake() {
 // write is never cut short by ctx (flush bounds it): marks taken for a
 // write that failed would be lost.
 func (m *publishMarker) run(ctx context.Context) {
+	defer m.flush(context.WithoutCancel(ctx)) // what is left once ctx is done
 	for {
 		select {
 		case <-ctx.Done():
-			m.flush(context.WithoutCancel(ctx))
 			return
 		case <-m.kick:
 		}
 		m.flush(context.WithoutCancel(ctx))
 		// Let the marks of the next moment gather.
-		select {
-		case <-ctx.Done():
-			m.flush(context.WithoutCancel(ctx))
+		if clock.Sleep(ctx, nil, markInterval) != nil {
 			return
-		case <-time.After(markInterval):
 		}
 	}
 }
