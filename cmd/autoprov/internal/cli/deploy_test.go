@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +146,59 @@ func TestDeployFollow(t *testing.T) {
 	}
 	if n, _ := rdb.XLen(context.Background(), messages.StreamAnsibleDeployQueue).Result(); n != 0 {
 		t.Fatalf("%d requests queued by refused commands", n)
+	}
+}
+
+// TestFollowShowsEveryEventBeforeTheResult: a job's events are written
+// before its result, but one read may list the result first (the order of
+// streams in a reply follows the request) or hold only part of the events;
+// follow prints them all before the result either way.
+func TestFollowShowsEveryEventBeforeTheResult(t *testing.T) {
+	_, rdb := redisDB(t)
+	ctx := context.Background()
+	for i := range 32 {
+		jobID := fmt.Sprintf("dep-order-%d", i)
+		req := &messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: jobID}, ServerIP: "198.51.100.7"}
+		events := []messages.ProgressEvent{
+			{Type: messages.EventPlayStarted, Play: "Deploy"},
+			{Type: messages.EventTaskStarted, Task: "Check out"},
+			{Type: messages.EventHostChanged, Host: req.ServerIP, Task: "Check out"},
+			{Type: messages.EventRunFinished, Status: messages.StatusSucceeded},
+		}
+		for n := range events {
+			e := &events[n]
+			e.JobID, e.Seq, e.Time = jobID, int64(n+1), messages.FormatTime(time.Now())
+			data, err := messages.Encode(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(jobID), Values: map[string]any{messages.DataField: data}})
+		}
+		r := messages.NewAnsibleDeployResult(req, "1-0")
+		r.Status = messages.StatusSucceeded
+		data, err := messages.Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.StreamDeployResults, Values: map[string]any{messages.DataField: data}})
+
+		var out, errOut bytes.Buffer
+		g := &globals{ctx: ctx, env: Env{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }}}
+		if err := follow(g, rdb, jobID, map[string]string{messages.StreamDeployResults: "0-0"}, 30*time.Second); err != nil {
+			t.Fatalf("follow %s: %v\n%s", jobID, err, errOut.String())
+		}
+		text := out.String()
+		last := -1
+		for _, want := range []string{"play  Deploy", "task  Check out", "198.51.100.7: changed", "run finished: succeeded", "result: succeeded"} {
+			at := strings.Index(text, want)
+			if at < 0 || at < last {
+				t.Fatalf("%s: %q missing or out of order:\n%s", jobID, want, text)
+			}
+			last = at
+		}
+		if strings.Count(text, "198.51.100.7: changed") != 1 {
+			t.Fatalf("%s: an event printed twice:\n%s", jobID, text)
+		}
+		rdb.Del(ctx, messages.StreamDeployResults)
 	}
 }

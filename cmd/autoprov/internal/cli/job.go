@@ -240,6 +240,10 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[str
 					continue
 				}
 				if r := resultOf(st.Stream, data, jobID); r != nil {
+					// The job's events were all written before its result,
+					// but this reply may list them after it (or hold only
+					// part of them): print the rest first.
+					showEventsAfter(g, rdb, jobID, positions[events])
 					return finish(g, r)
 				}
 			}
@@ -249,7 +253,12 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[str
 
 // printEvents prints the events a job left (for a job already over).
 func printEvents(g *globals, rdb redis.UniversalClient, jobID string) {
-	msgs, err := rdb.XRange(g.ctx, messages.ProgressStream(jobID), "-", "+").Result()
+	showEventsAfter(g, rdb, jobID, "0-0")
+}
+
+// showEventsAfter prints the job's progress events after entry id after.
+func showEventsAfter(g *globals, rdb redis.UniversalClient, jobID, after string) {
+	msgs, err := rdb.XRange(g.ctx, messages.ProgressStream(jobID), "("+after, "+").Result()
 	if err != nil {
 		return
 	}
