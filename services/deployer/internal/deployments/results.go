@@ -68,16 +68,27 @@ func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, r *messages.Ansib
 	if t, err := messages.ParseTime(r.FinishedAt); err == nil {
 		finished = t
 	}
+	// The result goes on the job's queued deployment. When there is none
+	// the job is either final already or unknown (another producer put it
+	// on the queue straight away): then it creates the deployment, unless
+	// the observer stores the queued request in the meantime (the INSERT
+	// then conflicts), in which case the UPDATE, run again, sees that row.
 	var id string
-	err := tx.QueryRow(ctx, `
-		UPDATE deployments SET status = $2, result = $3, error_kind = $4, finished_at = $5, updated_at = now(),
-			request_id = COALESCE(request_id, NULLIF($6, ''))
-		WHERE job_id = $1 AND status = 'queued'
-		RETURNING id::text`, r.JobID, string(status), mustJSON(res), kind, finished, r.RequestID).Scan(&id)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// Either already final, or unknown: a job another producer put on
-		// the queue straight away.
+	for attempt := 0; ; attempt++ {
+		err := tx.QueryRow(ctx, `
+			UPDATE deployments SET status = $2, result = $3, error_kind = $4, finished_at = $5, updated_at = now(),
+				request_id = COALESCE(request_id, NULLIF($6, ''))
+			WHERE job_id = $1 AND status = 'queued'
+			RETURNING id::text`, r.JobID, string(status), mustJSON(res), kind, finished, r.RequestID).Scan(&id)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return false, err
+		}
+		if attempt > 0 {
+			return false, nil // already final: a duplicate
+		}
 		newID, err := uuid.NewV7FromReader(rand.Reader)
 		if err != nil {
 			return false, err
@@ -93,13 +104,10 @@ func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, r *messages.Ansib
 		if err != nil {
 			return false, err
 		}
-		if tag.RowsAffected() == 0 {
-			return false, nil // already final: a duplicate
+		if tag.RowsAffected() == 1 {
+			s.metrics.results.WithLabelValues("foreign").Inc()
+			return true, nil
 		}
-		s.metrics.results.WithLabelValues("foreign").Inc()
-		return true, nil
-	case err != nil:
-		return false, err
 	}
 	s.metrics.results.WithLabelValues(string(status)).Inc()
 	// The webhook goes out with the state it reports, or not at all.
