@@ -274,7 +274,9 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 	// The full output is stored before the result goes out, so that a
 	// client reading the result finds the log.
 	j.storeOutput()
-	// The progress stream's end goes out while the outcome is stored.
+	// The progress stream's end goes out while the outcome is stored, and
+	// before the result: a reader that sees the result (autoprov --follow,
+	// the deployer's event streams) then finds every event of the run.
 	progressDone := make(chan struct{})
 	go func() {
 		defer close(progressDone)
@@ -301,11 +303,13 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 		if gerr != nil {
 			return fmt.Errorf("record result: %w (read it back: %w)", err, gerr)
 		}
+		<-progressDone
 		return j.republish(ctx, r)
 	}
 	if err != nil {
 		return fmt.Errorf("record result: %w", err)
 	}
+	<-progressDone
 	if err := j.publishData(ctx, data); err != nil {
 		return err
 	}
