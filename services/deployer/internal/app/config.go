@@ -73,7 +73,7 @@ type WebhookConfig struct {
 	BackoffMin     time.Duration `env:"WEBHOOK_BACKOFF_MIN" envDefault:"5s" desc:"delay after the first failed attempt (doubles each time, with jitter)"`
 	BackoffMax     time.Duration `env:"WEBHOOK_BACKOFF_MAX" envDefault:"1h" desc:"longest delay between attempts"`
 	Workers        int           `env:"WEBHOOK_WORKERS" envDefault:"4" desc:"webhook requests sent at once by this instance"`
-	Lease          time.Duration `env:"WEBHOOK_LEASE" envDefault:"1m" desc:"how long a delivery is reserved for the instance sending it (a dead instance's deliveries are retried after it)"`
+	Lease          time.Duration `env:"WEBHOOK_LEASE" envDefault:"1m" desc:"how long a delivery is reserved for the instance sending it (a dead instance's deliveries are retried after it); at least twice WEBHOOK_TIMEOUT"`
 }
 
 // SigningKeyBytes returns the webhook signing key (nil when webhooks are
@@ -134,6 +134,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Webhooks.Timeout <= 0 || c.Webhooks.RetryFor <= 0 || c.Webhooks.BackoffMin <= 0 || c.Webhooks.BackoffMax < c.Webhooks.BackoffMin {
 		errs = append(errs, service.Invalid("WEBHOOK_TIMEOUT", "webhook durations must be positive, WEBHOOK_BACKOFF_MAX >= WEBHOOK_BACKOFF_MIN"))
+	}
+	if c.Webhooks.Lease < 2*c.Webhooks.Timeout {
+		errs = append(errs, service.Invalid("WEBHOOK_LEASE", "must be at least twice WEBHOOK_TIMEOUT (an attempt must end well within its lease)"))
 	}
 	if c.Webhooks.Workers < 1 {
 		errs = append(errs, service.Invalid("WEBHOOK_WORKERS", "must be at least 1"))

@@ -81,7 +81,7 @@ func NewDeliverer(db *pgxpool.Pool, cfg Config) (*Deliverer, error) {
 		wake: make(chan struct{}, 1), now: time.Now,
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "autoprov_deployer_webhook_attempts_total",
-			Help: "Webhook delivery attempts by outcome (delivered, retry, failed).",
+			Help: "Webhook delivery attempts by outcome (delivered, retry, failed; stale: it outlived its lease and another attempt holds the delivery).",
 		}, []string{"outcome"}),
 	}
 	if cfg.Registerer != nil {
@@ -195,6 +195,7 @@ func (d *Deliverer) deliver(ctx context.Context, j job) {
 			errText += "; retries exhausted"
 		}
 	}
+	stale := false
 	err = pgx.BeginFunc(ctx, d.db, func(tx pgx.Tx) error {
 		var status *int
 		if code > 0 {
@@ -209,15 +210,24 @@ func (d *Deliverer) deliver(ctx context.Context, j job) {
 			j.id, j.attempt, started, float64(took.Microseconds())/1000, status, e); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = $2, locked_until = NULL, last_error = $3,
+		// Only while this attempt holds the delivery: once its lease ran
+		// out another replica may have claimed it (attempts went up) and
+		// delivered it; this late outcome must not undo that.
+		tag, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = $2, locked_until = NULL, last_error = $3,
 				next_attempt_at = COALESCE($4, next_attempt_at),
 				finished_at = CASE WHEN $2 = 'pending' THEN NULL ELSE now() END
-			WHERE id = $1`, j.id, outcome, e, nullTime(next))
+			WHERE id = $1 AND attempts = $5 AND state = 'pending'`, j.id, outcome, e, nullTime(next), j.attempt)
+		stale = err == nil && tag.RowsAffected() == 0
 		return err
 	})
 	if err != nil {
 		// The lease runs out and the delivery is tried again.
 		log.Error().Err(err).Msg("record webhook attempt")
+		return
+	}
+	if stale {
+		d.attempts.WithLabelValues("stale").Inc()
+		log.Warn().Str("outcome", outcome).Msg("webhook attempt outlived its lease: another attempt holds the delivery, its state is left to it")
 		return
 	}
 	switch outcome {
