@@ -34,9 +34,17 @@ type Config struct {
 	Stream   StreamConfig
 	Webhooks WebhookConfig
 	RunLog   runlog.Config
+	Keep     RetentionConfig
 	// Signing signs the requests the deployer publishes (infra checks
 	// them against REQUEST_KEYS).
 	Signing reqsign.Config
+}
+
+// RetentionConfig says how long the deployer keeps what it stores about
+// deployments (run logs: RUNLOG_RETENTION).
+type RetentionConfig struct {
+	Deployments     time.Duration `env:"DEPLOYMENT_RETENTION" envDefault:"2160h" desc:"how long finished deployments are kept, with their webhook deliveries (0 keeps them forever; queued ones are always kept)"`
+	IdempotencyKeys time.Duration `env:"IDEMPOTENCY_KEY_TTL" envDefault:"24h" desc:"how long an Idempotency-Key is remembered: a retry after it makes a new deployment (0: as long as its deployment is kept)"`
 }
 
 // APIConfig configures the HTTP API.
@@ -116,6 +124,12 @@ func (c *Config) Validate() error {
 	}
 	if c.API.KeyCacheTTL < 0 {
 		errs = append(errs, service.Invalid("API_KEY_CACHE_TTL", "must not be negative"))
+	}
+	if c.Keep.Deployments < 0 {
+		errs = append(errs, service.Invalid("DEPLOYMENT_RETENTION", "must not be negative"))
+	}
+	if c.Keep.IdempotencyKeys < 0 {
+		errs = append(errs, service.Invalid("IDEMPOTENCY_KEY_TTL", "must not be negative"))
 	}
 	if c.Stream.Group == "" {
 		errs = append(errs, service.Invalid("STREAM_GROUP", "must not be empty"))

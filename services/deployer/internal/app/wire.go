@@ -71,7 +71,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
-		Tracing: d.Tracing}
+		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
 			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),
@@ -157,16 +157,24 @@ func (p *Parts) Components() []service.Component {
 	return parts
 }
 
-// retention deletes run logs older than RUNLOG_RETENTION, hourly.
+// retention applies the retention settings hourly: run logs older than
+// RUNLOG_RETENTION, deployments finished more than DEPLOYMENT_RETENTION
+// ago, Idempotency-Keys older than IDEMPOTENCY_KEY_TTL.
 func (p *Parts) retention(ctx context.Context) error {
-	keep := p.cfg.RunLog.Retention
-	if keep <= 0 {
-		<-ctx.Done()
-		return nil
-	}
 	t := time.NewTicker(time.Hour)
 	defer t.Stop()
 	for {
+		p.applyRetention(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Parts) applyRetention(ctx context.Context) {
+	if keep := p.cfg.RunLog.Retention; keep > 0 {
 		n, err := p.Logs.DeleteBefore(ctx, time.Now().Add(-keep))
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -174,10 +182,14 @@ func (p *Parts) retention(ctx context.Context) error {
 		case n > 0:
 			p.log.Info().Int("deleted", n).Dur("retention", keep).Msg("old run logs deleted")
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	}
+	n, err := p.Deployments.Prune(ctx, p.cfg.Keep.Deployments)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		p.log.Warn().Err(err).Msg("deployment retention")
+	case n != (deployments.Pruned{}):
+		p.log.Info().Int64("deployments", n.Deployments).Int64("publish_groups", n.Groups).
+			Int64("idempotency_keys", n.IdempotencyKeys).Dur("retention", p.cfg.Keep.Deployments).
+			Msg("old deployments deleted")
 	}
 }

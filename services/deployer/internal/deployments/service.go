@@ -53,6 +53,10 @@ type Config struct {
 	// PollInterval is how often waiters re-check the database besides
 	// notifications. Default 2s.
 	PollInterval time.Duration
+	// IdempotencyTTL is how long an Idempotency-Key is remembered: a
+	// request repeating a key after it makes a new deployment (and Prune
+	// deletes the key). 0: as long as the key's deployment is kept.
+	IdempotencyTTL time.Duration
 	// Tracing makes a producer span per submitted deployment, whose
 	// context its request carries (package tracing); nil: none.
 	Tracing trace.TracerProvider
@@ -250,9 +254,12 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, idemLockKey(keyID, idempotencyKey)); err != nil {
 				return err
 			}
+			// A key older than IdempotencyTTL counts as unused (Prune
+			// deletes it in time; the INSERT below replaces it).
 			var prevHash []byte
-			err := tx.QueryRow(ctx, `SELECT request_hash, deployment_id::text FROM idempotency_keys WHERE api_key_id = $1 AND key = $2`,
-				keyID, idempotencyKey).Scan(&prevHash, &existing)
+			err := tx.QueryRow(ctx, `SELECT request_hash, deployment_id::text FROM idempotency_keys
+				WHERE api_key_id = $1 AND key = $2 AND ($3::interval IS NULL OR created_at >= now() - $3::interval)`,
+				keyID, idempotencyKey, s.idempotencyTTL()).Scan(&prevHash, &existing)
 			switch {
 			case err == nil:
 				if string(prevHash) != string(hash) {
@@ -265,7 +272,9 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 			if err := insert(tx); err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)`,
+			_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (api_key_id, key) DO UPDATE
+				SET request_hash = EXCLUDED.request_hash, deployment_id = EXCLUDED.deployment_id, created_at = now()`,
 				keyID, idempotencyKey, hash, id)
 			return err
 		})
@@ -313,6 +322,15 @@ func (s *Service) publish(ctx context.Context, id string, msg *messages.AnsibleD
 		return
 	}
 	s.marker.mark(id, entry)
+}
+
+// idempotencyTTL is IdempotencyTTL as a query argument: nil when keys do
+// not expire.
+func (s *Service) idempotencyTTL() any {
+	if s.cfg.IdempotencyTTL <= 0 {
+		return nil
+	}
+	return s.cfg.IdempotencyTTL
 }
 
 func requestHash(r *Request) []byte {

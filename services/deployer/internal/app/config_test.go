@@ -1,0 +1,39 @@
+package app
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+)
+
+// TestRetentionSettings: the defaults keep finished deployments 90 days and
+// Idempotency-Keys a day; 0 is allowed (keep), negative durations are
+// refused with the variable named.
+func TestRetentionSettings(t *testing.T) {
+	for _, tc := range []struct {
+		env       map[string]string
+		want      RetentionConfig
+		wantError string
+	}{
+		{env: map[string]string{}, want: RetentionConfig{Deployments: 90 * 24 * time.Hour, IdempotencyKeys: 24 * time.Hour}},
+		{env: map[string]string{"DEPLOYMENT_RETENTION": "0", "IDEMPOTENCY_KEY_TTL": "0"}, want: RetentionConfig{}},
+		{env: map[string]string{"DEPLOYMENT_RETENTION": "-1h"}, wantError: "DEPLOYMENT_RETENTION"},
+		{env: map[string]string{"IDEMPOTENCY_KEY_TTL": "-5m"}, wantError: "IDEMPOTENCY_KEY_TTL"},
+		{env: map[string]string{"DEPLOYMENT_RETENTION": "soon"}, wantError: "DEPLOYMENT_RETENTION"},
+	} {
+		cfg := NewConfig()
+		err := service.Load(func(k string) string { return tc.env[k] }, cfg)
+		switch {
+		case tc.wantError != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantError) {
+				t.Errorf("%v: error %v, want one naming %s", tc.env, err, tc.wantError)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", tc.env, err)
+		case cfg.Keep != tc.want:
+			t.Errorf("%v: %+v, want %+v", tc.env, cfg.Keep, tc.want)
+		}
+	}
+}
