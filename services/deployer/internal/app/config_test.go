@@ -8,10 +8,11 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 )
 
-// TestRetentionSettings: the defaults keep finished deployments 90 days and
+// TestSettings: the defaults keep finished deployments 90 days and
 // Idempotency-Keys a day; 0 is allowed (keep), negative durations are
-// refused with the variable named.
-func TestRetentionSettings(t *testing.T) {
+// refused with the variable named; a webhook lease shorter than twice the
+// webhook timeout is refused.
+func TestSettings(t *testing.T) {
 	for _, tc := range []struct {
 		env       map[string]string
 		want      RetentionConfig
@@ -22,6 +23,8 @@ func TestRetentionSettings(t *testing.T) {
 		{env: map[string]string{"DEPLOYMENT_RETENTION": "-1h"}, wantError: "DEPLOYMENT_RETENTION"},
 		{env: map[string]string{"IDEMPOTENCY_KEY_TTL": "-5m"}, wantError: "IDEMPOTENCY_KEY_TTL"},
 		{env: map[string]string{"DEPLOYMENT_RETENTION": "soon"}, wantError: "DEPLOYMENT_RETENTION"},
+		{env: map[string]string{"WEBHOOK_TIMEOUT": "40s"}, wantError: "WEBHOOK_LEASE"},
+		{env: map[string]string{"WEBHOOK_TIMEOUT": "30s"}, want: RetentionConfig{Deployments: 90 * 24 * time.Hour, IdempotencyKeys: 24 * time.Hour}},
 	} {
 		cfg := NewConfig()
 		err := service.Load(func(k string) string { return tc.env[k] }, cfg)
