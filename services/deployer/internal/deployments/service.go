@@ -400,6 +400,11 @@ func (s *Service) Wait(ctx context.Context, id string) (*Deployment, error) {
 	}
 	ch, stop := s.notifier.Watch(d.JobID)
 	defer stop()
+	// It may have ended between the first read and the Watch, whose
+	// notification is then gone: read once more.
+	if d, err = s.Get(ctx, id); err != nil || d.Status.Terminal() {
+		return d, err
+	}
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
 	for {
@@ -515,8 +520,18 @@ func (s *Service) Cancel(ctx context.Context, id string) (*Deployment, CancelOut
 	if err := s.rdb.Set(ctx, messages.CancelKey(d.JobID), "deployer", s.cfg.CancelTTL).Err(); err != nil {
 		return nil, 0, fmt.Errorf("set cancel key: %w", err)
 	}
-	if _, err := s.db.Exec(ctx, `UPDATE deployments SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now() WHERE id = $1`, id); err != nil {
+	// Only a deployment still without its result records the request: one
+	// that finished meanwhile answers as finished.
+	tag, err := s.db.Exec(ctx, `UPDATE deployments SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now()
+		WHERE id = $1 AND status = 'queued'`, id)
+	if err != nil {
 		return nil, 0, fmt.Errorf("record cancel request: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		if d, err = s.Get(ctx, id); err != nil {
+			return nil, 0, err
+		}
+		return d, 0, ErrFinished
 	}
 	s.metrics.cancelled.WithLabelValues("requested").Inc()
 	d, err = s.Get(ctx, id)

@@ -1,0 +1,63 @@
+package deployments
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+)
+
+// finishOnCancelKey is a Redis hook: just before the cancel key of jobID
+// is set, it runs finish (the job's result arriving at that moment).
+type finishOnCancelKey struct {
+	jobID  string
+	finish func()
+}
+
+func (h finishOnCancelKey) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h finishOnCancelKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h finishOnCancelKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); cmd.Name() == "set" && len(args) > 1 && args[1] == messages.CancelKey(h.jobID) {
+			h.finish()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestCancelRacesResult: a running deployment whose result is recorded
+// while a cancel is being requested answers as finished (409), not as a
+// cancel requested, and keeps no cancel request.
+func TestCancelRacesResult(t *testing.T) {
+	t.Parallel()
+	s, db, rdb, _ := newTestService(t)
+	ctx := context.Background()
+	row := testRow(s, "", 0)
+	if _, err := db.Exec(ctx, insertDeployment, row.args("", 0)...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO runs (job_id, kind, stream, request_id, target, state)
+		VALUES ($1, 'deploy', 'q', '1-0', 'address:198.51.100.7', 'running')`, row.id); err != nil {
+		t.Fatal(err)
+	}
+	rdb.AddHook(finishOnCancelKey{jobID: row.id, finish: func() {
+		r := messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: row.id}}, "1-0")
+		r.Status = messages.StatusSucceeded
+		if err := s.Record(ctx, r); err != nil {
+			t.Error(err)
+		}
+	}})
+	d, outcome, err := s.Cancel(ctx, row.id)
+	if !errors.Is(err, ErrFinished) || d == nil || d.Status != StatusSucceeded || outcome != 0 {
+		t.Fatalf("cancel while the result arrives: %+v, %v, %v; want the finished deployment and ErrFinished", d, outcome, err)
+	}
+	var requested bool
+	if err := db.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM deployments WHERE id = $1`, row.id).Scan(&requested); err != nil || requested {
+		t.Errorf("cancel_requested_at set on a finished deployment (%v)", err)
+	}
+}
