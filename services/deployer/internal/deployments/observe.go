@@ -42,7 +42,9 @@ func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
 // is queued, so it shows in the API before its result; the deployer's own
 // requests are there already and change nothing; an entry that is no
 // request is left to infra, which rejects it (its result then creates the
-// deployment). The batch is stored in one round trip.
+// deployment). A deployment its result created first (infra can be quicker
+// than the observer's batches) gets the request's fields. The batch is
+// stored in one round trip.
 func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) error {
 	var batch pgx.Batch
 	seen := make(map[string]bool, len(msgs))
@@ -68,9 +70,19 @@ func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) erro
 		batch.Queue(`
 			INSERT INTO deployments (id, job_id, source, project_id, repo_full_name, branch, server_ip, port, modules,
 				github_token_ref, secrets_ref, correlation_id, timeout_seconds, request_id, published_at)
-			SELECT gen_random_uuid(), $1, 'stream', $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), NULLIF($10, ''), $11, $12, now()
-			WHERE NOT EXISTS (SELECT 1 FROM deployments WHERE job_id = $1)
-			ON CONFLICT (job_id) DO NOTHING`,
+			VALUES (gen_random_uuid(), $1, 'stream', $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), NULLIF($10, ''), $11, $12, now())
+			ON CONFLICT (job_id) DO UPDATE SET
+				project_id = COALESCE(deployments.project_id, EXCLUDED.project_id),
+				repo_full_name = EXCLUDED.repo_full_name,
+				branch = COALESCE(deployments.branch, EXCLUDED.branch),
+				server_ip = COALESCE(deployments.server_ip, EXCLUDED.server_ip),
+				port = COALESCE(deployments.port, EXCLUDED.port),
+				modules = COALESCE(deployments.modules, EXCLUDED.modules),
+				github_token_ref = COALESCE(deployments.github_token_ref, EXCLUDED.github_token_ref),
+				secrets_ref = COALESCE(deployments.secrets_ref, EXCLUDED.secrets_ref),
+				correlation_id = COALESCE(deployments.correlation_id, EXCLUDED.correlation_id),
+				timeout_seconds = COALESCE(deployments.timeout_seconds, EXCLUDED.timeout_seconds)
+			WHERE deployments.source = 'stream' AND deployments.repo_full_name IS NULL`,
 			jobID, m.ProjectID, m.RepoFullName, m.Branch, m.ServerIP, m.Port, m.Modules,
 			m.GitHubTokenRef, m.SecretsRef, m.CorrelationID, timeout, msg.ID)
 	}

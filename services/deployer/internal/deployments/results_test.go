@@ -14,7 +14,8 @@ import (
 // the observer while its result may be recorded at the same moment (infra
 // can be faster than the observer's batches). Whichever comes first, every
 // job ends with its result, once: none stays queued, none is counted a
-// duplicate and dropped.
+// duplicate and dropped, and each shows its request (the repository comes
+// only with the request).
 func TestResultRacesObserver(t *testing.T) {
 	t.Parallel()
 	s, db, _, _ := newTestService(t)
@@ -45,7 +46,8 @@ func TestResultRacesObserver(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	rows, err := db.Query(ctx, `SELECT job_id, status, source FROM deployments WHERE status <> 'succeeded' OR result IS NULL`)
+	rows, err := db.Query(ctx, `SELECT job_id, status, source FROM deployments
+		WHERE status <> 'succeeded' OR result IS NULL OR repo_full_name IS DISTINCT FROM 'acme/shop' OR port <> 22`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +57,7 @@ func TestResultRacesObserver(t *testing.T) {
 		if err := rows.Scan(&job, &status, &source); err != nil {
 			t.Fatal(err)
 		}
-		t.Errorf("job %s (%s) ended %s, without its result", job, source, status)
+		t.Errorf("job %s (%s) ended %s, without its result or its request", job, source, status)
 	}
 	var n int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM deployments`).Scan(&n); err != nil || n != jobs {
