@@ -478,10 +478,12 @@ func TestForeignDeployments(t *testing.T) {
 		t.Fatal(err)
 	}
 	var page api.DeploymentList
-	testenv.WaitFor(t, 30*time.Second, "the other producer's deployment to finish", func() bool {
+	// Its result may come before the observer reads the request (infra is
+	// quicker than the observer's batches): the request's fields follow.
+	testenv.WaitFor(t, 30*time.Second, "the other producer's deployment to finish, with its request", func() bool {
 		_, body := e.Do("GET", "/api/v1/deployments?job_id=agent-job-7", e.CI, nil)
 		page = dt.JSON[api.DeploymentList](t, body)
-		return len(page.Items) == 1 && page.Items[0].Status == deployments.StatusSucceeded
+		return len(page.Items) == 1 && page.Items[0].Status == deployments.StatusSucceeded && page.Items[0].Request.RepoFullName != ""
 	})
 	d := page.Items[0]
 	if d.Source != "stream" || d.Request.RepoFullName != "acme/shop" || d.RequestID == "" {

@@ -13,18 +13,22 @@ import (
 // refused with the variable named; a webhook lease shorter than twice the
 // webhook timeout is refused.
 func TestSettings(t *testing.T) {
+	defaults := RetentionConfig{Deployments: 90 * 24 * time.Hour, IdempotencyKeys: 24 * time.Hour}
+	const signingKey = "0123456789abcdef0123456789abcdef"
 	for _, tc := range []struct {
 		env       map[string]string
 		want      RetentionConfig
 		wantError string
 	}{
-		{env: map[string]string{}, want: RetentionConfig{Deployments: 90 * 24 * time.Hour, IdempotencyKeys: 24 * time.Hour}},
+		{env: map[string]string{}, want: defaults},
 		{env: map[string]string{"DEPLOYMENT_RETENTION": "0", "IDEMPOTENCY_KEY_TTL": "0"}, want: RetentionConfig{}},
 		{env: map[string]string{"DEPLOYMENT_RETENTION": "-1h"}, wantError: "DEPLOYMENT_RETENTION"},
 		{env: map[string]string{"IDEMPOTENCY_KEY_TTL": "-5m"}, wantError: "IDEMPOTENCY_KEY_TTL"},
 		{env: map[string]string{"DEPLOYMENT_RETENTION": "soon"}, wantError: "DEPLOYMENT_RETENTION"},
-		{env: map[string]string{"WEBHOOK_TIMEOUT": "40s"}, wantError: "WEBHOOK_LEASE"},
-		{env: map[string]string{"WEBHOOK_TIMEOUT": "30s"}, want: RetentionConfig{Deployments: 90 * 24 * time.Hour, IdempotencyKeys: 24 * time.Hour}},
+		{env: map[string]string{"WEBHOOK_TIMEOUT": "40s", "WEBHOOK_SIGNING_KEY": signingKey}, wantError: "WEBHOOK_LEASE"},
+		{env: map[string]string{"WEBHOOK_TIMEOUT": "30s", "WEBHOOK_SIGNING_KEY": signingKey}, want: defaults},
+		// Without webhooks their lease does not matter.
+		{env: map[string]string{"WEBHOOK_TIMEOUT": "40s"}, want: defaults},
 	} {
 		cfg := NewConfig()
 		err := service.Load(func(k string) string { return tc.env[k] }, cfg)

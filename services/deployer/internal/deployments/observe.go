@@ -17,8 +17,10 @@ import (
 // was stopped still show while they are queued; the start of the queue
 // ("0") when it knows none (a new installation: what is still queued is
 // what infra has not finished, and the results consumer reads the results
-// stream from its start too). Reading a little too far back costs
-// nothing: ObserveBatch is idempotent.
+// stream from its start too). A deployment its result created (the
+// request not read yet: no repository) does not count, so that the
+// observer still reads its request and fills in the request's fields.
+// Reading a little too far back costs nothing: ObserveBatch is idempotent.
 func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
 	var id string
 	// A deployment's entry id is its own mark or its commit group's.
@@ -26,6 +28,7 @@ func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
 		SELECT COALESCE(d.request_id, g.entries[d.publish_pos])
 		FROM deployments d LEFT JOIN deployment_publish_groups g ON g.id = d.publish_group
 		WHERE COALESCE(d.request_id, g.entries[d.publish_pos], '') <> ''
+			AND (d.source <> 'stream' OR d.repo_full_name IS NOT NULL)
 		ORDER BY d.created_at DESC, d.id DESC LIMIT 1`).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -70,7 +73,12 @@ func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) erro
 		batch.Queue(`
 			INSERT INTO deployments (id, job_id, source, project_id, repo_full_name, branch, server_ip, port, modules,
 				github_token_ref, secrets_ref, correlation_id, timeout_seconds, request_id, published_at)
-			VALUES (gen_random_uuid(), $1, 'stream', $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), NULLIF($10, ''), $11, $12, now())
+			SELECT gen_random_uuid(), $1, 'stream', $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), NULLIF($10, ''), $11, $12, now()
+			-- A row with its request (this or another replica's own, or
+			-- observed before) is left alone without locking it; only a
+			-- row its result created goes on to the conflict's update.
+			WHERE NOT EXISTS (SELECT 1 FROM deployments
+				WHERE job_id = $1 AND (source <> 'stream' OR repo_full_name IS NOT NULL))
 			ON CONFLICT (job_id) DO UPDATE SET
 				project_id = COALESCE(deployments.project_id, EXCLUDED.project_id),
 				repo_full_name = EXCLUDED.repo_full_name,

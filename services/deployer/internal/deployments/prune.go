@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // pruneBatch is how many rows one statement of Prune deletes: small
@@ -23,7 +25,11 @@ type Pruned struct {
 // of each group are counted on its row (pruned); a group goes when that
 // count reaches its stored members (its non-empty entries). The group rows
 // deleted and the ones updated are disjoint: one statement never changes a
-// row twice.
+// row twice. Two such statements must not run at once (each would count
+// from its own snapshot and miss the other's increment): Prune runs each
+// under pruneLock. A finished deployment never changes status or
+// finished_at again, so rows picked by the inner SELECT still qualify when
+// deleted.
 const pruneDeployments = `
 	WITH gone AS (
 		DELETE FROM deployments WHERE id IN (
@@ -44,24 +50,42 @@ const pruneDeployments = `
 	SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM dropped)`
 
 // pruneIdempotencyKeys deletes one batch of Idempotency-Keys made before $1.
+// The outer test of created_at matters: a key that Submit renews while this
+// statement waits for its row is re-checked on the new version, and kept.
 const pruneIdempotencyKeys = `
 	DELETE FROM idempotency_keys WHERE (api_key_id, key) IN (
-		SELECT api_key_id, key FROM idempotency_keys WHERE created_at < $1 LIMIT $2)`
+		SELECT api_key_id, key FROM idempotency_keys WHERE created_at < $1 LIMIT $2)
+		AND created_at < $1`
+
+// pruneLock is the advisory lock key under which a replica deletes a batch
+// of deployments: one replica at a time, the others skip the batch.
+var pruneLock = lockKey("deployer:prune")
 
 // Prune applies the retention: it deletes the deployments that finished
 // more than keep ago (0: none), with their webhook deliveries and the
 // publish marks of their groups, and the Idempotency-Keys of submits made
 // more than the service's IdempotencyTTL ago (0: none; a key also goes
 // with its deployment). It works in batches until nothing is left or ctx
-// ends; several replicas may prune at once.
+// ends; while one replica deletes deployments, the others leave them to
+// it.
 func (s *Service) Prune(ctx context.Context, keep time.Duration) (Pruned, error) {
 	var p Pruned
 	now := s.now()
 	if keep > 0 {
 		for {
 			var n, g int64
-			if err := s.db.QueryRow(ctx, pruneDeployments, now.Add(-keep), pruneBatch).Scan(&n, &g); err != nil {
+			locked := false
+			err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+				if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, pruneLock).Scan(&locked); err != nil || !locked {
+					return err
+				}
+				return tx.QueryRow(ctx, pruneDeployments, now.Add(-keep), pruneBatch).Scan(&n, &g)
+			})
+			if err != nil {
 				return p, fmt.Errorf("delete old deployments: %w", err)
+			}
+			if !locked {
+				break // another replica is deleting them
 			}
 			p.Deployments, p.Groups = p.Deployments+n, p.Groups+g
 			if n < pruneBatch {

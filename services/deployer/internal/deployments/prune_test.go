@@ -3,11 +3,15 @@ package deployments
 import (
 	"context"
 	"crypto/rand"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 // TestPrune applies the retention to a real database: finished deployments
@@ -180,14 +184,13 @@ func TestIdempotencyKeyTTL(t *testing.T) {
 	if got, err := s.Prune(ctx, 0); err != nil || got != (Pruned{IdempotencyKeys: 1}) {
 		t.Errorf("prune: %+v, %v; want the expired key deleted", got, err)
 	}
-	var keys []string
-	rows, _ := db.Query(ctx, `SELECT key FROM idempotency_keys`)
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
+	rows, err := db.Query(ctx, `SELECT key FROM idempotency_keys`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
 	}
 	if len(keys) != 1 || keys[0] != "fresh" {
 		t.Errorf("keys left %v, want [fresh]", keys)
@@ -217,4 +220,156 @@ func apiKey(t *testing.T, db *pgxpool.Pool) string {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// TestPruneConcurrently: replicas pruning at the same moment (each with
+// its own clock, so slightly different cutoffs) delete every old finished
+// deployment once and leave no publish marks of an emptied group behind.
+func TestPruneConcurrently(t *testing.T) {
+	t.Parallel()
+	s, db, _, _ := newTestService(t)
+	ctx := context.Background()
+	const groups = 1500
+	// Groups of two, both members finished long ago, published as a group.
+	if _, err := db.Exec(ctx, `
+		WITH g AS (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1::int) i),
+		marks AS (INSERT INTO deployment_publish_groups (id, entries) SELECT id, ARRAY[i || '-1', i || '-2'] FROM g)
+		INSERT INTO deployments (id, job_id, source, status, created_at, finished_at, publish_group, publish_pos)
+		SELECT gen_random_uuid(), 'c-' || g.i || '-' || p, 'api', 'succeeded',
+			now() - interval '100 days' - (g.i * 2 + p) * interval '1 second',
+			now() - interval '99 days' - (g.i * 2 + p) * interval '1 second', g.id, p
+		FROM g, generate_series(1, 2) p`, groups); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var total Pruned
+	var mu sync.Mutex
+	for i := range 4 {
+		wg.Go(func() {
+			got, err := s.Prune(ctx, 30*24*time.Hour+time.Duration(i)*1001*time.Second)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			total.Deployments, total.Groups = total.Deployments+got.Deployments, total.Groups+got.Groups
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	got, err := s.Prune(ctx, 30*24*time.Hour) // what a replica that skipped finds an hour later
+	if err != nil {
+		t.Fatal(err)
+	}
+	total.Deployments, total.Groups = total.Deployments+got.Deployments, total.Groups+got.Groups
+	var left, marks int
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM deployments), (SELECT count(*) FROM deployment_publish_groups)`).Scan(&left, &marks); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || marks != 0 || total.Deployments != 2*groups || total.Groups != groups {
+		t.Errorf("after concurrent prunes: %d deployments and %d group marks left, %+v deleted; want none left, %d and %d deleted",
+			left, marks, total, 2*groups, groups)
+	}
+}
+
+// TestPruneKeepsRenewedIdempotencyKey: a key that Submit renews while the
+// prune waits for its row is kept (the prune re-checks the new version).
+func TestPruneKeepsRenewedIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	s, db, _, _ := newTestService(t)
+	s.cfg.IdempotencyTTL = time.Hour
+	ctx := context.Background()
+	keyID := apiKey(t, db)
+	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
+	if _, err := s.Submit(ctx, keyID, r, "renewed"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET created_at = created_at - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	// A renewal in flight: the row is locked until it commits.
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() WHERE key = 'renewed'`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan Pruned, 1)
+	go func() {
+		got, err := s.Prune(ctx, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- got
+	}()
+	testenv.WaitFor(t, 30*time.Second, "the prune to wait for the renewed key's row", func() bool {
+		var waiting bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM idempotency_keys%')`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-done; got.IdempotencyKeys != 0 {
+		t.Errorf("prune deleted %d keys, want the renewed one kept", got.IdempotencyKeys)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = 'renewed'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("renewed key rows %d (%v), want 1", n, err)
+	}
+}
+
+// TestPruneWhileAnotherReplicaPrunes: while one replica's batch (here
+// deleting the first member of each group, not committed yet) is in
+// flight, another replica's prune leaves the deployments to it instead of
+// counting the groups' members from a snapshot that misses the first
+// replica's count (which left the marks of emptied groups behind for
+// good); the next prune deletes the rest and every group's marks.
+func TestPruneWhileAnotherReplicaPrunes(t *testing.T) {
+	t.Parallel()
+	s, db, _, _ := newTestService(t)
+	ctx := context.Background()
+	const groups = 50
+	// Member 1 of each group finished 100 days ago, member 2 40 days ago.
+	if _, err := db.Exec(ctx, `
+		WITH g AS (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1::int) i),
+		marks AS (INSERT INTO deployment_publish_groups (id, entries) SELECT id, ARRAY[i || '-1', i || '-2'] FROM g)
+		INSERT INTO deployments (id, job_id, source, status, created_at, finished_at, publish_group, publish_pos)
+		SELECT gen_random_uuid(), 'r-' || g.i || '-' || p, 'api', 'failed', now() - interval '200 days',
+			CASE p WHEN 1 THEN now() - interval '100 days' ELSE now() - interval '40 days' END, g.id, p
+		FROM g, generate_series(1, 2) p`, groups); err != nil {
+		t.Fatal(err)
+	}
+	// Replica A, with a retention of 60 days, deletes the first members.
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, pruneLock).Scan(&locked); err != nil || !locked {
+		t.Fatalf("replica A's prune lock: %v %v", locked, err)
+	}
+	var n, g int64
+	if err := tx.QueryRow(ctx, pruneDeployments, s.now().Add(-60*24*time.Hour), pruneBatch).Scan(&n, &g); err != nil || n != groups || g != 0 {
+		t.Fatalf("replica A's batch: %d deployments, %d groups, %v", n, g, err)
+	}
+	// Replica B, with a retention of 30 days, prunes meanwhile.
+	bctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if got, err := s.Prune(bctx, 30*24*time.Hour); err != nil || got != (Pruned{}) {
+		t.Fatalf("replica B during A's batch: %+v, %v; want it to leave the deployments to A", got, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Prune(ctx, 30*24*time.Hour); err != nil || got != (Pruned{Deployments: groups, Groups: groups}) {
+		t.Errorf("replica B after A's batch: %+v, %v; want the %d second members and their groups", got, err, groups)
+	}
+	var marks int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM deployment_publish_groups`).Scan(&marks); err != nil || marks != 0 {
+		t.Errorf("%d group marks left (%v), want none", marks, err)
+	}
 }

@@ -64,3 +64,57 @@ func TestResultRacesObserver(t *testing.T) {
 		t.Errorf("%d deployments (%v), want %d", n, err, jobs)
 	}
 }
+
+// TestObserveFrom: the observer starts after the newest request entry the
+// deployer has the request of: "0" with none; not after a deployment its
+// result created before the observer read the request (so that the
+// request is still read and fills in its fields).
+func TestObserveFrom(t *testing.T) {
+	t.Parallel()
+	s, _, _, _ := newTestService(t)
+	ctx := context.Background()
+	from := func() string {
+		t.Helper()
+		id, err := s.ObserveFrom(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	if got := from(); got != "0" {
+		t.Fatalf("empty database: from %q, want 0", got)
+	}
+	observe := func(jobID, entry string) {
+		t.Helper()
+		data, err := messages.Encode(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: jobID},
+			ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.9", Port: 22})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ObserveBatch(ctx, []*stream.Message{{ID: entry, Values: map[string]any{messages.DataField: string(data)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	observe("seen-1", "5-0")
+	if got := from(); got != "5-0" {
+		t.Fatalf("after an observed request: from %q, want 5-0", got)
+	}
+	// A newer job whose result came first: not a place to resume after.
+	r := messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: "result-first"}}, "7-0")
+	r.Status = messages.StatusSucceeded
+	if err := s.Record(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if got := from(); got != "5-0" {
+		t.Fatalf("with a deployment its result created: from %q, want 5-0", got)
+	}
+	// Once its request is read, it is.
+	observe("result-first", "7-0")
+	if got := from(); got != "7-0" {
+		t.Fatalf("after its request was read: from %q, want 7-0", got)
+	}
+	d, err := s.Get(ctx, "result-first")
+	if err != nil || d.Request.RepoFullName != "acme/shop" || d.Status != StatusSucceeded {
+		t.Errorf("deployment after its request was read: %+v, %v", d, err)
+	}
+}

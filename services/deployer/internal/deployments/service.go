@@ -339,7 +339,13 @@ func requestHash(r *Request) []byte {
 }
 
 func idemLockKey(keyID, idemKey string) int64 {
-	sum := sha256.Sum256([]byte("idempotency:" + keyID + ":" + idemKey))
+	return lockKey("idempotency:" + keyID + ":" + idemKey)
+}
+
+// lockKey is the advisory lock key named name: the first 8 bytes of its
+// SHA-256.
+func lockKey(name string) int64 {
+	sum := sha256.Sum256([]byte(name))
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
