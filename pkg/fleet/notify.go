@@ -2,11 +2,10 @@ package fleet
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -141,7 +140,4 @@ func (s *Store) PendingNotifications(ctx context.Context, channel string) (int, 
 	return n, nil
 }
 
-func channelLockKey(channel string) int64 {
-	sum := sha256.Sum256([]byte("notify:" + channel))
-	return int64(binary.BigEndian.Uint64(sum[:8]))
-}
+func channelLockKey(channel string) int64 { return store.AdvisoryKey("notify:" + channel) }

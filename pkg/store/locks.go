@@ -28,13 +28,15 @@ var ErrTargetBusy = errors.New("target is busy with another run")
 // JobLockKey is the advisory lock key of a job: the first 8 bytes of
 // SHA-256("job:"+jobID). A 64-bit key from a strong hash makes collisions
 // (which would make an unrelated job look "running elsewhere") negligible.
-func JobLockKey(jobID string) int64 { return advisoryKey("job:" + jobID) }
+func JobLockKey(jobID string) int64 { return AdvisoryKey("job:" + jobID) }
 
 // TargetLockKey is the advisory lock key of a run target (a server handle,
 // or address:port): the first 8 bytes of SHA-256("target:"+target).
-func TargetLockKey(target string) int64 { return advisoryKey("target:" + target) }
+func TargetLockKey(target string) int64 { return AdvisoryKey("target:" + target) }
 
-func advisoryKey(name string) int64 {
+// AdvisoryKey is the Postgres advisory lock key named name: the first 8
+// bytes of its SHA-256.
+func AdvisoryKey(name string) int64 {
 	sum := sha256.Sum256([]byte(name))
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
 // pruneBatch is how many rows one statement of Prune deletes: small
@@ -59,7 +61,7 @@ const pruneIdempotencyKeys = `
 
 // pruneLock is the advisory lock key under which a replica deletes a batch
 // of deployments: one replica at a time, the others skip the batch.
-var pruneLock = lockKey("deployer:prune")
+var pruneLock = store.AdvisoryKey("deployer:prune")
 
 // Prune applies the retention: it deletes the deployments that finished
 // more than keep ago (0: none), with their webhook deliveries and the

@@ -2,7 +2,6 @@ package deployments
 
 import (
 	"context"
-	"crypto/rand"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 )
 
 // TestPrune applies the retention to a real database: finished deployments
@@ -210,16 +210,29 @@ func TestIdempotencyKeyTTL(t *testing.T) {
 // apiKey stores an API key and returns its id.
 func apiKey(t *testing.T, db *pgxpool.Pool) string {
 	t.Helper()
-	id := uuid.NewString()
-	hash := make([]byte, 32)
-	if _, err := rand.Read(hash); err != nil {
+	k, _, err := auth.NewStore(db).Create(context.Background(), auth.NewKey{Name: "prune", Scopes: []auth.Scope{auth.ScopeDeploymentsWrite}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(context.Background(), `INSERT INTO api_keys (id, name, prefix, hash, scopes) VALUES ($1, 'prune', 'ap_x', $2, '{deployments:write}')`,
-		id, hash); err != nil {
+	return k.ID
+}
+
+// pairGroups stores n commit groups of two finished deployments, published
+// as groups: the first of each finished first ago, the second second ago
+// (each a few seconds earlier than the one before, each created a day
+// before it finished).
+func pairGroups(t *testing.T, db *pgxpool.Pool, n int, first, second time.Duration) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), `
+		WITH g AS (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1::int) i),
+		marks AS (INSERT INTO deployment_publish_groups (id, entries) SELECT id, ARRAY[i || '-1', i || '-2'] FROM g),
+		d AS (SELECT g.id, g.i, p, now() - (CASE p WHEN 1 THEN $2 ELSE $3 END)::interval - (g.i * 2 + p) * interval '1 second' AS finished
+			FROM g, generate_series(1, 2) p)
+		INSERT INTO deployments (id, job_id, source, status, created_at, finished_at, publish_group, publish_pos)
+		SELECT gen_random_uuid(), 'g-' || i || '-' || p, 'api', 'succeeded', finished - interval '1 day', finished, id, p
+		FROM d`, n, first, second); err != nil {
 		t.Fatal(err)
 	}
-	return id
 }
 
 // TestPruneConcurrently: replicas pruning at the same moment (each with
@@ -230,17 +243,8 @@ func TestPruneConcurrently(t *testing.T) {
 	s, db, _, _ := newTestService(t)
 	ctx := context.Background()
 	const groups = 1500
-	// Groups of two, both members finished long ago, published as a group.
-	if _, err := db.Exec(ctx, `
-		WITH g AS (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1::int) i),
-		marks AS (INSERT INTO deployment_publish_groups (id, entries) SELECT id, ARRAY[i || '-1', i || '-2'] FROM g)
-		INSERT INTO deployments (id, job_id, source, status, created_at, finished_at, publish_group, publish_pos)
-		SELECT gen_random_uuid(), 'c-' || g.i || '-' || p, 'api', 'succeeded',
-			now() - interval '100 days' - (g.i * 2 + p) * interval '1 second',
-			now() - interval '99 days' - (g.i * 2 + p) * interval '1 second', g.id, p
-		FROM g, generate_series(1, 2) p`, groups); err != nil {
-		t.Fatal(err)
-	}
+	// Both members of each group finished long ago.
+	pairGroups(t, db, groups, 99*24*time.Hour, 99*24*time.Hour)
 	var wg sync.WaitGroup
 	var total Pruned
 	var mu sync.Mutex
@@ -333,15 +337,7 @@ func TestPruneWhileAnotherReplicaPrunes(t *testing.T) {
 	ctx := context.Background()
 	const groups = 50
 	// Member 1 of each group finished 100 days ago, member 2 40 days ago.
-	if _, err := db.Exec(ctx, `
-		WITH g AS (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1::int) i),
-		marks AS (INSERT INTO deployment_publish_groups (id, entries) SELECT id, ARRAY[i || '-1', i || '-2'] FROM g)
-		INSERT INTO deployments (id, job_id, source, status, created_at, finished_at, publish_group, publish_pos)
-		SELECT gen_random_uuid(), 'r-' || g.i || '-' || p, 'api', 'failed', now() - interval '200 days',
-			CASE p WHEN 1 THEN now() - interval '100 days' ELSE now() - interval '40 days' END, g.id, p
-		FROM g, generate_series(1, 2) p`, groups); err != nil {
-		t.Fatal(err)
-	}
+	pairGroups(t, db, groups, 100*24*time.Hour, 40*24*time.Hour)
 	// Replica A, with a retention of 60 days, deletes the first members.
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
@@ -339,14 +338,7 @@ func requestHash(r *Request) []byte {
 }
 
 func idemLockKey(keyID, idemKey string) int64 {
-	return lockKey("idempotency:" + keyID + ":" + idemKey)
-}
-
-// lockKey is the advisory lock key named name: the first 8 bytes of its
-// SHA-256.
-func lockKey(name string) int64 {
-	sum := sha256.Sum256([]byte(name))
-	return int64(binary.BigEndian.Uint64(sum[:8]))
+	return store.AdvisoryKey("idempotency:" + keyID + ":" + idemKey)
 }
 
 func nullUUID(s string) any {

@@ -282,7 +282,6 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 		defer close(progressDone)
 		j.prog.finish(j.out.Status, j.outcomeLine())
 	}()
-	defer func() { <-progressDone }()
 	// A Postgres outage is waited out: the outcome stands, and only a
 	// stored outcome is ever published.
 	err = j.durably(ctx, "record result", 30*time.Second, func(ctx context.Context) error {
@@ -295,6 +294,7 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 			return j.recordServerOutcome(ctx, tx)
 		})
 	})
+	<-progressDone
 	if errors.Is(err, store.ErrRunDone) {
 		// Stored already: by this try, whose commit was cut off before
 		// its answer arrived, or by another owner. Either way the stored
@@ -303,13 +303,11 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 		if gerr != nil {
 			return fmt.Errorf("record result: %w (read it back: %w)", err, gerr)
 		}
-		<-progressDone
 		return j.republish(ctx, r)
 	}
 	if err != nil {
 		return fmt.Errorf("record result: %w", err)
 	}
-	<-progressDone
 	if err := j.publishData(ctx, data); err != nil {
 		return err
 	}
