@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
@@ -627,5 +628,57 @@ func TestRunKillGrace(t *testing.T) {
 		}
 		pgid, runDir := sp.get()
 		assertNothingLeft(t, pgid, runDir)
+	}
+}
+
+// TestRunRedactsEscapedMultiLineSecret: a multi-line secret printed by a
+// real play inside a JSON string (debug var=) and inside a Python repr in
+// a JSON string (a list in a message), its line breaks escaped, is masked
+// whole in the output tail, the events and the logs: no line of it, raw or
+// escaped, is left.
+func TestRunRedactsEscapedMultiLineSecret(t *testing.T) {
+	t.Parallel()
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	r, logs := newTestRunner(t, nil)
+	// Quotes and a backslash (escaped differently by JSON and repr) and a
+	// line shorter than secrets.MinSecretLength.
+	u1, u2 := testenv.Unique("x"), testenv.Unique("line2-")
+	secret := "it's \"pw\"\\" + u1 + "\n" + u2 + "\nQ7~"
+	red := secrets.NewRedactor()
+	red.AddString(secret)
+	var events eventLog
+	var out testenv.SafeBuffer
+	spec := specFor(s, "print_secret.yml", nil)
+	spec.SecretEnv = map[string]string{"CANARY": secret}
+	spec.Redact = red.RedactString
+	spec.OnEvent = events.add
+	spec.OnOutput = func(line string) { fmt.Fprintln(&out, line) }
+	res, err := r.Run(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Outcome != OutcomeSucceeded {
+		t.Fatalf("outcome %s: %v\n%s", res.Outcome, res.Err, res.OutputTail)
+	}
+	// The two prints are there, each value one mask.
+	for _, want := range []string{`"pw": "` + secrets.Redacted + `"`, `creds ['` + secrets.Redacted + `']`} {
+		if !strings.Contains(res.OutputTail, want) {
+			t.Errorf("output tail lacks %s:\n%s", want, res.OutputTail)
+		}
+	}
+	pieces := []string{u1, u2}
+	for _, line := range strings.Split(secret, "\n") {
+		js, _ := json.Marshal(line)
+		pieces = append(pieces, line, strings.Trim(string(js), `"`), strings.ReplaceAll(line, `'`, `\'`))
+	}
+	evJSON, _ := json.Marshal(events.all())
+	for what, text := range map[string]string{
+		"logs": logs.String(), "output tail": res.OutputTail, "output": out.String(), "events": string(evJSON),
+	} {
+		for _, p := range pieces {
+			if strings.Contains(text, p) {
+				t.Errorf("%s holds %q of the secret:\n%s", what, p, text)
+			}
+		}
 	}
 }

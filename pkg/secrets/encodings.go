@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 )
 
@@ -19,9 +20,10 @@ const MinSecretLength = 4
 // its base64 forms (standard and URL alphabets, for each of the three byte
 // offsets at which it can sit in a longer base64-encoded stream), its URL
 // escapes (see urlForms), its JSON string escapes (see jsonForms), each of
-// these encoded twice, and each line of a multi-line secret (raw, URL- and
-// JSON-escaped). Duplicates and forms shorter than MinSecretLength are
-// dropped.
+// these encoded twice, its Python reprs and the escaped forms of a
+// multi-line secret whatever its line breaks (see escapedLineForms), and
+// each line of a multi-line secret (raw, URL-, JSON- and repr-escaped).
+// Duplicates and forms shorter than MinSecretLength are dropped.
 func variants(secret []byte) [][]byte {
 	seen := make(map[string]struct{})
 	var out [][]byte
@@ -45,6 +47,9 @@ func variants(secret []byte) [][]byte {
 		}
 		for _, d := range doubleForms(s) {
 			add(d)
+		}
+		for _, e := range escapedLineForms(s) {
+			add(e)
 		}
 	}
 
@@ -251,4 +256,103 @@ func goJSON(s []byte, html bool) []byte {
 	}
 	j := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	return j[1 : len(j)-1]
+}
+
+// escapedLineForms returns the forms of s that show its line breaks as
+// escapes, so that a multi-line secret printed inside a JSON string or a
+// Python repr is masked whole (short lines and the escapes between the
+// lines included), not only line by line: Python's repr and ascii() of s
+// (see pyRepr), each also inside a JSON string (a repr in a message that
+// the callback prints as JSON); and, for a multi-line s, with its line
+// breaks written the other way ("\n" and "\r\n"), its JSON and repr
+// forms again, and its JSON forms with every line break as \u000a and
+// \u000d (lower and upper case hex). Raw line breaks need no variant: the
+// matcher skips them (see lineView).
+func escapedLineForms(s []byte) [][]byte {
+	var out [][]byte
+	reprs := func(t []byte) {
+		for _, r := range pyReprs(t) {
+			out = append(out, r, pyJSON(r, true), pyJSON(r, false))
+		}
+	}
+	reprs(s)
+	if bytes.IndexByte(s, '\n') < 0 {
+		return out
+	}
+	lines := bytes.Split(s, []byte("\n"))
+	for i := range lines {
+		lines[i] = bytes.TrimSuffix(lines[i], []byte("\r"))
+	}
+	for _, brk := range []string{"\n", "\r\n"} {
+		t := bytes.Join(lines, []byte(brk))
+		if !bytes.Equal(t, s) {
+			out = append(out, jsonForms(t)...)
+			reprs(t)
+		}
+		out = append(out, jsonUnicodeBreaks(t, "%04x"), jsonUnicodeBreaks(t, "%04X"))
+	}
+	return out
+}
+
+// jsonUnicodeBreaks is pyJSON's ASCII form of s with its line breaks
+// written \uXXXX (hex in format) instead of \n and \r.
+func jsonUnicodeBreaks(s []byte, format string) []byte {
+	var b bytes.Buffer
+	for _, r := range string(s) {
+		if r == '\n' || r == '\r' {
+			fmt.Fprintf(&b, `\u`+format, r)
+			continue
+		}
+		b.Write(pyJSON([]byte(string(r)), true))
+	}
+	return b.Bytes()
+}
+
+// pyReprs returns what Python 3's repr() and ascii() write between the
+// quotes for s, for both quote characters (repr quotes with ' and escapes
+// it, unless s holds a ' and no "; the quote a secret inside a longer
+// string gets depends on the rest): backslash, \t \n \r, \xNN for other
+// control characters and DEL, non-printable characters as \xNN, \uNNNN or
+// \UNNNNNNNN, and (ascii() only) every non-ASCII character so.
+func pyReprs(s []byte) [][]byte {
+	var out [][]byte
+	for _, ascii := range []bool{false, true} {
+		for _, escQuote := range []bool{true, false} {
+			out = append(out, pyRepr(s, ascii, escQuote))
+		}
+	}
+	return out
+}
+
+// pyRepr is one of the forms of pyReprs: escQuote escapes ', ascii writes
+// non-ASCII characters as escapes.
+func pyRepr(s []byte, ascii, escQuote bool) []byte {
+	var b bytes.Buffer
+	for _, r := range string(s) {
+		switch {
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '\'' && escQuote:
+			b.WriteString(`\'`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case r < 0x7f:
+			b.WriteRune(r)
+		case !ascii && unicode.IsPrint(r):
+			b.WriteRune(r)
+		case r <= 0xff:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case r <= 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			fmt.Fprintf(&b, `\U%08x`, r)
+		}
+	}
+	return b.Bytes()
 }

@@ -12,9 +12,10 @@ import (
 // (standard and URL alphabets, padded or not, at the three byte offsets at
 // which the secret can sit in a longer encoded stream, as GitHub's runner
 // does), the URL escapes of Go and Python, the JSON string escapes of Go
-// and Python (ensure_ascii too), each of these applied twice, and each line
-// of a multi-line secret; and it finds them also when line breaks split
-// them. Secrets, lines and encoded forms shorter than [MinSecretLength] are
+// and Python (ensure_ascii too), each of these applied twice, Python's repr
+// and ascii() (also inside a JSON string), a multi-line secret with its line
+// breaks escaped whichever way (\n, \r\n, \u000a), and each line of a
+// multi-line secret; and it finds them also when line breaks split them. Secrets, lines and encoded forms shorter than [MinSecretLength] are
 // not registered.
 //
 // A child Redactor ([Redactor.Child]), one per run, masks its parent's

@@ -58,6 +58,9 @@ func NewSlack(webhookURL secrets.Value, red *secrets.Redactor, timeout time.Dura
 // Name is "slack".
 func (s *Slack) Name() string { return "slack" }
 
+// Markup: incoming webhooks read text as mrkdwn.
+func (s *Slack) Markup() Markup { return SlackMrkdwn }
+
 // Limit: Slack allows about one message per second per incoming webhook,
 // with short bursts.
 func (s *Slack) Limit() (time.Duration, int) { return time.Second, 1 }
@@ -84,7 +87,8 @@ func (s *Slack) Send(ctx context.Context, text string) error {
 }
 
 // Telegram sends with the Bot API's sendMessage: POST
-// <api>/bot<token>/sendMessage with {"chat_id", "text"} as JSON; the answer
+// <api>/bot<token>/sendMessage with {"chat_id", "text", "parse_mode":
+// "HTML"} as JSON; the answer
 // is {"ok": true, ...} or {"ok": false, "error_code", "description",
 // "parameters": {"retry_after"}}.
 type Telegram struct {
@@ -119,12 +123,16 @@ func (t *Telegram) Limit() (time.Duration, int) {
 	return time.Second, 1
 }
 
+// Markup: messages are sent with parse_mode HTML.
+func (t *Telegram) Markup() Markup { return TelegramHTML }
+
 // MaxLen: sendMessage takes 1-4096 characters.
 func (t *Telegram) MaxLen() int { return 4096 }
 
 // Send posts text.
 func (t *Telegram) Send(ctx context.Context, text string) error {
-	body, _ := json.Marshal(map[string]any{"chat_id": t.chat, "text": text, "disable_web_page_preview": true})
+	body, _ := json.Marshal(map[string]any{"chat_id": t.chat, "text": text, "parse_mode": "HTML",
+		"disable_web_page_preview": true})
 	resp, err := t.client.R().SetContext(ctx).SetHeader("Content-Type", "application/json").SetBody(body).
 		Post(t.api + "/bot" + t.token.Reveal() + "/sendMessage")
 	if err != nil {

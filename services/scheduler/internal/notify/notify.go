@@ -48,6 +48,8 @@ type Channel interface {
 	Limit() (every time.Duration, burst int)
 	// MaxLen is the longest text the channel takes, in characters.
 	MaxLen() int
+	// Markup is the formatting language the channel reads its text in.
+	Markup() Markup
 }
 
 // RetryAfterError: the channel asked us to wait (HTTP 429).
@@ -201,11 +203,12 @@ func (d *Dispatcher) Once(ctx context.Context) (int, error) {
 		limit = d.cfg.DigestMax
 	}
 	n, err := d.fleet.Deliver(ctx, d.ch.Name(), limit, func(ctx context.Context, batch []fleet.Notification) error {
-		text := Text(batch, d.cfg.Hints)
+		mk := d.ch.Markup()
+		text := Text(batch, d.cfg.Hints, mk)
 		if len(batch) > 1 {
-			text = Digest(batch, d.cfg.Hints)
+			text = Digest(batch, d.cfg.Hints, mk)
 		}
-		text = truncate(text, d.ch.MaxLen())
+		text = mk.Truncate(text, d.ch.MaxLen())
 		if err := d.lim.Wait(ctx); err != nil {
 			return err
 		}
@@ -234,48 +237,54 @@ func truncate(s string, n int) string {
 
 var icons = map[string]string{fleet.StatusReady: "✅", fleet.StatusFailed: "❌", fleet.StatusUnreachable: "⚠️"}
 
-// Text is the message of one notification: server, status, error, and
-// what to do next.
-func Text(batch []fleet.Notification, h Hints) string {
+// Text is the message of one notification, in markup m: server, status,
+// error, and what to do next. The server's handle, the job id and the
+// error come from outside and are escaped.
+func Text(batch []fleet.Notification, h Hints, m Markup) string {
 	if len(batch) == 0 {
 		return ""
 	}
 	n := batch[0]
+	handle := m.Escape(n.Handle)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s is %s", icons[n.Status], n.Handle, n.Status)
+	fmt.Fprintf(&b, "%s %s is %s", icons[n.Status], handle, n.Status)
 	if n.JobID != "" {
-		fmt.Fprintf(&b, " (job %s)", n.JobID)
+		fmt.Fprintf(&b, " (job %s)", m.Escape(n.JobID))
 	}
 	b.WriteString("\n")
 	if n.Error != "" {
-		fmt.Fprintf(&b, "Error: %s\n", n.Error)
+		fmt.Fprintf(&b, "Error: %s\n", m.Escape(n.Error))
 	}
-	b.WriteString("Next: " + nextStep(n.Status, n.Handle, n.Attempts, h))
+	b.WriteString("Next: " + nextStep(n.Status, handle, n.Attempts, h, m))
 	return b.String()
 }
 
-func nextStep(status, handle string, attempts int, h Hints) string {
+// nextStep says what to do next; handle is escaped already.
+func nextStep(status, handle string, attempts int, h Hints, m Markup) string {
+	cli := m.Escape(h.CLI)
+	show := m.Code(cli + " servers show " + handle)
 	switch status {
 	case fleet.StatusReady:
 		return "nothing to do: the server is provisioned."
 	case fleet.StatusFailed:
 		return fmt.Sprintf("no automatic retry is left (%d failed attempts). Read the error and the server's history "+
-			"(`%s servers show %s`), fix the cause, then `%s servers provision %s` (or `rebuild`).",
-			attempts, h.CLI, handle, h.CLI, handle)
+			"(%s), fix the cause, then %s (or %s).",
+			attempts, show, m.Code(cli+" servers provision "+handle), m.Code("rebuild"))
 	case fleet.StatusUnreachable:
 		again := "after the cool-down"
 		if h.UnreachableCooldown > 0 {
 			again = "every " + h.UnreachableCooldown.String()
 		}
 		return fmt.Sprintf("check that the machine runs and its SSH port answers; it is checked again %s "+
-			"(`%s servers show %s`).", again, h.CLI, handle)
+			"(%s).", again, show)
 	}
-	return fmt.Sprintf("see `%s servers show %s`.", h.CLI, handle)
+	return fmt.Sprintf("see %s.", show)
 }
 
-// Digest is one message for many notifications: counts by status, the
-// servers of each (the first few), and what to do next.
-func Digest(batch []fleet.Notification, h Hints) string {
+// Digest is one message for many notifications, in markup m: counts by
+// status, the servers of each (the first few, handles and errors escaped),
+// and what to do next.
+func Digest(batch []fleet.Notification, h Hints, m Markup) string {
 	by := map[string][]fleet.Notification{}
 	for _, n := range batch {
 		by[n.Status] = append(by[n.Status], n)
@@ -301,17 +310,19 @@ func Digest(batch []fleet.Notification, h Hints) string {
 				names = append(names, fmt.Sprintf("and %d more", len(list)-show))
 				break
 			}
-			item := n.Handle
+			item := m.Escape(n.Handle)
 			if n.Error != "" && s != fleet.StatusReady {
-				item += " (" + truncate(n.Error, 80) + ")"
+				// Cut before escaping: a cut never splits an entity.
+				item += " (" + m.Escape(truncate(n.Error, 80)) + ")"
 			}
 			names = append(names, item)
 		}
 		fmt.Fprintf(&b, "%s %s: %s\n", icons[s], s, strings.Join(names, "; "))
 	}
 	if len(by[fleet.StatusFailed])+len(by[fleet.StatusUnreachable]) > 0 {
-		fmt.Fprintf(&b, "Next: list them with `%s servers list --status FAILED,UNREACHABLE`; many failing at once "+
-			"usually share one cause (network, credentials, a playbook change).", h.CLI)
+		fmt.Fprintf(&b, "Next: list them with %s; many failing at once "+
+			"usually share one cause (network, credentials, a playbook change).",
+			m.Code(m.Escape(h.CLI)+" servers list --status FAILED,UNREACHABLE"))
 	} else {
 		b.WriteString("Next: nothing to do.")
 	}

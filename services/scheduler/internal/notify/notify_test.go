@@ -238,3 +238,141 @@ func asRetry(err error, target **notify.RetryAfterError) bool {
 	}
 	return ok
 }
+
+// markup is text from outside (a play's or a provider's error, a job id)
+// that Slack's mrkdwn would turn into a mention of everyone and a disguised
+// link, and that Telegram's HTML parse mode would refuse or format.
+const markup = "<!channel> <http://evil.example|click> *bold* _x_ & [a](b)"
+
+// TestMarkupFromOutsideIsEscaped: an error and a job id holding markup
+// reach Slack and Telegram escaped, exactly, in single messages and in a
+// digest, while the messages' own formatting (code) stays. Server handles
+// cannot hold markup (Postgres checks their pattern), but are escaped too.
+func TestMarkupFromOutsideIsEscaped(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	slack, tg := e.slackCh(), e.tgCh(tgToken)
+	var stops []func()
+	for _, ch := range []notify.Channel{slack, tg} {
+		if err := e.fleet.EnsureChannel(ctx, ch.Name()); err != nil {
+			t.Fatal(err)
+		}
+		d := notify.NewDispatcher(e.fleet, ch, notify.Config{Poll: 50 * time.Millisecond, Logger: e.logger(),
+			Hints: notify.Hints{UnreachableCooldown: 10 * time.Minute}})
+		stops = append(stops, run(t, d))
+	}
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
+	fail := func(h, jobID string) {
+		t.Helper()
+		if _, err := e.db.Exec(ctx, `INSERT INTO servers (handle, address) VALUES ($1, '192.0.2.1')`, h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.fleet.Transition(ctx, fleet.TransitionRequest{Handle: h, To: fleet.StatusUnreachable, Actor: "t",
+			Error: markup, JobID: jobID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fail("mk-1", "job-<!here>")
+	testenv.WaitFor(t, 30*time.Second, "one message on each channel", func() bool {
+		return len(e.slack.Messages()) == 1 && len(e.tg.Messages()) == 1
+	})
+	const escaped = "&lt;!channel&gt; &lt;http://evil.example|click&gt; *bold* _x_ &amp; [a](b)"
+	head := "⚠️ mk-1 is UNREACHABLE (job job-&lt;!here&gt;)\nError: " + escaped + "\n" +
+		"Next: check that the machine runs and its SSH port answers; it is checked again every 10m0s "
+	if got, want := e.slack.Messages()[0].Text, head+"(`scheduler servers show mk-1`)."; got != want {
+		t.Errorf("slack text\n got %q\nwant %q", got, want)
+	}
+	m := e.tg.Messages()[0]
+	if want := head + "(<code>scheduler servers show mk-1</code>)."; m.Text != want || m.ParseMode != "HTML" {
+		t.Errorf("telegram text (%s)\n got %q\nwant %q", m.ParseMode, m.Text, want)
+	}
+
+	// A digest: the errors are escaped there too, and the commands stay code.
+	for _, st := range stops {
+		st()
+	}
+	stops = nil
+	for i := range 6 {
+		fail(fmt.Sprintf("mk-d%d", i), "")
+	}
+	for _, ch := range []notify.Channel{slack, tg} {
+		stops = append(stops, run(t, notify.NewDispatcher(e.fleet, ch, notify.Config{Poll: 50 * time.Millisecond, Logger: e.logger()})))
+	}
+	testenv.WaitFor(t, 30*time.Second, "the digests", func() bool {
+		return len(e.slack.Messages()) == 2 && len(e.tg.Messages()) == 2
+	})
+	for name, c := range map[string]struct{ text, code string }{
+		"slack":    {e.slack.Messages()[1].Text, "`scheduler servers list --status FAILED,UNREACHABLE`"},
+		"telegram": {e.tg.Messages()[1].Text, "<code>scheduler servers list --status FAILED,UNREACHABLE</code>"},
+	} {
+		if !strings.Contains(c.text, "mk-d0 ("+escaped+")") || !strings.Contains(c.text, c.code) ||
+			strings.Contains(c.text, "<!") || strings.Contains(c.text, "<http") {
+			t.Errorf("%s digest: %q", name, c.text)
+		}
+	}
+	if r := append(e.slack.Rejected(), e.tg.Rejected()...); len(r) != 0 {
+		t.Errorf("the receivers refused requests: %v", r)
+	}
+}
+
+func TestMarkupEscape(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"plain text", "plain text"},
+		{"<!channel>", "&lt;!channel&gt;"},
+		{"<!here> <@U123>", "&lt;!here&gt; &lt;@U123&gt;"},
+		{"<http://evil.example|click>", "&lt;http://evil.example|click&gt;"},
+		{"a & b &amp; c", "a &amp; b &amp;amp; c"},
+		{"*bold* _x_ ~s~ `c` [a](b)", "*bold* _x_ ~s~ `c` [a](b)"},
+		{"<b>bold</b>", "&lt;b&gt;bold&lt;/b&gt;"},
+	} {
+		for _, m := range []notify.Markup{notify.SlackMrkdwn, notify.TelegramHTML} {
+			if got := m.Escape(tc.in); got != tc.want {
+				t.Errorf("markup %d: Escape(%q) = %q, want %q", m, tc.in, got, tc.want)
+			}
+		}
+		// Telegram reads the escaped text back as it was written.
+		if plain, err := notifytest.ParseHTML(notify.TelegramHTML.Escape(tc.in)); err != nil || plain != tc.in {
+			t.Errorf("telegram reads %q as %q, %v", tc.in, plain, err)
+		}
+	}
+	if got := notify.SlackMrkdwn.Code("a &lt; b"); got != "`a &lt; b`" {
+		t.Errorf("slack code: %q", got)
+	}
+	if got := notify.TelegramHTML.Code("a &lt; b"); got != "<code>a &lt; b</code>" {
+		t.Errorf("telegram code: %q", got)
+	}
+}
+
+// TestMarkupTruncate: a cut never splits an entity or a tag, closes the
+// code element it cuts, and keeps to the length.
+func TestMarkupTruncate(t *testing.T) {
+	for _, tc := range []struct {
+		m    notify.Markup
+		in   string
+		n    int
+		want string
+	}{
+		{notify.SlackMrkdwn, "short", 10, "short"},
+		{notify.SlackMrkdwn, "abc &amp; def", 7, "abc …"},
+		{notify.SlackMrkdwn, "abc &amp; def", 10, "abc &amp;…"},
+		{notify.TelegramHTML, "abc &lt;x&gt; def", 8, "abc …"},
+		{notify.TelegramHTML, "run <code>scheduler servers show x</code>.", 12, "run …"},
+		{notify.TelegramHTML, "run <code>scheduler servers show x</code>.", 30, "run <code>scheduler se…</code>"},
+		{notify.TelegramHTML, "run <code>a &amp; b</code> now", 24, "run <code>a …</code>"},
+		{notify.TelegramHTML, "run <code>ab</code> now and later", 22, "run <code>ab</code> n…"},
+	} {
+		got := tc.m.Truncate(tc.in, tc.n)
+		if got != tc.want || len([]rune(got)) > tc.n {
+			t.Errorf("markup %d: Truncate(%q, %d) = %q, want %q", tc.m, tc.in, tc.n, got, tc.want)
+		}
+		if tc.m == notify.TelegramHTML {
+			if _, err := notifytest.ParseHTML(got); err != nil {
+				t.Errorf("Truncate(%q, %d) = %q: Telegram cannot parse it: %v", tc.in, tc.n, got, err)
+			}
+		}
+	}
+}

@@ -19,9 +19,10 @@ import (
 
 // Message is a message a receiver accepted.
 type Message struct {
-	Text string
-	At   time.Time
-	Chat string // Telegram only
+	Text      string
+	At        time.Time
+	Chat      string // Telegram only
+	ParseMode string // Telegram only: "", "HTML", "MarkdownV2" or "Markdown"
 }
 
 // Receiver is the common part of the receivers.
@@ -213,8 +214,9 @@ func (t *Telegram) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
 	var p struct {
-		ChatID any    `json:"chat_id"`
-		Text   string `json:"text"`
+		ChatID    any    `json:"chat_id"`
+		Text      string `json:"text"`
+		ParseMode string `json:"parse_mode"`
 	}
 	if err != nil || req.Method != http.MethodPost || !isJSON(req) || json.Unmarshal(body, &p) != nil {
 		t.reject("bad request body")
@@ -226,7 +228,16 @@ func (t *Telegram) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	for _, c := range t.Chats {
 		known = known || c == chat
 	}
-	switch n := utf8.RuneCountInString(strings.TrimSpace(p.Text)); {
+	// Telegram counts the text after its entities are parsed.
+	plain, perr := p.Text, error(nil)
+	switch p.ParseMode {
+	case "":
+	case "HTML":
+		plain, perr = ParseHTML(p.Text)
+	default:
+		perr = fmt.Errorf("parse mode %q is not checked by this receiver", p.ParseMode)
+	}
+	switch n := utf8.RuneCountInString(strings.TrimSpace(plain)); {
 	case p.ChatID == nil || !known:
 		t.reject("chat not found")
 		tgError(w, http.StatusBadRequest, "Bad Request: chat not found", 0)
@@ -235,7 +246,11 @@ func (t *Telegram) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		t.reject("empty text")
 		tgError(w, http.StatusBadRequest, "Bad Request: message text is empty", 0)
 		return
-	case utf8.RuneCountInString(p.Text) > 4096:
+	case perr != nil:
+		t.reject("can't parse entities: " + perr.Error())
+		tgError(w, http.StatusBadRequest, "Bad Request: can't parse entities: "+perr.Error(), 0)
+		return
+	case utf8.RuneCountInString(plain) > 4096:
 		t.reject("text too long")
 		tgError(w, http.StatusBadRequest, "Bad Request: message is too long", 0)
 		return
@@ -248,7 +263,76 @@ func (t *Telegram) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		tgError(w, http.StatusTooManyRequests, "Too Many Requests: retry after 1", 1)
 		return
 	}
-	t.accept(Message{Text: p.Text, At: time.Now(), Chat: chat})
+	t.accept(Message{Text: p.Text, At: time.Now(), Chat: chat, ParseMode: p.ParseMode})
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "result": map[string]any{"message_id": len(t.Messages()), "text": p.Text}})
+}
+
+// htmlTags are the tags the Bot API's HTML parse mode supports.
+var htmlTags = map[string]bool{"b": true, "strong": true, "i": true, "em": true, "u": true, "ins": true,
+	"s": true, "strike": true, "del": true, "span": true, "tg-spoiler": true, "a": true, "tg-emoji": true,
+	"code": true, "pre": true, "blockquote": true}
+
+// ParseHTML checks text the way the Bot API's parse_mode HTML does and
+// returns its plain text: every <, > and & must be part of a supported tag
+// or an entity (only &lt; &gt; &amp; &quot; and numeric ones are known),
+// and tags must nest and be closed. The error reads like Telegram's "can't
+// parse entities" descriptions.
+func ParseHTML(text string) (string, error) {
+	var plain strings.Builder
+	var open []string
+	for i := 0; i < len(text); {
+		switch c := text[i]; c {
+		case '<':
+			end := strings.IndexByte(text[i:], '>')
+			if end < 0 {
+				return "", fmt.Errorf("unclosed start tag at byte offset %d", i)
+			}
+			tag := text[i+1 : i+end]
+			closing := strings.HasPrefix(tag, "/")
+			name, _, _ := strings.Cut(strings.TrimPrefix(tag, "/"), " ")
+			switch {
+			case !htmlTags[name]:
+				return "", fmt.Errorf("unsupported start tag %q at byte offset %d", name, i)
+			case closing && (len(open) == 0 || open[len(open)-1] != name):
+				return "", fmt.Errorf("unmatched end tag at byte offset %d, expected \"</%s>\", found \"</%s>\"", i, last(open), name)
+			case closing:
+				open = open[:len(open)-1]
+			default:
+				open = append(open, name)
+			}
+			i += end + 1
+		case '>':
+			return "", fmt.Errorf("character '>' is reserved and must be escaped, at byte offset %d", i)
+		case '&':
+			end := strings.IndexByte(text[i:], ';')
+			ent := ""
+			if end > 0 {
+				ent = text[i+1 : i+end]
+			}
+			repl, ok := map[string]string{"lt": "<", "gt": ">", "amp": "&", "quot": `"`}[ent]
+			if !ok && strings.HasPrefix(ent, "#") && len(ent) > 1 {
+				ok, repl = true, "?"
+			}
+			if !ok {
+				return "", fmt.Errorf("unsupported or unterminated entity at byte offset %d", i)
+			}
+			plain.WriteString(repl)
+			i += end + 1
+		default:
+			plain.WriteByte(c)
+			i++
+		}
+	}
+	if len(open) > 0 {
+		return "", fmt.Errorf("can't find end tag corresponding to start tag %q", last(open))
+	}
+	return plain.String(), nil
+}
+
+func last(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[len(s)-1]
 }
