@@ -80,6 +80,23 @@ var (
 	ErrBadSignature = errors.New("request signature refused")
 )
 
+// Dead-letter reasons of a request a consumer refused for its signature
+// (infra's REQUEST_SIGNATURES): it has no result and must not be replayed
+// as it is (see IsSignatureReason).
+const (
+	ReasonUnsigned     = "unsigned"      // no signature where one is required
+	ReasonBadSignature = "bad_signature" // malformed, unknown key, key not allowed on the stream, or no match
+)
+
+// IsSignatureReason reports whether a dead letter's reason says no known
+// producer signed its request: replaying it unchanged would be refused
+// again, and re-signing it would turn a request nobody vouched for into
+// one the replaying operator's key vouches for (autoprov dead replay
+// refuses it without --resign and a confirmation).
+func IsSignatureReason(reason string) bool {
+	return reason == ReasonUnsigned || reason == ReasonBadSignature
+}
+
 // SignatureError is a refused (or missing) signature. Its text never holds
 // a key.
 type SignatureError struct {

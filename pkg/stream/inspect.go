@@ -30,6 +30,7 @@ const (
 	ReplayFieldDeadID     = "replay_dead_id"     // the dead letter's id in the dead-letter stream
 	ReplayFieldOriginalID = "replay_original_id" // the id of the entry that was dead-lettered
 	ReplayFieldAt         = "replay_at"          // when it was replayed (RFC 3339)
+	ReplayFieldBy         = "replay_by"          // who replayed it (set by the caller: autoprov's operator)
 )
 
 // Inspector reads the state of streams, their consumer groups and their

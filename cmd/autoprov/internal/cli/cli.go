@@ -24,6 +24,10 @@ import (
 // Env is what a run of the command line reads and writes.
 type Env struct {
 	Stdout, Stderr io.Writer
+	// Stdin is where a confirmation is read (dead replay --resign); nil,
+	// or a file that is not a terminal: nothing is asked, the step is
+	// refused unless confirmed by a flag (--yes).
+	Stdin io.Reader
 	// Getenv reads the process environment.
 	Getenv func(string) string
 	// Environ lists the process environment (os.Environ); nil: empty.
@@ -85,11 +89,21 @@ type redisSettings struct {
 // (REQUEST_SIGNING_KEY_ID and REQUEST_SIGNING_KEY or _FILE, as the
 // scheduler's and the deployer's), or nil when no key is set.
 func (g *globals) signer() (func(stream string, data []byte) (string, error), error) {
+	_, sign, err := g.signingKey()
+	return sign, err
+}
+
+// signingKey is signer with the id of the key ("" and nil when none is
+// set).
+func (g *globals) signingKey() (keyID string, sign func(stream string, data []byte) (string, error), err error) {
 	var s struct{ Signing reqsign.Config }
 	if err := service.Load(g.getenv, &s); err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	return s.Signing.Signer()
+	if sign, err = s.Signing.Signer(); err != nil || sign == nil {
+		return "", nil, err
+	}
+	return s.Signing.KeyID, sign, nil
 }
 
 // producer returns a producer through rdb that signs what it publishes

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
@@ -20,8 +19,17 @@ import (
 type deadCmd struct {
 	List   deadListCmd   `cmd:"" help:"list dead letters, oldest first"`
 	Show   deadShowCmd   `cmd:"" help:"show one dead letter with its decoded payload"`
-	Replay deadReplayCmd `cmd:"" help:"append a dead letter to its stream again, with a new job id and its origin recorded (once per dead letter)"`
+	Replay deadReplayCmd `cmd:"" help:"append a dead letter to its stream again, its data and signature unchanged, its origin and operator recorded (once per dead letter); one refused for its signature only with --resign"`
 	Drop   deadDropCmd   `cmd:"" help:"delete dead letters"`
+}
+
+// Help is the long help of `autoprov dead --help`.
+func (d *deadCmd) Help() string {
+	return `Dead letters of STREAM are in STREAM:dead. A replay sends the entry back with
+its data and signature unchanged, once, and logs the operator and the dead
+letter's id; a dead letter refused for its signature (` + messages.ReasonUnsigned + `, ` + messages.ReasonBadSignature + `)
+is replayed only re-signed by the operator (replay --resign, after a
+confirmation). See "autoprov dead replay --help".`
 }
 
 // streamName accepts a stream's name or its dead-letter stream's name.
@@ -208,109 +216,6 @@ func (c *deadShowCmd) Run(g *globals) error {
 	}
 	fmt.Fprintf(g.env.Stdout, "error:\n  %s\npayload:\n", strings.ReplaceAll(v.Error, "\n", "\n  "))
 	return writeJSON(g.env.Stdout, v.Payload)
-}
-
-type deadReplayCmd struct {
-	Stream    string `arg:"" help:"the stream, e.g. provisioner:queue"`
-	ID        string `arg:"" help:"the dead letter's id"`
-	KeepJobID bool   `name:"keep-job-id" help:"keep the request's job id (the handler may then skip it as done)"`
-	AsIs      bool   `name:"as-is" help:"replay a payload that does not decode as it is (it will likely be dead-lettered again)"`
-}
-
-func (c *deadReplayCmd) Run(g *globals) error {
-	name, ins, done, err := g.deadLetters(c.Stream)
-	if err != nil {
-		return err
-	}
-	defer done()
-	sign, err := g.signer()
-	if err != nil {
-		return err
-	}
-	var jobID string
-	rewrite := func(d *stream.DeadLetter) (map[string]any, error) {
-		data, id, err := c.rewrite(name, d.Data())
-		if err != nil {
-			return nil, err
-		}
-		jobID = id
-		values := make(map[string]any, len(d.Values))
-		for k, v := range d.Values {
-			values[k] = v
-		}
-		if data != nil {
-			// A new payload: the producer's signature of the old one no
-			// longer holds; autoprov signs it with its own key, if any.
-			values[messages.DataField] = data
-			delete(values, stream.SigField)
-			if sign != nil {
-				sig, err := sign(name, data)
-				if err != nil {
-					return nil, err
-				}
-				values[stream.SigField] = sig
-			}
-		}
-		return values, nil
-	}
-	newID, err := ins.Replay(g.ctx, name, c.ID, rewrite)
-	if err != nil {
-		return err
-	}
-	out := struct {
-		Stream   string `json:"stream"`
-		DeadID   string `json:"dead_id"`
-		NewID    string `json:"new_id"`
-		NewJobID string `json:"job_id,omitempty"`
-	}{name, c.ID, newID, jobID}
-	if g.json {
-		return writeJSON(g.env.Stdout, out)
-	}
-	fmt.Fprintf(g.env.Stdout, "replayed %s as %s on %s", c.ID, newID, name)
-	if jobID != "" {
-		fmt.Fprintf(g.env.Stdout, " (job %s)", jobID)
-	}
-	fmt.Fprintln(g.env.Stdout)
-	return nil
-}
-
-// rewrite returns the payload to replay and its job id: a request of the
-// system's request streams gets a new job id (unless --keep-job-id), so the
-// handler's deduplication does not take it for the request that died. nil
-// data keeps the payload.
-func (c *deadReplayCmd) rewrite(name string, data []byte) ([]byte, string, error) {
-	var meta *messages.RequestMeta
-	var msg any
-	var err error
-	switch name {
-	case messages.StreamProvisionerQueue:
-		var m *messages.ProvisionerMessage
-		if m, err = messages.DecodeProvisionerMessage(data); err == nil {
-			meta, msg = &m.RequestMeta, m
-		}
-	case messages.StreamAnsibleDeployQueue:
-		var m *messages.AnsibleDeployMessage
-		if m, err = messages.DecodeAnsibleDeployMessage(data); err == nil {
-			meta, msg = &m.RequestMeta, m
-		}
-	default:
-		return nil, "", nil // not a request stream: replayed as it was
-	}
-	if err != nil {
-		if c.AsIs {
-			return nil, "", nil
-		}
-		return nil, "", fmt.Errorf("payload does not decode (%v); --as-is replays it unchanged", err)
-	}
-	if c.KeepJobID {
-		return nil, meta.JobID, nil
-	}
-	meta.JobID = uuid.NewString()
-	out, err := messages.Encode(msg)
-	if err != nil {
-		return nil, "", fmt.Errorf("encode: %w", err)
-	}
-	return out, meta.JobID, nil
 }
 
 type deadDropCmd struct {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -18,10 +19,10 @@ const (
 )
 
 // TestSignedRequests: with REQUEST_SIGNING_KEY_ID and REQUEST_SIGNING_KEY
-// set, `autoprov provision` signs its request; `autoprov dead replay` of a
-// request it rewrites (new job id) replaces the producer's signature, which
-// no longer holds, with its own, or drops it when it has no key; the key is
-// never printed.
+// set, `autoprov provision` signs its request; `autoprov dead replay`
+// keeps the producer's data and signature, and replaces them with a new
+// job id under its own signature only with --resign, once the operator
+// answered y; the key is never printed.
 func TestSignedRequests(t *testing.T) {
 	url, rdb := redisDB(t)
 	ctx := context.Background()
@@ -101,9 +102,9 @@ func TestSignedRequests(t *testing.T) {
 		}
 	}
 
-	replay := func(env map[string]string, deadID string) redis.XMessage {
+	replay := func(deadID string, stdin io.Reader, args ...string) (redis.XMessage, string) {
 		t.Helper()
-		out, errOut, code := run(t, env, "--json", "dead", "replay", messages.StreamProvisionerQueue, deadID)
+		out, errOut, code := runStdin(t, signed, stdin, append([]string{"--json", "dead", "replay", messages.StreamProvisionerQueue, deadID}, args...)...)
 		if code != 0 {
 			t.Fatalf("dead replay: exit %d: %s", code, errOut)
 		}
@@ -119,16 +120,20 @@ func TestSignedRequests(t *testing.T) {
 		if err != nil || len(e) != 1 {
 			t.Fatalf("replayed entry %s: %v", r.NewID, err)
 		}
-		if r.JobID == "" || strings.HasPrefix(r.JobID, "job-dead") {
-			t.Fatalf("replayed with job id %q, want a new one", r.JobID)
-		}
-		return e[0]
+		return e[0], r.JobID
 	}
-	if id, err := verify(replay(signed, dead[0].ID)); err != nil || id != "autoprov-1" {
-		t.Errorf("replayed with a key: signature %q, %v; want autoprov-1's", id, err)
+	// A plain replay: the scheduler's data and signature, as they were.
+	e, job := replay(dead[0].ID, nil)
+	if id, err := verify(e); err != nil || id != "scheduler-1" || job != "job-dead-1" ||
+		e.Values[messages.DataField] != dead[0].Values[messages.DataField] || e.Values[stream.SigField] != dead[0].Values[stream.SigField] {
+		t.Errorf("plain replay: job %s, signature %q, %v; want the scheduler's request unchanged", job, id, err)
 	}
-	e := replay(map[string]string{"REDIS_URL": url}, dead[1].ID)
-	if sig, ok := e.Values[stream.SigField]; ok {
-		t.Errorf("replayed without a key, the entry carries the old signature %v of a changed payload", sig)
+	// --resign, answered y: a new job id under autoprov's signature.
+	e, job = replay(dead[1].ID, strings.NewReader("y\n"), "--resign")
+	if id, err := verify(e); err != nil || id != "autoprov-1" || job == "" || strings.HasPrefix(job, "job-dead") {
+		t.Errorf("re-signed replay: job %s, signature %q, %v; want a new job under autoprov-1's", job, id, err)
+	}
+	if req, err := messages.DecodeProvisionerMessage([]byte(e.Values[messages.DataField].(string))); err != nil || req.JobID != job {
+		t.Errorf("re-signed replay carries %+v (%v), want job %s", req, err, job)
 	}
 }

@@ -125,10 +125,11 @@ func New(ctx context.Context, cfg Config, resolve Resolve, log zerolog.Logger) (
 	return c, nil
 }
 
-// Reasons of the dead-letter entries of refused requests.
+// Reasons of the dead-letter entries of refused requests (shared with the
+// replaying side through package messages).
 const (
-	ReasonUnsigned     = "unsigned"
-	ReasonBadSignature = "bad_signature"
+	ReasonUnsigned     = messages.ReasonUnsigned
+	ReasonBadSignature = messages.ReasonBadSignature
 )
 
 // Check decides whether the entry may be handled: nil, or a permanent
