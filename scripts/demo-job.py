@@ -3,7 +3,7 @@
 
 Publishes a ProvisionerMessage on provisioner:queue (msgpack, as any producer
 would; see docs/wire-contract.md), prints the job's progress events live from
-job:<job_id>:events, then prints its result from provisioner:results.
+job:provision:<job_id>:events, then prints its result from provisioner:results.
 Exits 0 when the job succeeded.
 
     REDIS_URL=redis://127.0.0.1:16379/0 scripts/demo-job.py --server-handle local-target
@@ -85,7 +85,7 @@ def main():
     signed = f" signed by {os.environ['SIGNING_KEY_ID']}" if sig else ""
     print(f"published ProvisionerMessage {json.dumps(request)} as entry {entry.decode()}{signed}", flush=True)
 
-    events_stream = f"job:{job_id}:events"
+    events_stream = f"job:provision:{job_id}:events"
     events_from = b"0-0"
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:

@@ -4,7 +4,7 @@
 Polls the scheduler's view of the server (`scheduler servers show --json`)
 and prints each step of its history as it happens (detected, queued,
 published, result), follows the progress events of its job live from
-job:<job_id>:events, and at the end prints the notification the local
+job:provision:<job_id>:events, and at the end prints the notification the local
 webhook receiver got. Exits 0 when the server became READY.
 
     DATABASE_URL=... REDIS_URL=... scripts/follow-server.py --server local-target \
@@ -78,9 +78,9 @@ def main():
             pending = s["server"].get("pending_job_id")
             if pending and pending != job:
                 job, events_from = pending, "0-0"
-                print(f"==> following job {job} (job:{job}:events)", flush=True)
+                print(f"==> following job {job} (job:provision:{job}:events)", flush=True)
         if job and final is None:
-            got = r.xread({f"job:{job}:events": events_from}, count=100, block=500)
+            got = r.xread({f"job:provision:{job}:events": events_from}, count=100, block=500)
             for _, entries in got or []:
                 for entry_id, fields in entries:
                     events_from = entry_id

@@ -126,7 +126,7 @@ func ExampleProgressStream() {
 		Time:  messages.FormatTime(time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)),
 		Type:  messages.EventRunStarted,
 	}
-	fmt.Println(messages.ProgressStream(ev.JobID), ev.Time, ev.Validate() == nil)
+	fmt.Println(messages.ProgressStream(messages.JobKindDeploy, ev.JobID), ev.Time, ev.Validate() == nil)
 	// Output:
-	// job:job-1:events 2024-05-01T12:00:00.000Z true
+	// job:deploy:job-1:events 2024-05-01T12:00:00.000Z true
 }

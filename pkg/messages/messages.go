@@ -54,18 +54,38 @@ const SchemaVersion = 1
 // (1 MiB).
 const MaxMessageSize = 1 << 20
 
+// JobKind is the kind of a job: which queue its request came from. It
+// namespaces the job's progress stream and cancel key, so that each
+// producer's Redis user reaches only the keys of its own kind (the deployer
+// those of deploys, never of provisioning jobs). Every name starts with
+// "job:<kind>:", so one pattern (job:*) still covers all kinds for infra.
+type JobKind string
+
+// Job kinds. A future kind (e.g. "ansible" for general Ansible jobs) gets its
+// own names the same way: job:ansible:<job_id>:events.
+const (
+	// JobKindProvision is a job of StreamProvisionerQueue.
+	JobKindProvision JobKind = "provision"
+	// JobKindDeploy is a job of StreamAnsibleDeployQueue.
+	JobKindDeploy JobKind = "deploy"
+)
+
+// JobKinds returns every job kind, in a fixed order (a new slice each call).
+func JobKinds() []JobKind { return []JobKind{JobKindProvision, JobKindDeploy} }
+
 // ProgressStream returns the name of the stream that carries the
-// ProgressEvents of job jobID: "job:<job_id>:events".
-func ProgressStream(jobID string) string {
-	return "job:" + jobID + ":events"
+// ProgressEvents of job jobID of kind kind: "job:<kind>:<job_id>:events".
+func ProgressStream(kind JobKind, jobID string) string {
+	return "job:" + string(kind) + ":" + jobID + ":events"
 }
 
 // CancelKey returns the Redis key whose existence asks the running job
-// jobID to stop: "job:<job_id>:cancel". Any value will do; set it with an
-// expiry (for example SET job:<id>:cancel 1 EX 86400). The job then ends
-// with status cancelled; a job that has not started yet is not affected.
-func CancelKey(jobID string) string {
-	return "job:" + jobID + ":cancel"
+// jobID of kind kind to stop: "job:<kind>:<job_id>:cancel". Any value will
+// do; set it with an expiry (for example SET job:deploy:<id>:cancel 1 EX
+// 86400). The job then ends with status cancelled; a job that has not
+// started yet is not affected until it starts.
+func CancelKey(kind JobKind, jobID string) string {
+	return "job:" + string(kind) + ":" + jobID + ":cancel"
 }
 
 // timeLayout writes times as RFC 3339 in UTC with milliseconds.

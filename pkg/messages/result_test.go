@@ -196,7 +196,14 @@ func TestEnums(t *testing.T) {
 	if hostEvents != 5 || messages.EventType("host_rescued").HostEvent() || messages.EventRunFinished.HostEvent() {
 		t.Errorf("HostEvent: %d host event types", hostEvents)
 	}
-	if got := messages.ProgressStream("job-1"); got != "job:job-1:events" {
-		t.Errorf("ProgressStream = %q", got)
+	for _, c := range []struct{ got, want string }{
+		{messages.ProgressStream(messages.JobKindProvision, "job-1"), "job:provision:job-1:events"},
+		{messages.ProgressStream(messages.JobKindDeploy, "job-1"), "job:deploy:job-1:events"},
+		{messages.CancelKey(messages.JobKindProvision, "job-1"), "job:provision:job-1:cancel"},
+		{messages.CancelKey(messages.JobKindDeploy, "job-1"), "job:deploy:job-1:cancel"},
+	} {
+		if c.got != c.want {
+			t.Errorf("name = %q, want %q", c.got, c.want)
+		}
 	}
 }

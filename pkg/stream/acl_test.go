@@ -25,6 +25,12 @@ const (
 	deployResults      = "deploy:results"
 )
 
+// progressStream and cancelKey name a job's progress stream and cancel key
+// by the job's kind ("provision" or "deploy"), as messages.ProgressStream
+// and messages.CancelKey do.
+func progressStream(kind, jobID string) string { return "job:" + kind + ":" + jobID + ":events" }
+func cancelKey(kind, jobID string) string      { return "job:" + kind + ":" + jobID + ":cancel" }
+
 // lockedLog collects a zerolog output for inspection.
 type lockedLog struct {
 	mu  sync.Mutex
@@ -95,19 +101,19 @@ func TestACLRolesInRealRedis(t *testing.T) {
 					return errors.New("transient")
 				}
 			}
-			events := "job:" + string(msg.Data()) + ":events"
+			kind, results := "provision", provisionerResults
+			if msg.Stream == deployQueue {
+				kind, results = "deploy", deployResults
+			}
+			events := progressStream(kind, string(msg.Data()))
 			if _, err := infraProducer.Publish(ctx, events, []byte("run_started")); err != nil {
 				return err
 			}
 			if err := rc["infra"].Expire(ctx, events, time.Hour).Err(); err != nil {
 				return err
 			}
-			if err := rc["infra"].Exists(ctx, "job:"+string(msg.Data())+":cancel").Err(); err != nil {
+			if err := rc["infra"].Exists(ctx, cancelKey(kind, string(msg.Data()))).Err(); err != nil {
 				return err
-			}
-			results := provisionerResults
-			if msg.Stream == deployQueue {
-				results = deployResults
 			}
 			_, err := infraProducer.Publish(ctx, results, append([]byte("result of "), msg.Data()...))
 			return err
@@ -148,7 +154,7 @@ func TestACLRolesInRealRedis(t *testing.T) {
 	if _, err := stream.NewProducer(rc["deployer"], stream.ProducerOptions{}).Publish(ctx, deployQueue, []byte("deploy-1")); err != nil {
 		t.Fatalf("deployer cannot queue a deploy: %v", err)
 	}
-	if err := rc["deployer"].Set(ctx, "job:deploy-1:cancel", "1", time.Minute).Err(); err != nil {
+	if err := rc["deployer"].Set(ctx, cancelKey("deploy", "deploy-1"), "1", time.Minute).Err(); err != nil {
 		t.Fatalf("deployer cannot cancel: %v", err)
 	}
 	want := map[string]bool{provisionerResults + " result of prov-1": true, deployResults + " result of deploy-1": true,
@@ -180,9 +186,9 @@ func TestACLRolesInRealRedis(t *testing.T) {
 	if xs, err := rc["deployer"].XRevRangeN(ctx, deployQueue, "+", "-", 1).Result(); err != nil || len(xs) != 1 {
 		t.Errorf("deployer reads the queue's newest entry (where its observer starts): %v %v", xs, err)
 	}
-	// The requesters follow progress.
-	for _, u := range []string{"scheduler", "deployer"} {
-		if evs, err := rc[u].XRange(ctx, "job:deploy-1:events", "-", "+").Result(); err != nil || len(evs) != 1 {
+	// The requesters follow the progress of their own kind of job.
+	for u, events := range map[string]string{"scheduler": progressStream("provision", "prov-1"), "deployer": progressStream("deploy", "deploy-1")} {
+		if evs, err := rc[u].XRange(ctx, events, "-", "+").Result(); err != nil || len(evs) != 1 {
 			t.Errorf("%s reads progress: %v %v", u, evs, err)
 		}
 	}
@@ -205,7 +211,7 @@ func TestACLRolesInRealRedis(t *testing.T) {
 			func() error {
 				return rc["infra"].Eval(ctx, "return redis.call('XADD', 'ansible:deploy:queue', '*', 'd', 'x')", nil).Err()
 			},
-			func() error { return rc["infra"].Set(ctx, "job:x:cancel", "1", 0).Err() },
+			func() error { return rc["infra"].Set(ctx, cancelKey("deploy", "x"), "1", 0).Err() },
 			func() error { return rc["infra"].Del(ctx, provisionerResults).Err() },
 			func() error { return rc["infra"].Expire(ctx, provisionerResults, time.Second).Err() },
 			func() error { return rc["infra"].Keys(ctx, "*").Err() },
@@ -220,14 +226,17 @@ func TestACLRolesInRealRedis(t *testing.T) {
 				return rc["scheduler"].XAdd(ctx, &redis.XAddArgs{Stream: provisionerResults, Values: map[string]any{"data": "forged"}}).Err()
 			},
 			func() error {
-				return rc["scheduler"].XAdd(ctx, &redis.XAddArgs{Stream: "job:x:events", Values: map[string]any{"data": "x"}}).Err()
+				return rc["scheduler"].XAdd(ctx, &redis.XAddArgs{Stream: progressStream("provision", "x"), Values: map[string]any{"data": "x"}}).Err()
 			},
+			// Of deploys it follows nothing, and it cancels nothing.
+			func() error { return rc["scheduler"].XRange(ctx, progressStream("deploy", "deploy-1"), "-", "+").Err() },
 			func() error {
 				return rc["scheduler"].XReadGroup(ctx, &redis.XReadGroupArgs{Group: "infra", Consumer: "thief",
 					Streams: []string{provisionerQueue, ">"}, Count: 1, Block: -1}).Err()
 			},
 			func() error { return rc["scheduler"].XRange(ctx, provisionerQueue, "-", "+").Err() },
-			func() error { return rc["scheduler"].Set(ctx, "job:x:cancel", "1", 0).Err() },
+			func() error { return rc["scheduler"].Set(ctx, cancelKey("provision", "x"), "1", 0).Err() },
+			func() error { return rc["scheduler"].Set(ctx, cancelKey("deploy", "x"), "1", 0).Err() },
 		},
 		"deployer": {
 			func() error {
@@ -237,8 +246,19 @@ func TestACLRolesInRealRedis(t *testing.T) {
 				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: deployResults, Values: map[string]any{"data": "forged"}}).Err()
 			},
 			func() error {
-				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: "job:x:events", Values: map[string]any{"data": "x"}}).Err()
+				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: progressStream("deploy", "x"), Values: map[string]any{"data": "x"}}).Err()
 			},
+			// It reaches deploys only: a provisioning job's progress and
+			// cancel key are out of its reach, as are the names of before
+			// the kinds (job:<id>:events, job:<id>:cancel).
+			func() error { return rc["deployer"].XRange(ctx, progressStream("provision", "prov-1"), "-", "+").Err() },
+			func() error {
+				return rc["deployer"].XRead(ctx, &redis.XReadArgs{Streams: []string{progressStream("provision", "prov-1"), "0"}, Block: -1}).Err()
+			},
+			func() error { return rc["deployer"].Set(ctx, cancelKey("provision", "prov-1"), "1", time.Minute).Err() },
+			func() error { return rc["deployer"].Exists(ctx, cancelKey("provision", "prov-1")).Err() },
+			func() error { return rc["deployer"].Set(ctx, "job:prov-1:cancel", "1", time.Minute).Err() },
+			func() error { return rc["deployer"].XRange(ctx, "job:prov-1:events", "-", "+").Err() },
 			func() error {
 				return rc["deployer"].XReadGroup(ctx, &redis.XReadGroupArgs{Group: "infra", Consumer: "thief",
 					Streams: []string{deployQueue, ">"}, Count: 1, Block: -1}).Err()

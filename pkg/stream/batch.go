@@ -28,7 +28,7 @@ type BatchOptions struct {
 	// MetricsLabel is the stream label under which the producer's metrics
 	// count the published entries. Default: the stream's name. Publishers of
 	// per-job streams give the name of their family instead (for example
-	// "job:*:events"), so that the metric keeps few label values.
+	// "job:deploy:*:events"), so that the metric keeps few label values.
 	MetricsLabel string
 	// Logger receives the publisher's logs. The zero value logs nothing.
 	Logger zerolog.Logger

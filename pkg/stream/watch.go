@@ -22,7 +22,7 @@ type KeyWatcherOptions struct {
 const existsBatch = 1000
 
 // KeyWatcher reports keys that come to exist, such as a job's cancel key
-// set by another service (SET job:<id>:cancel 1). One KeyWatcher serves a
+// set by another service (SET job:deploy:<id>:cancel 1). One KeyWatcher serves a
 // whole process: every Interval it checks all the keys being watched in one
 // pipelined round trip, however many there are, instead of one poll per key
 // and watcher. Its goroutine runs only while at least one key is watched.

@@ -249,7 +249,7 @@ func TestSecretsLeakNowhere(t *testing.T) {
 	}
 	scan("infra logs", p.Stderr()+p.Stdout())
 	scan("the full run log", scanFull)
-	for _, s := range []string{messages.StreamDeployResults, messages.ProgressStream("deploy-1")} {
+	for _, s := range []string{messages.StreamDeployResults, messages.ProgressStream(messages.JobKindDeploy, "deploy-1")} {
 		for _, m := range e.results(s) {
 			scan("stream "+s, m.Values["data"].(string))
 		}

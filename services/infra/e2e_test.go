@@ -76,7 +76,7 @@ func TestProvisionSucceeds(t *testing.T) {
 	if !hasEvent(evs, messages.EventTaskStarted, "Log the start of the run") {
 		t.Errorf("no task_started event for the playbook's tasks: %+v", evs)
 	}
-	if ttl := e.rdb.TTL(context.Background(), messages.ProgressStream("job-ok")).Val(); ttl <= 0 {
+	if ttl := e.rdb.TTL(context.Background(), messages.ProgressStream(messages.JobKindProvision, "job-ok")).Val(); ttl <= 0 {
 		t.Errorf("progress stream has no expiry (ttl %v)", ttl)
 	}
 	// Nothing is left behind, the entry was acknowledged, metrics counted it.
@@ -323,7 +323,7 @@ func TestCancelStopsTheRunAndItsProcesses(t *testing.T) {
 	e.infra()
 	e.provision("job-c", "web-1")
 	testenv.WaitFor(t, time.Minute, "the run to start", func() bool { return len(e.spans("web-1")) == 1 })
-	if err := e.rdb.Set(context.Background(), messages.CancelKey("job-c"), "1", time.Hour).Err(); err != nil {
+	if err := e.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindProvision, "job-c"), "1", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := e.waitProvision("job-c", 30*time.Second)
@@ -399,10 +399,10 @@ func TestUnknownServerIsRejected(t *testing.T) {
 	}
 }
 
-// progressEvents reads a job's progress stream.
+// progressEvents reads a provisioning job's progress stream.
 func progressEvents(t *testing.T, rdb *redis.Client, jobID string) []*messages.ProgressEvent {
 	t.Helper()
-	msgs, err := rdb.XRange(context.Background(), messages.ProgressStream(jobID), "-", "+").Result()
+	msgs, err := rdb.XRange(context.Background(), messages.ProgressStream(messages.JobKindProvision, jobID), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -196,7 +196,7 @@ func TestCancelledRunStopsItsRemoteTask(t *testing.T) {
 	testenv.WaitFor(t, 2*time.Minute, "the long task to run on the server", func() bool {
 		return len(e.holds("web-1")) == 1
 	})
-	if err := e.rdb.Set(context.Background(), messages.CancelKey("job-c"), "1", time.Hour).Err(); err != nil {
+	if err := e.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindProvision, "job-c"), "1", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := e.waitProvision("job-c", 2*time.Minute)

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -583,7 +584,7 @@ func fakeInfra(t *testing.T, rdb *redis.Client, status messages.Status) <-chan *
 			if err != nil {
 				panic(err)
 			}
-			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(req.JobID), Values: map[string]any{messages.DataField: data}})
+			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(messages.JobKindProvision, req.JobID), Values: map[string]any{messages.DataField: data}})
 		}
 		r := messages.NewProvisionerResult(req, m.ID)
 		r.Status = status
@@ -624,10 +625,16 @@ func TestProvisionFollowCancel(t *testing.T) {
 		}
 	}
 
-	// follow of a job that is over: its events and result, at once.
-	out, _, code = run(t, env, "follow", "job-42")
-	if code != 0 || !strings.Contains(out, "web-1: changed") || !strings.Contains(out, "result: succeeded") {
-		t.Fatalf("follow of a finished job: exit %d\n%s", code, out)
+	// follow of a job that is over: its events and result, at once, with
+	// its kind given or not; given another kind, the job is not found.
+	for _, args := range [][]string{{"follow", "job-42"}, {"follow", "--kind", "provision", "job-42"}} {
+		out, _, code = run(t, env, args...)
+		if code != 0 || !strings.Contains(out, "web-1: changed") || !strings.Contains(out, "result: succeeded") {
+			t.Fatalf("%q of a finished job: exit %d\n%s", args, code, out)
+		}
+	}
+	if out, _, code := run(t, env, "follow", "--kind", "deploy", "job-42", "--timeout", "1s"); code != 1 || strings.Contains(out, "web-1: changed") {
+		t.Fatalf("follow --kind deploy of a provisioning job: exit %d\n%s", code, out)
 	}
 
 	// A failed job: exit 1, the error shown; --json prints the result.
@@ -663,12 +670,51 @@ func TestProvisionFollowCancel(t *testing.T) {
 		t.Fatalf("follow of a job without result: exit %d %s", code, errOut)
 	}
 
-	// cancel sets the key the running job polls, with an expiry.
+	// cancel sets the key the running job polls, of the job's kind (here
+	// found from its progress stream), with an expiry.
 	if out, _, code := run(t, env, "cancel", "job-42"); code != 0 || !strings.Contains(out, "job-42") {
 		t.Fatalf("cancel: exit %d %s", code, out)
 	}
-	ttl, err := rdb.TTL(context.Background(), messages.CancelKey("job-42")).Result()
+	ttl, err := rdb.TTL(context.Background(), messages.CancelKey(messages.JobKindProvision, "job-42")).Result()
 	if err != nil || ttl <= 23*time.Hour {
 		t.Fatalf("cancel key TTL %v (%v), want about 24h", ttl, err)
+	}
+	if n, _ := rdb.Exists(context.Background(), messages.CancelKey(messages.JobKindDeploy, "job-42")).Result(); n != 0 {
+		t.Errorf("cancel of a provisioning job set the deploy cancel key too")
+	}
+	// --kind names the kind; a job not started yet without it gets both
+	// kinds' keys (its kind is not known).
+	for _, tc := range []struct {
+		args []string
+		want []messages.JobKind
+	}{
+		{[]string{"--json", "cancel", "--kind", "deploy", "job-d"}, []messages.JobKind{messages.JobKindDeploy}},
+		{[]string{"--json", "cancel", "job-q"}, []messages.JobKind{messages.JobKindProvision, messages.JobKindDeploy}},
+	} {
+		out, _, code := run(t, env, tc.args...)
+		if code != 0 {
+			t.Fatalf("%q: exit %d %s", tc.args, code, out)
+		}
+		var res struct {
+			JobID      string   `json:"job_id"`
+			CancelKeys []string `json:"cancel_keys"`
+		}
+		mustJSON(t, out, &res)
+		var want []string
+		for _, k := range tc.want {
+			want = append(want, messages.CancelKey(k, res.JobID))
+		}
+		if strings.Join(res.CancelKeys, " ") != strings.Join(want, " ") {
+			t.Errorf("%q: cancel keys %q, want %q", tc.args, res.CancelKeys, want)
+		}
+		for _, k := range messages.JobKinds() {
+			key := messages.CancelKey(k, res.JobID)
+			if n, _ := rdb.Exists(context.Background(), key).Result(); (n == 1) != slices.Contains(want, key) {
+				t.Errorf("%q: %s exists: %v", tc.args, key, n == 1)
+			}
+		}
+	}
+	if _, _, code := run(t, env, "cancel", "--kind", "other", "job-x"); code != 2 {
+		t.Errorf("cancel --kind other: exit %d, want 2", code)
 	}
 }

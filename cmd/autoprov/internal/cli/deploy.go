@@ -46,7 +46,7 @@ func (c *deployCmd) Run(g *globals) error {
 		return usageError{err}
 	}
 	return enqueue(g, request{
-		queue: messages.StreamAnsibleDeployQueue, results: messages.StreamDeployResults,
+		kind: messages.JobKindDeploy, queue: messages.StreamAnsibleDeployQueue,
 		jobID: msg.JobID, what: fmt.Sprintf("deploy %s to %s", msg.RepoFullName, msg.ServerIP), follow: c.Follow, timeout: c.Timeout,
 		encode: func(tc messages.TraceContext) ([]byte, error) {
 			msg.TraceContext = tc

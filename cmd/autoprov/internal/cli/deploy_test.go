@@ -45,7 +45,7 @@ func fakeDeployInfra(t *testing.T, rdb *redis.Client, status messages.Status) <-
 			e := &events[i]
 			e.JobID, e.Seq, e.Time = req.JobID, int64(i+1), now
 			data, _ := messages.Encode(e)
-			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(req.JobID), Values: map[string]any{messages.DataField: data}})
+			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(messages.JobKindDeploy, req.JobID), Values: map[string]any{messages.DataField: data}})
 		}
 		r := messages.NewAnsibleDeployResult(req, m.ID)
 		r.Status = status
@@ -172,7 +172,7 @@ func TestFollowShowsEveryEventBeforeTheResult(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(jobID), Values: map[string]any{messages.DataField: data}})
+			rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(messages.JobKindDeploy, jobID), Values: map[string]any{messages.DataField: data}})
 		}
 		r := messages.NewAnsibleDeployResult(req, "1-0")
 		r.Status = messages.StatusSucceeded
@@ -184,7 +184,9 @@ func TestFollowShowsEveryEventBeforeTheResult(t *testing.T) {
 
 		var out, errOut bytes.Buffer
 		g := &globals{ctx: ctx, env: Env{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }}}
-		if err := follow(g, rdb, jobID, map[string]string{messages.StreamDeployResults: "0-0"}, 30*time.Second); err != nil {
+		// The kind is not known (as for `follow JOB`): every kind's streams are read.
+		from := map[messages.JobKind]string{messages.JobKindProvision: "0-0", messages.JobKindDeploy: "0-0"}
+		if err := follow(g, rdb, jobID, from, 30*time.Second); err != nil {
 			t.Fatalf("follow %s: %v\n%s", jobID, err, errOut.String())
 		}
 		text := out.String()

@@ -35,7 +35,7 @@ func (c *provisionCmd) Run(g *globals) error {
 		return usageError{err}
 	}
 	return enqueue(g, request{
-		queue: messages.StreamProvisionerQueue, results: messages.StreamProvisionerResults,
+		kind: messages.JobKindProvision, queue: messages.StreamProvisionerQueue,
 		jobID: msg.JobID, what: "provision " + c.Server, follow: c.Follow, timeout: c.Timeout,
 		encode: func(tc messages.TraceContext) ([]byte, error) {
 			msg.TraceContext = tc
@@ -60,10 +60,11 @@ func newMeta(jobID, correlationID string) messages.RequestMeta {
 
 // request is a validated request to enqueue.
 type request struct {
-	queue, results string // the stream it goes to, the stream of its result
-	jobID, what    string
-	follow         bool
-	timeout        time.Duration
+	kind        messages.JobKind // names its results stream, progress stream and cancel key
+	queue       string           // the stream it goes to
+	jobID, what string
+	follow      bool
+	timeout     time.Duration
 	// encode returns the request carrying the trace context tc.
 	encode func(tc messages.TraceContext) ([]byte, error)
 }
@@ -93,7 +94,7 @@ func enqueue(g *globals, r request) error {
 		}
 	}()
 	// Where the results stream ends now: a fast result is not missed.
-	from, err := lastID(g.ctx, rdb, r.results)
+	from, err := lastID(g.ctx, rdb, resultsStream(r.kind))
 	if err != nil {
 		return err
 	}
@@ -117,13 +118,37 @@ func enqueue(g *globals, r request) error {
 	if !r.follow {
 		return nil
 	}
-	return follow(g, rdb, r.jobID, map[string]string{r.results: from}, r.timeout)
+	return follow(g, rdb, r.jobID, map[messages.JobKind]string{r.kind: from}, r.timeout)
+}
+
+// kindFlag is the --kind of the commands that name a job by its id alone:
+// a job's progress stream and cancel key are named after its kind
+// (messages.JobKind), which its id does not tell.
+type kindFlag struct {
+	Kind string `enum:"auto,provision,deploy" default:"auto" help:"the job's kind: provision, deploy, or auto (every kind: a job id is never used by two kinds)"`
+}
+
+// kinds returns the kinds to look at: the one named, or every kind.
+func (f kindFlag) kinds() []messages.JobKind {
+	if f.Kind == "auto" || f.Kind == "" {
+		return messages.JobKinds()
+	}
+	return []messages.JobKind{messages.JobKind(f.Kind)}
+}
+
+// resultsStream returns the stream of the results of jobs of kind k.
+func resultsStream(k messages.JobKind) string {
+	if k == messages.JobKindDeploy {
+		return messages.StreamDeployResults
+	}
+	return messages.StreamProvisionerResults
 }
 
 // followCmd prints a job's progress until it ends.
 type followCmd struct {
 	JobID   string        `arg:"" name:"job" help:"the job id"`
 	Timeout time.Duration `default:"1h" help:"give up waiting after this long"`
+	kindFlag
 }
 
 func (c *followCmd) Run(g *globals) error {
@@ -134,17 +159,17 @@ func (c *followCmd) Run(g *globals) error {
 	defer rdb.Close()
 	// The job may have ended already: its result is then in the recent
 	// results (looked up first), else it comes after their current end.
-	from := map[string]string{}
-	for _, s := range []string{messages.StreamProvisionerResults, messages.StreamDeployResults} {
-		res, last, err := findResult(g.ctx, rdb, s, c.JobID)
+	from := map[messages.JobKind]string{}
+	for _, k := range c.kinds() {
+		res, last, err := findResult(g.ctx, rdb, resultsStream(k), c.JobID)
 		if err != nil {
 			return err
 		}
 		if res != nil {
-			printEvents(g, rdb, c.JobID)
+			printEvents(g, rdb, messages.ProgressStream(k, c.JobID))
 			return finish(g, res)
 		}
-		from[s] = last
+		from[k] = last
 	}
 	return follow(g, rdb, c.JobID, from, c.Timeout)
 }
@@ -153,6 +178,7 @@ func (c *followCmd) Run(g *globals) error {
 type cancelCmd struct {
 	JobID string        `arg:"" name:"job" help:"the job id"`
 	TTL   time.Duration `default:"24h" help:"how long the request stands (a job that starts later within it is cancelled too)"`
+	kindFlag
 }
 
 func (c *cancelCmd) Run(g *globals) error {
@@ -161,14 +187,49 @@ func (c *cancelCmd) Run(g *globals) error {
 		return err
 	}
 	defer rdb.Close()
-	if err := rdb.Set(g.ctx, messages.CancelKey(c.JobID), time.Now().UTC().Format(time.RFC3339), c.TTL).Err(); err != nil {
-		return fmt.Errorf("set %s: %w", messages.CancelKey(c.JobID), err)
+	kinds, err := c.cancelKinds(g.ctx, rdb)
+	if err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		key := messages.CancelKey(k, c.JobID)
+		if err := rdb.Set(g.ctx, key, time.Now().UTC().Format(time.RFC3339), c.TTL).Err(); err != nil {
+			return fmt.Errorf("set %s: %w", key, err)
+		}
+		keys = append(keys, key)
 	}
 	if g.json {
-		return writeJSON(g.env.Stdout, map[string]string{"job_id": c.JobID, "cancel_key": messages.CancelKey(c.JobID)})
+		return writeJSON(g.env.Stdout, map[string]any{"job_id": c.JobID, "cancel_keys": keys})
 	}
-	fmt.Fprintf(g.env.Stdout, "cancel requested for job %s (the running play stops; the job ends as cancelled)\n", c.JobID)
+	fmt.Fprintf(g.env.Stdout, "cancel requested for job %s (%s; the running play stops; the job ends as cancelled)\n",
+		c.JobID, strings.Join(keys, ", "))
 	return nil
+}
+
+// cancelKinds returns the kinds whose cancel key to set: the one named by
+// --kind; else the kind of the job's progress stream when exactly one
+// exists (the job has started); else every kind (a queued job's kind is
+// not known here, and a job id is never used by two kinds).
+func (c *cancelCmd) cancelKinds(ctx context.Context, rdb redis.UniversalClient) ([]messages.JobKind, error) {
+	kinds := c.kinds()
+	if len(kinds) == 1 {
+		return kinds, nil
+	}
+	var started []messages.JobKind
+	for _, k := range kinds {
+		n, err := rdb.Exists(ctx, messages.ProgressStream(k, c.JobID)).Result()
+		if err != nil {
+			return nil, fmt.Errorf("look up job %s: %w", c.JobID, err)
+		}
+		if n > 0 {
+			started = append(started, k)
+		}
+	}
+	if len(started) == 1 {
+		return started, nil
+	}
+	return kinds, nil
 }
 
 // jobResult is what ends a job: its status and the result's fields.
@@ -200,15 +261,19 @@ func finish(g *globals, r *jobResult) error {
 	return nil
 }
 
-// follow prints the job's progress events and waits for its result on the
-// results streams from the given ids on.
-func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[string]string, timeout time.Duration) error {
+// follow prints the job's progress events and waits for its result, for
+// each kind in from (the job's kind, or every kind when it is not known):
+// the kind's progress stream from its start, its results stream after the
+// id in from.
+func follow(g *globals, rdb redis.UniversalClient, jobID string, from map[messages.JobKind]string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(g.ctx, timeout)
 	defer cancel()
-	events := messages.ProgressStream(jobID)
-	positions := map[string]string{events: "0-0"}
-	for s, id := range results {
-		positions[s] = id
+	positions := map[string]string{}
+	events := map[string]string{} // results stream -> the same kind's progress stream
+	for k, id := range from {
+		ev := messages.ProgressStream(k, jobID)
+		positions[ev], positions[resultsStream(k)] = "0-0", id
+		events[resultsStream(k)] = ev
 	}
 	var order []string
 	for s := range positions {
@@ -233,7 +298,8 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[str
 			for _, m := range st.Messages {
 				positions[st.Stream] = m.ID
 				data := (&stream.Message{Values: m.Values}).Data()
-				if st.Stream == events {
+				ev, isResults := events[st.Stream]
+				if !isResults {
 					if e, err := messages.DecodeProgressEvent(data); err == nil {
 						showEvent(g, e)
 					}
@@ -243,7 +309,7 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[str
 					// The job's events were all written before its result,
 					// but this reply may list them after it (or hold only
 					// part of them): print the rest first.
-					showEventsAfter(g, rdb, jobID, positions[events])
+					showEventsAfter(g, rdb, ev, positions[ev])
 					return finish(g, r)
 				}
 			}
@@ -251,14 +317,16 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[str
 	}
 }
 
-// printEvents prints the events a job left (for a job already over).
-func printEvents(g *globals, rdb redis.UniversalClient, jobID string) {
-	showEventsAfter(g, rdb, jobID, "0-0")
+// printEvents prints the events a job left on its progress stream events
+// (for a job already over).
+func printEvents(g *globals, rdb redis.UniversalClient, events string) {
+	showEventsAfter(g, rdb, events, "0-0")
 }
 
-// showEventsAfter prints the job's progress events after entry id after.
-func showEventsAfter(g *globals, rdb redis.UniversalClient, jobID, after string) {
-	msgs, err := rdb.XRange(g.ctx, messages.ProgressStream(jobID), "("+after, "+").Result()
+// showEventsAfter prints the progress events of stream events after entry
+// id after.
+func showEventsAfter(g *globals, rdb redis.UniversalClient, events, after string) {
+	msgs, err := rdb.XRange(g.ctx, events, "("+after, "+").Result()
 	if err != nil {
 		return
 	}

@@ -392,7 +392,7 @@ func TestCancel(t *testing.T) {
 	if resp.StatusCode != 202 || d.CancelRequestedAt == nil {
 		t.Fatalf("cancel running: %d %s", resp.StatusCode, body)
 	}
-	if n, _ := e.Redis.Exists(context.Background(), messages.CancelKey(running.JobID)).Result(); n != 1 {
+	if n, _ := e.Redis.Exists(context.Background(), messages.CancelKey(messages.JobKindDeploy, running.JobID)).Result(); n != 1 {
 		t.Error("the cancel key is not set")
 	}
 	resp, body = e.Do("GET", running.Links.Self+"?wait=30s", e.CI, nil)

@@ -192,7 +192,7 @@ func BenchmarkSSEFanout(b *testing.B) {
 			})
 		}
 		b.ResetTimer()
-		stream := messages.ProgressStream(d.JobID)
+		stream := messages.ProgressStream(messages.JobKindDeploy, d.JobID)
 		for seq := 1; seq <= events; seq++ {
 			ev := messages.ProgressEvent{JobID: d.JobID, Seq: int64(seq), Time: messages.FormatTime(time.Now()),
 				Type: messages.EventTaskStarted, Play: "p", Task: "t", Message: strconv.FormatInt(time.Now().UnixNano(), 10)}

@@ -54,7 +54,7 @@ func TestEvents(t *testing.T) {
 		if s.Retry == "" {
 			t.Error("no retry: advice at the start")
 		}
-		want, err := e.Redis.XRange(context.Background(), messages.ProgressStream(d.JobID), "-", "+").Result()
+		want, err := e.Redis.XRange(context.Background(), messages.ProgressStream(messages.JobKindDeploy, d.JobID), "-", "+").Result()
 		if err != nil {
 			t.Fatal(err)
 		}

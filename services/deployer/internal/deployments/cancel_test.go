@@ -23,7 +23,7 @@ func (h finishOnCancelKey) ProcessPipelineHook(next redis.ProcessPipelineHook) r
 }
 func (h finishOnCancelKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); cmd.Name() == "set" && len(args) > 1 && args[1] == messages.CancelKey(h.jobID) {
+		if args := cmd.Args(); cmd.Name() == "set" && len(args) > 1 && args[1] == messages.CancelKey(messages.JobKindDeploy, h.jobID) {
 			h.finish()
 		}
 		return next(ctx, cmd)

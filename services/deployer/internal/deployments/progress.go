@@ -45,7 +45,7 @@ const maxProgressEvents = 20_000
 
 // readProgress summarises the job's event stream; nil when it has none.
 func readProgress(ctx context.Context, rdb redis.UniversalClient, jobID string) (*Progress, error) {
-	entries, err := rdb.XRangeN(ctx, messages.ProgressStream(jobID), "-", "+", maxProgressEvents).Result()
+	entries, err := rdb.XRangeN(ctx, messages.ProgressStream(messages.JobKindDeploy, jobID), "-", "+", maxProgressEvents).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read progress of %s: %w", jobID, err)
 	}

@@ -515,7 +515,7 @@ func (s *Service) Cancel(ctx context.Context, id string) (*Deployment, CancelOut
 		}
 		return d, 0, ErrFinished
 	}
-	if err := s.rdb.Set(ctx, messages.CancelKey(d.JobID), "deployer", s.cfg.CancelTTL).Err(); err != nil {
+	if err := s.rdb.Set(ctx, messages.CancelKey(messages.JobKindDeploy, d.JobID), "deployer", s.cfg.CancelTTL).Err(); err != nil {
 		return nil, 0, fmt.Errorf("set cancel key: %w", err)
 	}
 	// Only a deployment still without its result records the request: one

@@ -1,5 +1,5 @@
 // Package events serves the live progress of deployments as Server-Sent
-// Events. A Hub reads each followed job's event stream (job:<id>:events)
+// Events. A Hub reads each followed job's event stream (job:deploy:<id>:events)
 // once per replica, with one blocking XREAD for all followed jobs, and
 // keeps the events read in memory while someone follows the job; each
 // subscriber walks that log at its own pace, so a slow client never holds
@@ -131,7 +131,7 @@ func (h *Hub) Subscribe(ctx context.Context, jobID, lastEventID string) (*Subscr
 	h.mu.Lock()
 	j := h.jobs[jobID]
 	if j == nil {
-		j = &job{id: jobID, stream: messages.ProgressStream(jobID), changed: make(chan struct{}), lastID: "0-0"}
+		j = &job{id: jobID, stream: messages.ProgressStream(messages.JobKindDeploy, jobID), changed: make(chan struct{}), lastID: "0-0"}
 		h.jobs[jobID] = j
 	}
 	j.subs++

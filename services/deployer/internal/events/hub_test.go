@@ -80,7 +80,7 @@ func TestHubOnRedisCluster(t *testing.T) {
 	jobs := []string{testenv.Unique("job-a-"), testenv.Unique("job-b-")}
 	slots := map[int64]bool{}
 	for _, id := range jobs {
-		slot, err := rdb.ClusterKeySlot(ctx, messages.ProgressStream(id)).Result()
+		slot, err := rdb.ClusterKeySlot(ctx, messages.ProgressStream(messages.JobKindDeploy, id)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,8 +90,8 @@ func TestHubOnRedisCluster(t *testing.T) {
 		t.Fatalf("the two streams share a slot (%v): pick other ids", slots)
 	}
 	// The reason for the cluster path: one XREAD cannot read both.
-	err := rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{messages.ProgressStream(jobs[0]),
-		messages.ProgressStream(jobs[1]), "0", "0"}, Block: -1}).Err()
+	err := rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{messages.ProgressStream(messages.JobKindDeploy, jobs[0]),
+		messages.ProgressStream(messages.JobKindDeploy, jobs[1]), "0", "0"}, Block: -1}).Err()
 	if err == nil || !strings.Contains(err.Error(), "CROSSSLOT") {
 		t.Fatalf("XREAD over two slots: %v, want CROSSSLOT", err)
 	}
@@ -107,7 +107,7 @@ func TestHubOnRedisCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(id),
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(messages.JobKindDeploy, id),
 			Values: map[string]any{messages.DataField: data}}).Err(); err != nil {
 			t.Fatal(err)
 		}

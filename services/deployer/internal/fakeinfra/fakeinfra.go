@@ -2,7 +2,7 @@
 // deployer's tests: a consumer of ansible:deploy:queue (group "infra")
 // that, like infra, records each job in the runs table (so a cancelled,
 // never-started job is not run), publishes progress events on
-// job:<id>:events, watches the job's cancel key, writes the run's output
+// job:deploy:<id>:events, watches the job's cancel key, writes the run's output
 // through pkg/runlog, and publishes an AnsibleDeployResult on
 // deploy:results. What each job does is up to the test (Plan).
 package fakeinfra
@@ -111,12 +111,12 @@ func (f *Infra) handle(ctx context.Context, msg *stream.Message) error {
 		plan.Status = messages.StatusSucceeded
 	}
 	started0 := time.Now()
-	ev := &events{rdb: f.Redis, stream: messages.ProgressStream(jobID), jobID: jobID}
+	ev := &events{rdb: f.Redis, stream: messages.ProgressStream(messages.JobKindDeploy, jobID), jobID: jobID}
 	ev.emit(ctx, messages.ProgressEvent{Type: messages.EventRunStarted, Message: "attempt 1 of deploy_project.yml"})
 	ev.emit(ctx, messages.ProgressEvent{Type: messages.EventPlayStarted, Play: "Deploy the project"})
 
 	cancelled := false
-	cancelKey := messages.CancelKey(jobID)
+	cancelKey := messages.CancelKey(messages.JobKindDeploy, jobID)
 	isCancelled := func() bool {
 		n, _ := f.Redis.Exists(ctx, cancelKey).Result()
 		return n > 0

@@ -7,11 +7,11 @@ import (
 )
 
 // watchCancel cancels the run with errUserCancel once the job's cancel key
-// (messages.CancelKey) is set. The handler's one stream.KeyWatcher checks
+// of its kind (messages.CancelKey) is set. The handler's one stream.KeyWatcher checks
 // the cancel keys of all running jobs together, every CancelPoll. It
 // returns a function that stops watching.
-func (h *Handler) watchCancel(_ context.Context, jobID string, cancel context.CancelCauseFunc) (stop func()) {
-	return h.cancels.Watch(messages.CancelKey(jobID), func() {
+func (h *Handler) watchCancel(_ context.Context, kind messages.JobKind, jobID string, cancel context.CancelCauseFunc) (stop func()) {
+	return h.cancels.Watch(messages.CancelKey(kind, jobID), func() {
 		h.Log.Info().Str("job_id", jobID).Msg("cancel requested")
 		cancel(errUserCancel)
 	})

@@ -13,7 +13,8 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
-// SET job:<id>:cancel cancels that job's run, and only that one.
+// SET job:<kind>:<id>:cancel cancels that job's run, and only that one:
+// not another job, nor a job of another kind with the same id.
 func TestCancelKeyCancelsTheRun(t *testing.T) {
 	rdb := testenv.Redis(t)
 	h := &Handler{
@@ -21,27 +22,32 @@ func TestCancelKeyCancelsTheRun(t *testing.T) {
 		cancels: stream.NewKeyWatcher(rdb, stream.KeyWatcherOptions{Interval: 10 * time.Millisecond}),
 	}
 	target, other := testenv.Unique("job-"), testenv.Unique("job-")
-	ctx1, cancel1 := context.WithCancelCause(context.Background())
-	defer cancel1(nil)
-	ctx2, cancel2 := context.WithCancelCause(context.Background())
-	defer cancel2(nil)
-	stop1 := h.watchCancel(ctx1, target, cancel1)
-	defer stop1()
-	stop2 := h.watchCancel(ctx2, other, cancel2)
-	defer stop2()
-	if err := rdb.Set(context.Background(), messages.CancelKey(target), "1", time.Minute).Err(); err != nil {
+	watch := func(kind messages.JobKind, id string) context.Context {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		t.Cleanup(func() { cancel(nil) })
+		t.Cleanup(h.watchCancel(ctx, kind, id, cancel))
+		return ctx
+	}
+	cancelled := watch(messages.JobKindDeploy, target)
+	others := map[string]context.Context{
+		"another deploy":                      watch(messages.JobKindDeploy, other),
+		"a provisioning job with the same id": watch(messages.JobKindProvision, target),
+	}
+	if err := rdb.Set(context.Background(), messages.CancelKey(messages.JobKindDeploy, target), "1", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-ctx1.Done():
+	case <-cancelled.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("run not cancelled after its cancel key was set")
 	}
-	if !errors.Is(context.Cause(ctx1), errUserCancel) {
-		t.Fatalf("cause %v, want errUserCancel", context.Cause(ctx1))
+	if !errors.Is(context.Cause(cancelled), errUserCancel) {
+		t.Fatalf("cause %v, want errUserCancel", context.Cause(cancelled))
 	}
-	// Both keys were checked in the same round trip.
-	if ctx2.Err() != nil {
-		t.Fatalf("the other job was cancelled too: %v", context.Cause(ctx2))
+	// All keys were checked in the same round trip.
+	for name, ctx := range others {
+		if ctx.Err() != nil {
+			t.Errorf("%s was cancelled too: %v", name, context.Cause(ctx))
+		}
 	}
 }

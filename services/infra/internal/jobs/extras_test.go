@@ -196,7 +196,7 @@ func TestExtraPlaybooks(t *testing.T) {
 				}
 				started = at
 				interrupt = func(context.CancelCauseFunc) {
-					if err := w.rdb.Set(context.Background(), messages.CancelKey(jobID), "1", time.Hour).Err(); err != nil {
+					if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindProvision, jobID), "1", time.Hour).Err(); err != nil {
 						t.Error(err)
 					}
 				}

@@ -130,7 +130,7 @@ func TestProvisionOutcomes(t *testing.T) {
 		{
 			name: "cancelled on request", run: blocks(),
 			interrupt: func(t *testing.T, w *world, jobID string, _ context.CancelCauseFunc) {
-				if err := w.rdb.Set(context.Background(), messages.CancelKey(jobID), "1", time.Hour).Err(); err != nil {
+				if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindProvision, jobID), "1", time.Hour).Err(); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -141,7 +141,7 @@ func TestProvisionOutcomes(t *testing.T) {
 			name: "cancelled on request during the SSH check", duringCheck: true,
 			ssh: func(*world) *fakeSSH { return newFakeSSH(hangs()) },
 			interrupt: func(t *testing.T, w *world, jobID string, _ context.CancelCauseFunc) {
-				if err := w.rdb.Set(context.Background(), messages.CancelKey(jobID), "1", time.Hour).Err(); err != nil {
+				if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindProvision, jobID), "1", time.Hour).Err(); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -294,7 +294,7 @@ func TestProvisionOutcomes(t *testing.T) {
 			// A finished run's progress ends with run_finished; a run handed
 			// over or retried leaves its stream open for the next attempt.
 			if tt.wantRow != "" {
-				types := w.progressTypes(t, jobID)
+				types := w.progressTypes(t, messages.JobKindProvision, jobID)
 				finished := len(types) > 0 && types[len(types)-1] == messages.EventRunFinished
 				if len(types) == 0 || types[0] != messages.EventRunStarted || finished != (tt.wantRow == store.RunDone) {
 					t.Errorf("progress events %v", types)
@@ -366,7 +366,7 @@ func TestProvisionSuccessDetails(t *testing.T) {
 		!strings.Contains(r.OutputTail, "PLAY RECAP") || r.FailedTask != nil {
 		t.Errorf("result %+v", r.Outcome)
 	}
-	if types := w.progressTypes(t, "job-1"); !slices.Equal(types, []messages.EventType{messages.EventRunStarted,
+	if types := w.progressTypes(t, messages.JobKindProvision, "job-1"); !slices.Equal(types, []messages.EventType{messages.EventRunStarted,
 		messages.EventPlayStarted, messages.EventTaskStarted, messages.EventRunFinished}) {
 		t.Errorf("progress %v", types)
 	}

@@ -18,10 +18,11 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
-// Run kinds, as stored in runs.kind.
+// Run kinds, as stored in runs.kind; the same words as the job kinds that
+// name a job's progress stream and cancel key (messages.JobKind).
 const (
-	kindProvision = "provision"
-	kindDeploy    = "deploy"
+	kindProvision = string(messages.JobKindProvision)
+	kindDeploy    = string(messages.JobKindDeploy)
 )
 
 var (
@@ -216,12 +217,12 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		case <-rctx.Done():
 		}
 	}()
-	stopWatch := j.h.watchCancel(rctx, j.id, cancel)
+	stopWatch := j.h.watchCancel(rctx, messages.JobKind(j.kind), j.id, cancel)
 	defer stopWatch()
 
 	j.h.Metrics.inFlight.Inc()
 	defer j.h.Metrics.inFlight.Dec()
-	j.prog = j.h.startProgress(j.id, j.log)
+	j.prog = j.h.startProgress(messages.JobKind(j.kind), j.id, j.log)
 	j.prog.emit(messages.ProgressEvent{Type: messages.EventRunStarted, Message: fmt.Sprintf("attempt %d of %s", run.Attempt, playbook)})
 
 	o, err := body(rctx)

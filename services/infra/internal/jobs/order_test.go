@@ -13,7 +13,7 @@ import (
 )
 
 // xaddOrder is a Redis hook that slows down every XADD to the progress
-// streams (job:*:events) and records, in order, when each XADD to a
+// streams (job:<kind>:<id>:events) and records, in order, when each XADD to a
 // progress stream ended and when each XADD to another stream began.
 type xaddOrder struct {
 	mu  sync.Mutex
@@ -80,7 +80,7 @@ func TestResultAfterLastProgressEvent(t *testing.T) {
 	if r := w.provisionResults(t, "job-order"); len(r) != 1 || r[0].Status != messages.StatusSucceeded {
 		t.Fatalf("results %+v", r)
 	}
-	if types := w.progressTypes(t, "job-order"); len(types) == 0 || types[len(types)-1] != messages.EventRunFinished {
+	if types := w.progressTypes(t, messages.JobKindProvision, "job-order"); len(types) == 0 || types[len(types)-1] != messages.EventRunFinished {
 		t.Fatalf("progress %v", types)
 	}
 	order.mu.Lock()

@@ -82,6 +82,7 @@ func TestRunOutputIsStored(t *testing.T) {
 		timeout   int // the request's timeout_seconds
 		run       func(context.Context, ansible.Spec) (*ansible.Result, error)
 		interrupt func(cancel context.CancelCauseFunc)
+		cancelKey bool // interrupt by setting the job's cancel key
 		failStore error
 		wantErr   error           // from Handle
 		status    messages.Status // of the published result; empty: none
@@ -95,6 +96,8 @@ func TestRunOutputIsStored(t *testing.T) {
 		{name: "cancelled by shutdown: handed over, nothing stored", run: writes(lines, blocks()),
 			interrupt: func(cancel context.CancelCauseFunc) { cancel(stream.ErrShutdown) },
 			wantErr:   stream.ErrShutdown},
+		{name: "cancelled on request: its deploy cancel key", run: writes(lines, blocks()),
+			cancelKey: true, status: messages.StatusCancelled, wantLog: true},
 		{name: "store down: the result stands", run: writes(lines, plays(ansible.OutcomeSucceeded)),
 			failStore: errors.New("bucket gone"), status: messages.StatusSucceeded},
 	} {
@@ -114,7 +117,15 @@ func TestRunOutputIsStored(t *testing.T) {
 				RepoFullName: "acme/shop", Branch: "main", ServerIP: "192.0.2.20", Port: 22,
 				GitHubTokenRef: "env:AUTOPROV_PROJECT_GH", TimeoutSeconds: tc.timeout,
 			}, 1)
-			err := handle(t, h, f.runner.started, msg, tc.interrupt)
+			interrupt := tc.interrupt
+			if tc.cancelKey {
+				interrupt = func(context.CancelCauseFunc) {
+					if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindDeploy, jobID), "1", time.Hour).Err(); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			err := handle(t, h, f.runner.started, msg, interrupt)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("Handle: %v, want %v", err, tc.wantErr)
@@ -136,6 +147,11 @@ func TestRunOutputIsStored(t *testing.T) {
 				t.Errorf("%d results published, want none", len(rs))
 			case tc.status != "" && (len(rs) != 1 || rs[0].Status != tc.status):
 				t.Fatalf("results %+v, want one %s", rs, tc.status)
+			}
+			// Progress went to the deploy kind's stream, ending with the end.
+			if types := w.progressTypes(t, messages.JobKindDeploy, jobID); tc.status != "" &&
+				(len(types) == 0 || types[len(types)-1] != messages.EventRunFinished) {
+				t.Errorf("progress on %s: %v", messages.ProgressStream(messages.JobKindDeploy, jobID), types)
 			}
 
 			rc, _, err := logs.Store.Open(context.Background(), jobID)

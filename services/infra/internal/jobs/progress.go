@@ -12,7 +12,7 @@ import (
 const progressBuffer = 1024
 
 // progress publishes a job's progress events on its own stream
-// (messages.ProgressStream) through a stream.BatchPublisher, in order. When
+// of its kind (messages.ProgressStream) through a stream.BatchPublisher, in order. When
 // its buffer is full, routine host results (ok, changed, skipped) are
 // dropped and counted; run, play and task starts, failures and the end are
 // never dropped. The stream expires ProgressTTL after its last event.
@@ -25,16 +25,16 @@ type progress struct {
 	closed bool // emit and close do nothing once closed
 }
 
-func (h *Handler) startProgress(jobID string, log zerolog.Logger) *progress {
+func (h *Handler) startProgress(kind messages.JobKind, jobID string, log zerolog.Logger) *progress {
 	return &progress{
 		h:     h,
 		jobID: jobID,
 		log:   log,
-		pub: h.Producer.NewBatchPublisher(messages.ProgressStream(jobID), stream.BatchOptions{
+		pub: h.Producer.NewBatchPublisher(messages.ProgressStream(kind, jobID), stream.BatchOptions{
 			MaxLen:       h.cfg.ProgressMaxLen,
 			TTL:          h.cfg.ProgressTTL,
 			Buffer:       progressBuffer,
-			MetricsLabel: messages.ProgressStream("*"),
+			MetricsLabel: messages.ProgressStream(kind, "*"),
 			Logger:       log,
 		}),
 	}

@@ -31,7 +31,7 @@ func TestProgressDropsOnlyRoutineHostResults(t *testing.T) {
 	}
 	entered, letGo := testenv.HoldFirstPipeline(rdb)
 	defer letGo()
-	p := h.startProgress(jobID, zerolog.Nop())
+	p := h.startProgress(messages.JobKindProvision, jobID, zerolog.Nop())
 	p.emit(messages.ProgressEvent{Type: messages.EventRunStarted})
 	<-entered // the publisher waits in Redis with run_started
 	for range progressBuffer {
@@ -53,7 +53,7 @@ func TestProgressDropsOnlyRoutineHostResults(t *testing.T) {
 	<-failed
 	p.finish(messages.StatusFailed, "failed")
 
-	msgs, err := rdb.XRange(context.Background(), messages.ProgressStream(jobID), "-", "+").Result()
+	msgs, err := rdb.XRange(context.Background(), messages.ProgressStream(messages.JobKindProvision, jobID), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,12 +83,12 @@ func TestProgressDropsOnlyRoutineHostResults(t *testing.T) {
 			t.Fatalf("event %d has seq %d after %d", i, evs[i].Seq, evs[i-1].Seq)
 		}
 	}
-	if ttl := rdb.TTL(context.Background(), messages.ProgressStream(jobID)).Val(); ttl <= 0 || ttl > time.Hour {
+	if ttl := rdb.TTL(context.Background(), messages.ProgressStream(messages.JobKindProvision, jobID)).Val(); ttl <= 0 || ttl > time.Hour {
 		t.Fatalf("progress stream ttl %v, want up to an hour", ttl)
 	}
 	// Emitting after the end does nothing.
 	p.emit(messages.ProgressEvent{Type: messages.EventTaskStarted})
-	if n := rdb.XLen(context.Background(), messages.ProgressStream(jobID)).Val(); n != int64(len(msgs)) {
+	if n := rdb.XLen(context.Background(), messages.ProgressStream(messages.JobKindProvision, jobID)).Val(); n != int64(len(msgs)) {
 		t.Fatalf("an event went out after the end: %d entries", n)
 	}
 }

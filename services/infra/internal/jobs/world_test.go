@@ -327,11 +327,12 @@ func resultsOf[R any](t *testing.T, w *world, streamName, jobID string, decode f
 	return out
 }
 
-// progressTypes returns the types of a job's progress events.
-func (w *world) progressTypes(t *testing.T, jobID string) []messages.EventType {
+// progressTypes returns the types of the progress events of job jobID of
+// kind kind.
+func (w *world) progressTypes(t *testing.T, kind messages.JobKind, jobID string) []messages.EventType {
 	t.Helper()
 	var out []messages.EventType
-	for _, data := range w.entries(t, messages.ProgressStream(jobID)) {
+	for _, data := range w.entries(t, messages.ProgressStream(kind, jobID)) {
 		ev, err := messages.DecodeProgressEvent(data)
 		if err != nil {
 			t.Fatalf("undecodable progress event: %v", err)

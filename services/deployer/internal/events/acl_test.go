@@ -1,0 +1,114 @@
+package events_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
+)
+
+// TestDeployerUserReachesOnlyDeploys runs the hub as the deployer's ACL
+// user of the shipped ACL file: it follows a deploy's events, which infra
+// writes as its own user, and the deployer may set that deploy's cancel
+// key; a provisioning job's events and cancel key (and the names of
+// before the kinds, job:<id>:...) are refused, so a deployer cannot
+// watch or cancel what the scheduler asked for.
+func TestDeployerUserReachesOnlyDeploys(t *testing.T) {
+	t.Parallel()
+	_, rc := testenv.ACLRedis(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	deploy, provision := testenv.Unique("dep-"), testenv.Unique("prov-")
+
+	publish := func(kind messages.JobKind, id string, seq int64, typ messages.EventType) {
+		t.Helper()
+		ev := &messages.ProgressEvent{JobID: id, Seq: seq, Time: messages.FormatTime(time.Now()), Type: typ}
+		if typ == messages.EventRunFinished {
+			ev.Status = messages.StatusSucceeded
+		}
+		data, err := messages.Encode(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rc["infra"].XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(kind, id),
+			Values: map[string]any{messages.DataField: data}}).Err(); err != nil {
+			t.Fatalf("infra cannot publish %s progress: %v", kind, err)
+		}
+	}
+	publish(messages.JobKindDeploy, deploy, 1, messages.EventRunStarted)
+	publish(messages.JobKindProvision, provision, 1, messages.EventRunStarted)
+
+	hub := events.NewHub(rc["deployer"], events.HubConfig{Block: 50 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- hub.Run(ctx) }()
+	sub, err := hub.Subscribe(ctx, deploy, "")
+	if err != nil {
+		t.Fatalf("the deployer cannot follow a deploy: %v", err)
+	}
+	defer sub.Close()
+	publish(messages.JobKindDeploy, deploy, 2, messages.EventRunFinished)
+	var got []string
+	deadline := time.After(30 * time.Second)
+	for len(got) < 2 {
+		evs, more := sub.Next()
+		for _, ev := range evs {
+			got = append(got, ev.Type)
+		}
+		if len(evs) > 0 {
+			continue
+		}
+		select {
+		case <-more:
+		case <-deadline:
+			t.Fatalf("events %v, want run_started and run_finished", got)
+		}
+	}
+	if strings.Join(got, ",") != "run_started,run_finished" {
+		t.Errorf("events %v", got)
+	}
+	// Its own kind's cancel key works, as DELETE /deployments/{id} uses it;
+	// infra reads it.
+	if err := rc["deployer"].Set(ctx, messages.CancelKey(messages.JobKindDeploy, deploy), "deployer", time.Minute).Err(); err != nil {
+		t.Fatalf("the deployer cannot cancel a deploy: %v", err)
+	}
+	if n, err := rc["infra"].Exists(ctx, messages.CancelKey(messages.JobKindDeploy, deploy)).Result(); err != nil || n != 1 {
+		t.Fatalf("infra does not see the deploy's cancel key: %d %v", n, err)
+	}
+
+	refused := map[string]func() error{
+		"set a provisioning job's cancel key": func() error {
+			return rc["deployer"].Set(ctx, messages.CancelKey(messages.JobKindProvision, provision), "1", time.Minute).Err()
+		},
+		"read a provisioning job's events": func() error {
+			return rc["deployer"].XRange(ctx, messages.ProgressStream(messages.JobKindProvision, provision), "-", "+").Err()
+		},
+		"follow a provisioning job's events": func() error {
+			return rc["deployer"].XRead(ctx, &redis.XReadArgs{
+				Streams: []string{messages.ProgressStream(messages.JobKindProvision, provision), "0"}, Block: -1}).Err()
+		},
+		"set a cancel key of the names without kind": func() error {
+			return rc["deployer"].Set(ctx, "job:"+provision+":cancel", "1", time.Minute).Err()
+		},
+		"read events of the names without kind": func() error {
+			return rc["deployer"].XRange(ctx, "job:"+provision+":events", "-", "+").Err()
+		},
+	}
+	for what, try := range refused {
+		if err := try(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("the deployer's Redis user may %s: err = %v, want NOPERM", what, err)
+		}
+	}
+	if n, err := rc["admin"].Exists(ctx, messages.CancelKey(messages.JobKindProvision, provision), "job:"+provision+":cancel").Result(); err != nil || n != 0 {
+		t.Errorf("a provisioning job's cancel key was set (%d, %v)", n, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
