@@ -1,6 +1,7 @@
 package webhooks_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"net"
@@ -45,6 +46,9 @@ func TestErrorClass(t *testing.T) {
 			if err != nil {
 				return
 			}
+			// Read the request first: an answer before it would be an
+			// unsolicited response, which the client reports otherwise.
+			_, _ = http.ReadRequest(bufio.NewReader(c))
 			_, _ = c.Write([]byte("not http at all\r\n\r\n"))
 			c.Close()
 		}
