@@ -49,38 +49,65 @@ func Dumpable() (bool, error) {
 const envFDVar = "AUTOPROV_SCRUBBED_ENV_FD"
 
 // ScrubEnv makes sure no variable whose name secret reports true for is in
-// the process's initial environment block, while the program still sees
-// them with os.Getenv. Call it first thing in main, before any goroutine
-// matters:
+// the process's initial environment block (the one the kernel shows in
+// /proc/<pid>/environ), while the program still sees them with os.Getenv:
 //
-//   - when none is set, it does nothing;
-//   - when some are set, it writes them to a memory file (memfd, never on
-//     disk), and replaces the process with the same program, arguments and
-//     environment without them, telling the new image the file's
-//     descriptor; it does not return then (unless exec fails);
-//   - in the new image it reads the variables back with os.Setenv (Go's
-//     copy of the environment, not the kernel's block) and closes the file.
+//   - in an image ScrubEnv re-executed, it first reads the variables back
+//     (see Restore);
+//   - when the kernel's block holds none of them, it does nothing more;
+//   - else it writes them to a memory file (memfd, never on disk) and
+//     replaces the process with the same program, arguments and
+//     environment (the program's, os.Environ) without them, telling the
+//     new image the file's descriptor; it does not return then (unless
+//     exec fails). A variable the program already removed with
+//     os.Unsetenv (the env "unset" option of a configuration loaded
+//     before) is carried over from the kernel's block, so the new image
+//     loads the same configuration.
 //
-// Children started with an explicit environment (never os.Environ()) do
-// not inherit them either way.
+// So it may be called after the configuration is parsed (the names may
+// depend on it: a secret prefix), provided Restore ran first thing in
+// main; or first thing in main on its own. Children started with an
+// explicit environment (never os.Environ()) do not inherit the variables
+// either way.
 func ScrubEnv(secret func(name string) bool) error {
-	if fd := os.Getenv(envFDVar); fd != "" {
-		return restore(fd)
+	if err := Restore(); err != nil {
+		return err
 	}
-	env := os.Environ()
-	var keep []string
+	block, err := os.ReadFile("/proc/self/environ")
+	if err != nil {
+		return fmt.Errorf("scrub environment: %w", err)
+	}
 	var payload strings.Builder
-	for _, kv := range env {
-		name, _, _ := strings.Cut(kv, "=")
-		if secret(name) {
+	moved := map[string]bool{}
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); secret(name) {
 			payload.WriteString(kv)
 			payload.WriteByte(0)
+			moved[name] = true
+		}
+	}
+	inBlock := false
+	for kv := range strings.SplitSeq(string(block), "\x00") {
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || !secret(name) {
 			continue
 		}
-		keep = append(keep, kv)
+		inBlock = true
+		if !moved[name] {
+			payload.WriteString(kv)
+			payload.WriteByte(0)
+			moved[name] = true
+		}
 	}
-	if payload.Len() == 0 {
+	clear(block)
+	if !inBlock {
 		return nil
+	}
+	var keep []string
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); !moved[name] {
+			keep = append(keep, kv)
+		}
 	}
 	fd, err := unix.MemfdCreate("autoprov-env", 0) // no CLOEXEC: the new image inherits it
 	if err != nil {
@@ -100,6 +127,18 @@ func ScrubEnv(secret func(name string) bool) error {
 	err = syscall.Exec(exe, os.Args, keep)
 	f.Close()
 	return fmt.Errorf("scrub environment: exec %s: %w", exe, err)
+}
+
+// Restore, in an image ScrubEnv re-executed, reads the variables it
+// removed back into the program's environment (os.Setenv: Go's copy, not
+// the kernel's block) and closes their memory file; elsewhere it does
+// nothing. Call it first thing in main when ScrubEnv runs later (after the
+// configuration, which needs the variables, is parsed).
+func Restore() error {
+	if fd := os.Getenv(envFDVar); fd != "" {
+		return restore(fd)
+	}
+	return nil
 }
 
 // restore reads the scrubbed variables back from the memory file fd.

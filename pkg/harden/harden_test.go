@@ -36,6 +36,17 @@ type report struct {
 
 func child() int {
 	r := report{Pid: os.Getpid(), Args: os.Args[1:], Getenv: map[string]string{}}
+	seen := ""
+	if os.Getenv("HARDEN_TEST_LATE") != "" {
+		// As service.Main: Restore first, the configuration loaded (its
+		// "unset" option removes the token from Go's environment), then
+		// ScrubEnv.
+		if err := Restore(); err != nil {
+			r.Err = err.Error()
+		}
+		seen = os.Getenv("SECRET_TOKEN")
+		_ = os.Unsetenv("SECRET_TOKEN")
+	}
 	if err := ScrubEnv(Names([]string{"SECRET_TOKEN"}, "DB_")); err != nil {
 		r.Err = err.Error()
 	}
@@ -46,6 +57,9 @@ func child() int {
 	}
 	for _, k := range []string{"SECRET_TOKEN", "DB_PASSWORD", "KEEP", envFDVar} {
 		r.Getenv[k] = os.Getenv(k)
+	}
+	if seen != "" {
+		r.Getenv["SECRET_TOKEN"] = seen
 	}
 	b, _ := os.ReadFile("/proc/self/environ")
 	r.Environ = string(b)
@@ -150,6 +164,27 @@ func TestScrubEnvRemovesSecretsFromProcEnviron(t *testing.T) {
 	r2, _ := startChild(t, -1, "KEEP=kept")
 	if !strings.Contains(r2.Environ, "KEEP=kept") || strings.Contains(r2.Environ, envFDVar) {
 		t.Fatalf("clean start: %q", r2.Environ)
+	}
+}
+
+// TestScrubEnvAfterConfiguration: called after the program loaded its
+// configuration and removed a secret from its own environment (as
+// service.Main does), ScrubEnv still takes it out of the kernel's block,
+// the new image reads it back before its configuration is loaded, and it
+// re-executes once only (a second ScrubEnv in the new image finds nothing
+// to scrub).
+func TestScrubEnvAfterConfiguration(t *testing.T) {
+	const token, pw = "s3cr3t-token-value-0003", "db-password-value-0004"
+	r, _ := startChild(t, -1, "HARDEN_TEST_LATE=1", "SECRET_TOKEN="+token, "DB_PASSWORD="+pw, "KEEP=kept")
+	if r.Getenv["SECRET_TOKEN"] != token || r.Getenv["DB_PASSWORD"] != pw || r.Getenv["KEEP"] != "kept" || r.Getenv[envFDVar] != "" {
+		t.Fatalf("the program does not see its environment: %v", r.Getenv)
+	}
+	outside, err := os.ReadFile("/proc/" + strconv.Itoa(r.Pid) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(outside), token) || strings.Contains(string(outside), pw) || !strings.Contains(string(outside), "KEEP=kept") {
+		t.Fatalf("environment block after the scrub: %q", outside)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 // VAULT_TOKEN and VAULT_SECRET_ID are removed from the process environment
 // once read (the env "unset" option), so no child process can inherit them.
 type Config struct {
-	EnvPrefix string `env:"SECRETS_ENV_PREFIX" envDefault:"AUTOPROV_SECRET_" desc:"prefix an env: secret reference's variable name must have"`
+	EnvPrefix string `env:"SECRETS_ENV_PREFIX" envDefault:"AUTOPROV_SECRET_" scrub:"prefix" desc:"prefix an env: secret reference's variable name must have"`
 	FileRoot  string `env:"SECRETS_FILE_ROOT" desc:"absolute directory file: secret references are read from (empty disables file: references)"`
 	// VaultPaths, when set, are the only KV v2 API paths the Vault client
 	// reads (the paths of its token's policy): others fail before any
@@ -28,10 +28,10 @@ type Config struct {
 // SecretID or SecretIDFile (AppRole).
 type VaultConfig struct {
 	Addr         string        `env:"VAULT_ADDR" desc:"Vault address, e.g. https://vault.example:8200 (empty disables vault: references)"`
-	Token        Value         `env:"VAULT_TOKEN,unset" desc:"Vault token (removed from the environment once read)"`
+	Token        Value         `env:"VAULT_TOKEN,unset" scrub:"true" desc:"Vault token (removed from the environment once read)"`
 	TokenFile    string        `env:"VAULT_TOKEN_FILE" desc:"file holding the Vault token, re-read when the token stops working"`
 	RoleID       string        `env:"VAULT_ROLE_ID" desc:"AppRole role_id (AppRole login instead of a token)"`
-	SecretID     Value         `env:"VAULT_SECRET_ID,unset" desc:"AppRole secret_id (removed from the environment once read)"`
+	SecretID     Value         `env:"VAULT_SECRET_ID,unset" scrub:"true" desc:"AppRole secret_id (removed from the environment once read)"`
 	SecretIDFile string        `env:"VAULT_SECRET_ID_FILE" desc:"file holding the AppRole secret_id, re-read at every login"`
 	AppRoleMount string        `env:"VAULT_APPROLE_MOUNT" envDefault:"approle" desc:"mount path of the AppRole auth method"`
 	Namespace    string        `env:"VAULT_NAMESPACE" desc:"Vault Enterprise namespace (X-Vault-Namespace)"`

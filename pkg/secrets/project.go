@@ -27,7 +27,7 @@ const DefaultProjectVaultPaths = "secret/data/projects/*"
 // their own that does not overlap SECRETS_ENV_PREFIX. So a request can
 // never resolve what only the service may read.
 type ProjectConfig struct {
-	EnvPrefix string `env:"SECRETS_ENV_PREFIX" desc:"prefix of the variables env: references in requests may read, apart from SECRETS_ENV_PREFIX (empty: env: references in requests are refused)"`
+	EnvPrefix string `env:"SECRETS_ENV_PREFIX" scrub:"prefix" desc:"prefix of the variables env: references in requests may read, apart from SECRETS_ENV_PREFIX (empty: env: references in requests are refused)"`
 	FileRoot  string `env:"SECRETS_FILE_ROOT" desc:"absolute directory file: references in requests are read from, apart from SECRETS_FILE_ROOT (empty: file: references in requests are refused)"`
 	// VaultPaths are the only KV v2 API paths the project Vault client
 	// reads: the paths of its token's policy (deploy/vault/infra-projects.hcl).

@@ -23,7 +23,7 @@ const (
 type Common struct {
 	Redis RedisConfig `envPrefix:"REDIS_"`
 
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://autoprov:autoprov@127.0.0.1:15432/autoprov?sslmode=disable" desc:"Postgres URL (postgres://user:password@host:port/db?sslmode=...)"`
+	DatabaseURL string `env:"DATABASE_URL" scrub:"true" envDefault:"postgres://autoprov:autoprov@127.0.0.1:15432/autoprov?sslmode=disable" desc:"Postgres URL (postgres://user:password@host:port/db?sslmode=...)"`
 	// DatabaseURLFile names a file holding the Postgres URL: a password in
 	// DATABASE_URL stays readable in /proc/<pid>/environ for the life of
 	// the process, one in a file does not.

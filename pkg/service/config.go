@@ -237,6 +237,7 @@ type field struct {
 	Default  string // envDefault, else the value the struct held
 	Desc     string
 	Secret   bool
+	Scrub    string // ScrubTag
 	Required bool
 	Value    reflect.Value
 	Sep      string
@@ -282,6 +283,7 @@ func walk(v reflect.Value, prefix string, out *[]field) {
 			GoName:   sf.Name,
 			Desc:     sf.Tag.Get(DescTag),
 			Secret:   sf.Tag.Get(SecretTag) == "true",
+			Scrub:    sf.Tag.Get(ScrubTag),
 			Required: slices.Contains(options, "required") || slices.Contains(options, "notEmpty"),
 			Value:    fv,
 			Sep:      ",",

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/harden"
 )
 
 // Program describes a service binary for Main and Run: its name, its
@@ -47,6 +49,12 @@ type Program[C Config] struct {
 // stderr, and Serves until ctx is done. Map its error to the exit status
 // with ExitCode.
 func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return run(ctx, p, args, getenv, stdout, stderr, nil)
+}
+
+// run is Run; hardenFn, when set, is called with the configuration as soon
+// as it is loaded (Main: hardenProcess).
+func run[C Config](ctx context.Context, p Program[C], args []string, getenv func(string) string, stdout, stderr io.Writer, hardenFn func(cfg any) error) error {
 	cfg := p.NewConfig()
 	refsFile, err := parseArgs(args, stdout, p.Name, p.Summary, cfg)
 	wantSecrets := errors.Is(err, ErrCheckSecrets)
@@ -60,6 +68,11 @@ func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func
 	}
 	if err := Load(getenv, cfg); err != nil {
 		return err
+	}
+	if hardenFn != nil {
+		if err := hardenFn(cfg); err != nil {
+			return fmt.Errorf("harden the process: %w", err)
+		}
 	}
 	if check {
 		fmt.Fprintf(stdout, "%s: configuration valid\n", p.Name)
@@ -91,9 +104,20 @@ func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func
 // configuration and usage errors, 1 otherwise (see ExitCode). The first
 // SIGINT/SIGTERM drains the service; a second one exits at once with
 // status 130/143 (see WithShutdownSignals).
+//
+// Every service is hardened here, so that none can forget it: once its
+// configuration is loaded, the secrets it names (see ScrubbedVars) are
+// removed from the process's environment block, which re-executes the
+// binary once (the new image reads them back before it loads the
+// configuration again), and the process is made non-dumpable with a core
+// file size limit of 0 (see pkg/harden).
 func Main[C Config](p Program[C]) {
+	if err := harden.Restore(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", p.Name, err)
+		os.Exit(1)
+	}
 	ctx, stop := WithShutdownSignals(context.Background(), nil)
-	err := Run(ctx, p, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := run(ctx, p, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, hardenProcess)
 	stop()
 	code := ExitCode(err)
 	if code != 0 {

@@ -17,7 +17,7 @@ import (
 // number and go-redis's query options (dial_timeout, pool_size, ...); its
 // host is the server only in single mode.
 type RedisConfig struct {
-	URL string `env:"URL" envDefault:"redis://127.0.0.1:16379/0" desc:"Redis URL redis[s]://[user:password@]host:port/db[?options]; with Sentinel or Cluster only its credentials, TLS, db and options count"`
+	URL string `env:"URL" scrub:"true" envDefault:"redis://127.0.0.1:16379/0" desc:"Redis URL redis[s]://[user:password@]host:port/db[?options]; with Sentinel or Cluster only its credentials, TLS, db and options count"`
 	// URLFile names a file holding the URL, read at start instead of URL
 	// (keeps its password out of the process environment).
 	URLFile string `env:"URL_FILE" desc:"file holding the Redis URL, read at start instead of REDIS_URL (keeps its password out of the process environment)"`

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,6 +28,10 @@ type ServiceBinary struct {
 	// Env is added to the environment of the full start, for settings the
 	// service needs on a test machine (infra: PLAYBOOK_DIR, ...).
 	Env []string
+	// Secrets are settings ("NAME=value") added to the full start whose
+	// values are secrets: the running service must not show them in
+	// /proc/<pid>/environ (nor DATABASE_URL and REDIS_URL, always set).
+	Secrets []string
 }
 
 // ServiceBinaryTests builds the binary and runs, as parallel subtests, what
@@ -39,7 +44,10 @@ type ServiceBinary struct {
 //     the system's fixed stream names are its own) applies the migrations,
 //     turns /readyz ready with its postgres and redis checks, serves
 //     /metrics and /healthz, and a SIGTERM stops it with status 0, logging
-//     the reason and never the database password.
+//     the reason and never the database password;
+//   - the running service is hardened (service.Main): DATABASE_URL,
+//     REDIS_URL and the Secrets are not in its /proc/<pid>/environ, and
+//     its core file size limit is 0.
 func ServiceBinaryTests(t *testing.T, b ServiceBinary) {
 	t.Helper()
 	bin := BuildBinary(t, b.Dir)
@@ -85,9 +93,10 @@ func ServiceBinaryTests(t *testing.T, b ServiceBinary) {
 			"DATABASE_URL=" + dsn,
 			"ADMIN_ADDR=" + admin,
 			"LOG_FORMAT=json",
-		}, b.Env...)...))
+		}, append(b.Env, b.Secrets...)...)...))
 
 		body := p.WaitHTTP("http://"+admin+"/readyz", 200, time.Minute)
+		AssertHardened(t, p.Pid(), append([]string{"DATABASE_URL=" + dsn, "REDIS_URL=x"}, b.Secrets...)...)
 		var ready service.Readiness
 		if err := json.Unmarshal([]byte(body), &ready); err != nil {
 			t.Fatalf("readyz body %q: %v", body, err)
@@ -125,6 +134,41 @@ func ServiceBinaryTests(t *testing.T, b ServiceBinary) {
 			}
 		}
 	})
+}
+
+// AssertHardened fails the test unless the process pid is hardened the way
+// service.Main does it: none of the settings ("NAME=value") is in its
+// /proc/<pid>/environ, neither by name nor by value, and its core file
+// size limit (soft and hard) is 0. The caller must be able to read the
+// process's /proc files (root, or the same user while it is dumpable).
+func AssertHardened(t testing.TB, pid int, settings ...string) {
+	t.Helper()
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatalf("read the environment block: %v", err)
+	}
+	for _, kv := range strings.Split(string(environ), "\x00") {
+		name, value, _ := strings.Cut(kv, "=")
+		for _, s := range settings {
+			sName, sValue, _ := strings.Cut(s, "=")
+			if name == sName || (len(sValue) >= 8 && strings.Contains(value, sValue)) {
+				t.Errorf("/proc/%d/environ shows %s (set as %s)", pid, name, sName)
+			}
+		}
+	}
+	limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		t.Fatalf("read the limits: %v", err)
+	}
+	core := ""
+	for _, line := range strings.Split(string(limits), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Max core file size"); ok {
+			core = strings.Join(strings.Fields(rest), " ")
+		}
+	}
+	if !strings.HasPrefix(core, "0 0 ") {
+		t.Errorf("core file size limit %q, want 0 0", core)
+	}
 }
 
 // UsageHasRow reports whether the --help table (service.Usage) has a line

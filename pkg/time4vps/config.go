@@ -42,7 +42,7 @@ func (Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
 type Config struct {
 	URL              string        `env:"TIME4VPS_URL" envDefault:"https://billing.time4vps.com/api" desc:"Time4VPS API base URL"`
 	Username         string        `env:"TIME4VPS_USERNAME" desc:"Time4VPS client area username (email)"`
-	Password         Secret        `env:"TIME4VPS_PASSWORD" desc:"Time4VPS client area password (secret; prefer TIME4VPS_PASSWORD_FILE)"`
+	Password         Secret        `env:"TIME4VPS_PASSWORD" scrub:"true" desc:"Time4VPS client area password (secret; prefer TIME4VPS_PASSWORD_FILE)"`
 	PasswordFile     string        `env:"TIME4VPS_PASSWORD_FILE" desc:"file holding the Time4VPS password (one line)"`
 	Timeout          time.Duration `env:"TIME4VPS_TIMEOUT" envDefault:"30s" desc:"timeout of one HTTP attempt, response body included"`
 	ConnectTimeout   time.Duration `env:"TIME4VPS_CONNECT_TIMEOUT" envDefault:"10s" desc:"TCP connect and TLS handshake timeout"`

@@ -17,6 +17,12 @@ func TestBinary(t *testing.T) {
 		Summary:          app.Summary,
 		DefaultAdminAddr: app.DefaultAdminAddr,
 		// Any free port for the API: tests run side by side.
-		Env: []string{"API_ADDR=127.0.0.1:0"},
+		Env: []string{"API_ADDR=127.0.0.1:0", "REQUEST_SIGNING_KEY_ID=deployer-test"},
+		// Canaries: the running binary must not show them in
+		// /proc/<pid>/environ.
+		Secrets: []string{
+			"WEBHOOK_SIGNING_KEY=canary-webhook-signing-key-0123456789abcdef",
+			"REQUEST_SIGNING_KEY=canary-request-signing-key-0123456789abcdef",
+		},
 	})
 }

@@ -19,6 +19,13 @@ func TestBinary(t *testing.T) {
 		Env: []string{
 			"PLAYBOOK_DIR=" + repoPath(t, "ansible"),
 			"PLAYBOOK_RUN_ROOT=" + shortRunRoot(t),
+			"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_",
+		},
+		// Canaries: the running binary must not show them in
+		// /proc/<pid>/environ (env: secret references read them).
+		Secrets: []string{
+			"AUTOPROV_SECRET_CANARY=canary-env-secret-0123456789abcdef",
+			"PROJ_SECRET_CANARY=canary-project-secret-0123456789abcdef",
 		},
 	})
 }

@@ -16,5 +16,12 @@ func TestBinary(t *testing.T) {
 		Dir:              ".",
 		Summary:          app.Summary,
 		DefaultAdminAddr: app.DefaultAdminAddr,
+		Env:              []string{"REQUEST_SIGNING_KEY_ID=scheduler-test"},
+		// Canaries: the running binary must not show them in
+		// /proc/<pid>/environ (env: secret references read the last one).
+		Secrets: []string{
+			"REQUEST_SIGNING_KEY=canary-request-signing-key-0123456789abcdef",
+			"AUTOPROV_SECRET_CANARY=canary-env-secret-0123456789abcdef",
+		},
 	})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	dt "github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
 type openAPIDoc struct {
@@ -100,4 +101,41 @@ func TestOpenAPIServedAndValid(t *testing.T) {
 	dt.CheckSchema(t, "Key", body)
 	_, body = e.Do("GET", "/api/v1/servers", e.Admin, nil)
 	dt.CheckSchema(t, "ServerList", body)
+}
+
+// TestOpenAPIWebhookErrorClasses: the document lists exactly the classes a
+// webhook attempt's error can take (webhooks.Classes), for last_error and
+// for each attempt.
+func TestOpenAPIWebhookErrorClasses(t *testing.T) {
+	var doc struct {
+		Components struct {
+			Schemas struct {
+				Delivery struct {
+					Properties struct {
+						LastError struct {
+							Enum []string `json:"enum"`
+						} `json:"last_error"`
+						History struct {
+							Items struct {
+								Properties struct {
+									Error struct {
+										Enum []string `json:"enum"`
+									} `json:"error"`
+								} `json:"properties"`
+							} `json:"items"`
+						} `json:"history"`
+					} `json:"properties"`
+				} `json:"Delivery"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(api.OpenAPIDocument(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	p := doc.Components.Schemas.Delivery.Properties
+	for name, enum := range map[string][]string{"last_error": p.LastError.Enum, "history[].error": p.History.Items.Properties.Error.Enum} {
+		if !slices.Equal(enum, webhooks.Classes) {
+			t.Errorf("Delivery %s enum %v, want %v", name, enum, webhooks.Classes)
+		}
+	}
 }

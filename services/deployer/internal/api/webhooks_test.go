@@ -84,7 +84,7 @@ func TestWebhooks(t *testing.T) {
 		t.Fatalf("delivery %+v", w)
 	}
 	for i, a := range w.History[:len(w.History)-1] {
-		if a.StatusCode != 503 || a.Attempt != i+1 {
+		if a.StatusCode != 503 || a.Attempt != i+1 || a.Error != webhooks.ClassHTTP5xx {
 			t.Errorf("attempt %d: %+v", i+1, a)
 		}
 	}
@@ -140,13 +140,29 @@ func TestWebhookRefusedAtDelivery(t *testing.T) {
 	}
 	d := dt.JSON[deployments.Deployment](t, body)
 	var list deliveries
+	var listBody []byte
 	testenv.WaitFor(t, 30*time.Second, "the delivery to give up", func() bool {
-		_, body := e.Do("GET", d.Links.Webhooks, e.CI, nil)
-		list = dt.JSON[deliveries](t, body)
+		_, listBody = e.Do("GET", d.Links.Webhooks, e.CI, nil)
+		list = dt.JSON[deliveries](t, listBody)
 		return len(list.Items) == 1 && list.Items[0].State == webhooks.StateFailed
 	})
-	if h := list.Items[0].History; len(h) == 0 || !strings.Contains(h[0].Error, "refused") {
-		t.Errorf("attempts %+v", h)
+	dt.CheckSchema(t, "DeliveryList", listBody)
+	// API readers see the class only, never the address the name resolved
+	// to; the logs keep the detail.
+	h := list.Items[0].History
+	if len(h) == 0 || list.Items[0].LastError != webhooks.ClassRefused {
+		t.Errorf("delivery %+v", list.Items[0])
+	}
+	for _, a := range h {
+		if a.Error != webhooks.ClassRefused {
+			t.Errorf("attempt %d error %q, want %q", a.Attempt, a.Error, webhooks.ClassRefused)
+		}
+	}
+	if strings.Contains(string(listBody), "127.0.0.1") || strings.Contains(string(listBody), "loopback") {
+		t.Errorf("the webhook list shows the resolved address: %s", listBody)
+	}
+	if logs := e.Logs.String(); !strings.Contains(logs, `"error_class":"refused"`) || !strings.Contains(logs, "address 127.0.0.1 refused") {
+		t.Errorf("the logs lack the attempt's detail:\n%s", logs)
 	}
 	if queries.Load() == 0 {
 		t.Error("the callback's name was never resolved")

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"crypto/tls"
 	"errors"
 	"os"
 	"strings"
@@ -58,6 +59,29 @@ type APIConfig struct {
 	KeyCacheTTL     time.Duration `env:"API_KEY_CACHE_TTL" envDefault:"5s" desc:"how long a checked API key is cached (a revocation reaches other replicas within it; 0 disables)"`
 	SSEHeartbeat    time.Duration `env:"API_SSE_HEARTBEAT" envDefault:"15s" desc:"interval of keep-alive comments on quiet event streams"`
 	SSERetry        time.Duration `env:"API_SSE_RETRY" envDefault:"3s" desc:"reconnection delay advised to event stream clients"`
+	// TLSCertFile and TLSKeyFile, set together, make the API serve HTTPS
+	// itself; else it speaks plain HTTP and must sit behind a TLS proxy.
+	TLSCertFile string `env:"API_TLS_CERT_FILE" desc:"PEM certificate (chain) the API serves HTTPS with, read at start; with API_TLS_KEY_FILE (both or neither; neither: plain HTTP, put the API behind TLS)"`
+	TLSKeyFile  string `env:"API_TLS_KEY_FILE" desc:"PEM private key of API_TLS_CERT_FILE"`
+}
+
+// TLS returns the API's TLS configuration: nil when API_TLS_CERT_FILE and
+// API_TLS_KEY_FILE are unset (plain HTTP), else one serving their
+// certificate, TLS 1.2 at least. Errors name the variables, never the key.
+func (c *APIConfig) TLS() (*tls.Config, error) {
+	switch {
+	case c.TLSCertFile == "" && c.TLSKeyFile == "":
+		return nil, nil
+	case c.TLSCertFile == "":
+		return nil, service.Invalid("API_TLS_CERT_FILE", "required with API_TLS_KEY_FILE (set both or neither)")
+	case c.TLSKeyFile == "":
+		return nil, service.Invalid("API_TLS_KEY_FILE", "required with API_TLS_CERT_FILE (set both or neither)")
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
+	if err != nil {
+		return nil, service.Invalid("API_TLS_CERT_FILE", "load the certificate and API_TLS_KEY_FILE: %v", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // StreamConfig configures the consumers of deploy:results and of the
@@ -121,6 +145,9 @@ func (c *Config) Validate() error {
 	}
 	if c.API.RateLimit < 1 || c.API.RateBurst < 1 || c.API.AuthFailureRate < 1 {
 		errs = append(errs, service.Invalid("API_RATE_LIMIT", "rates and burst must be at least 1"))
+	}
+	if _, err := c.API.TLS(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.API.KeyCacheTTL < 0 {
 		errs = append(errs, service.Invalid("API_KEY_CACHE_TTL", "must not be negative"))

@@ -113,7 +113,12 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if signingKey != nil {
 		secretFn = func(keyID string) string { return webhooks.DeriveSecret(signingKey, keyID) }
 	}
+	apiTLS, err := cfg.API.TLS()
+	if err != nil {
+		return nil, err
+	}
 	p.API, err = api.New(api.Config{
+		TLS:  apiTLS,
 		Addr: cfg.API.Addr, MaxBody: cfg.API.MaxBody, MaxWait: cfg.API.MaxWait, AuthFailureRate: cfg.API.AuthFailureRate,
 		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
 		ShutdownGrace: cfg.ShutdownGrace / 2,

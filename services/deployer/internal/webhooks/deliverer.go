@@ -170,11 +170,13 @@ func (d *Deliverer) deliver(ctx context.Context, j job) {
 	started := d.now()
 	code, err := d.send(ctx, j, started)
 	took := d.now().Sub(started)
-	var errText string
+	// The stored error, which API readers see, is a class (ErrorClass);
+	// the detail (the address a name resolved to, ...) goes to the logs.
+	var class, detail string
 	if err != nil {
-		errText = err.Error()
-		if len(errText) > maxErrorLen {
-			errText = errText[:maxErrorLen]
+		class, detail = ErrorClass(err, 0), err.Error()
+		if len(detail) > maxErrorLen {
+			detail = detail[:maxErrorLen]
 		}
 	}
 	var outcome string
@@ -182,17 +184,17 @@ func (d *Deliverer) deliver(ctx context.Context, j job) {
 	switch {
 	case err == nil && code >= 200 && code < 300:
 		outcome = StateDelivered
-	case code == http.StatusGone:
-		outcome, errText = StateFailed, "the receiver answered 410 Gone: not retried"
+	case err == nil && code == http.StatusGone:
+		outcome, class, detail = StateFailed, ClassGone, "the receiver answered 410 Gone: not retried"
 	default:
-		if errText == "" {
-			errText = fmt.Sprintf("the receiver answered %d", code)
+		if class == "" {
+			class, detail = ErrorClass(nil, code), fmt.Sprintf("the receiver answered %d", code)
 		}
 		next = d.now().Add(d.backoff(j.attempt))
 		outcome = StatePending
 		if next.After(j.giveUpAt) {
 			outcome = StateFailed
-			errText += "; retries exhausted"
+			detail += "; retries exhausted"
 		}
 	}
 	stale := false
@@ -202,8 +204,8 @@ func (d *Deliverer) deliver(ctx context.Context, j job) {
 			status = &code
 		}
 		var e *string
-		if errText != "" {
-			e = &errText
+		if class != "" {
+			e = &class
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO webhook_attempts (delivery_id, attempt, started_at, duration_ms, status_code, error)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
@@ -236,10 +238,10 @@ func (d *Deliverer) deliver(ctx context.Context, j job) {
 		log.Info().Int("status_code", code).Dur("took", took).Msg("webhook delivered")
 	case StatePending:
 		d.attempts.WithLabelValues("retry").Inc()
-		log.Warn().Int("status_code", code).Str("error", errText).Time("next_attempt_at", next).Msg("webhook attempt failed")
+		log.Warn().Int("status_code", code).Str("error_class", class).Str("error", detail).Time("next_attempt_at", next).Msg("webhook attempt failed")
 	default:
 		d.attempts.WithLabelValues("failed").Inc()
-		log.Error().Int("status_code", code).Str("error", errText).Msg("webhook delivery failed for good")
+		log.Error().Int("status_code", code).Str("error_class", class).Str("error", detail).Msg("webhook delivery failed for good")
 	}
 }
 

@@ -60,7 +60,8 @@ type Attempt struct {
 	StartedAt  time.Time `json:"started_at"`
 	DurationMS float64   `json:"duration_ms"`
 	StatusCode int       `json:"status_code,omitempty"`
-	Error      string    `json:"error,omitempty"`
+	// Error is the failed attempt's class (see Classes), never its detail.
+	Error string `json:"error,omitempty"`
 }
 
 // Delivery is a queued webhook with its attempts, as the API shows it.
@@ -72,7 +73,7 @@ type Delivery struct {
 	Attempts      int        `json:"attempts"`
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
 	GiveUpAt      time.Time  `json:"give_up_at"`
-	LastError     string     `json:"last_error,omitempty"`
+	LastError     string     `json:"last_error,omitempty"` // a class (see Classes)
 	CreatedAt     time.Time  `json:"created_at"`
 	FinishedAt    *time.Time `json:"finished_at,omitempty"`
 	History       []Attempt  `json:"history"`
@@ -97,6 +98,7 @@ func ListForDeployment(ctx context.Context, db *pgxpool.Pool, deploymentID strin
 			d.NextAttemptAt = &next
 		}
 		d.URL = RedactURL(d.URL)
+		d.LastError = PublicError(d.LastError)
 		d.History = []Attempt{}
 		return d, err
 	})
@@ -112,6 +114,7 @@ func ListForDeployment(ctx context.Context, db *pgxpool.Pool, deploymentID strin
 		out[i].History, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 			var a Attempt
 			err := r.Scan(&a.Attempt, &a.StartedAt, &a.DurationMS, &a.StatusCode, &a.Error)
+			a.Error = PublicError(a.Error)
 			return a, err
 		})
 		if err != nil {
