@@ -143,7 +143,7 @@ func (a *Authorizer) Guard() *Guard { return a.guard }
 // ErrDenied is wrapped by every refusal of this package.
 var ErrDenied = errors.New("not authorized")
 
-// TargetError is a refused deploy target. Its Error text is for the
+// TargetError is a refused target. Its Error text is for the
 // service's log; the requester gets UnreachableMessage only.
 type TargetError struct {
 	Address string
@@ -151,7 +151,7 @@ type TargetError struct {
 }
 
 func (e *TargetError) Error() string {
-	return fmt.Sprintf("deploy target %s refused: %s", e.Address, e.Reason)
+	return fmt.Sprintf("target %s refused: %s", e.Address, e.Reason)
 }
 
 // Unwrap returns ErrDenied.
