@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -45,6 +50,16 @@ func tripwire(t *testing.T) (port int, dialled *atomic.Int64) {
 func TestAttackProvisionSpecialAddressRefused(t *testing.T) {
 	t.Parallel()
 	e := newE2E(t, nil)
+	// A usable key: without the refusal, infra would get as far as dialling.
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sshKey = pem.EncodeToMemory(blk)
 	port, dialled := tripwire(t)
 	for _, s := range []struct {
 		handle, addr string
