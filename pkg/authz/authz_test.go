@@ -1,6 +1,7 @@
 package authz
 
 import (
+	"context"
 	"errors"
 	"net"
 	"strings"
@@ -39,7 +40,7 @@ func TestTarget(t *testing.T) {
 		"127.0.0.1/8", "::1/128", "192.0.2.10/24", "2001:db8:1::5/64")
 	allowed := []string{"203.0.113.9", "198.51.100.7", "2001:db8:2::1", "::ffff:203.0.113.9", "8.8.8.8"}
 	for _, ip := range allowed {
-		if err := a.Target(ip, false); err != nil {
+		if err := a.Target(context.Background(), ip, false); err != nil {
 			t.Errorf("%s: %v", ip, err)
 		}
 	}
@@ -73,7 +74,7 @@ func TestTarget(t *testing.T) {
 		"example.com":            "not an IP",
 	}
 	for ip, want := range refused {
-		err := a.Target(ip, false)
+		err := a.Target(context.Background(), ip, false)
 		var te *TargetError
 		if !errors.As(err, &te) || !errors.Is(err, ErrDenied) {
 			t.Errorf("%s: err = %v, want a refusal", ip, err)
@@ -83,26 +84,42 @@ func TestTarget(t *testing.T) {
 			t.Errorf("%s: reason %q, want it to say %q", ip, te.Reason, want)
 		}
 	}
-	// A registered server is the operator's choice: allowed, loopback too
-	// (tests and the local target of make run are registered servers).
-	if err := a.Target("127.0.0.1", true); err != nil {
-		t.Errorf("registered loopback server refused: %v", err)
+	// A registered server is refused at a special address too: provider
+	// listings and inventories are input.
+	for _, ip := range []string{"127.0.0.1", "169.254.169.254", "::1", "0.0.0.0", "192.0.2.10"} {
+		if err := a.Target(context.Background(), ip, true); !errors.Is(err, ErrDenied) {
+			t.Errorf("registered server at %s allowed: %v", ip, err)
+		}
+	}
+	if err := a.Target(context.Background(), "203.0.113.9", true); err != nil {
+		t.Errorf("registered server refused: %v", err)
+	}
+	// SPECIAL_ALLOW_NETWORKS lets test targets through, never metadata.
+	b := newAuthorizer(t, Config{Special: SpecialConfig{AllowNetworks: []string{"127.0.0.0/8", "169.254.0.0/16"}}}, "127.0.0.1/8")
+	if err := b.Target(context.Background(), "127.0.0.1", true); err != nil {
+		t.Errorf("allow-listed registered loopback server refused: %v", err)
+	}
+	if err := b.Target(context.Background(), "127.0.0.1", false); !errors.Is(err, ErrDenied) {
+		t.Errorf("unregistered loopback allowed outside DEPLOY_ALLOW_NETWORKS: %v", err)
+	}
+	if err := b.Target(context.Background(), "169.254.169.254", true); !errors.Is(err, ErrDenied) {
+		t.Errorf("metadata allowed by SPECIAL_ALLOW_NETWORKS: %v", err)
 	}
 }
 
 func TestTargetDefaultIsRegisteredOnly(t *testing.T) {
 	a := newAuthorizer(t, Config{}, "127.0.0.1/8")
 	for _, ip := range []string{"203.0.113.9", "8.8.8.8", "2001:db8::1"} {
-		if err := a.Target(ip, false); !errors.Is(err, ErrDenied) {
+		if err := a.Target(context.Background(), ip, false); !errors.Is(err, ErrDenied) {
 			t.Errorf("%s allowed without an allow-list: %v", ip, err)
 		}
 	}
-	if err := a.Target("203.0.113.9", true); err != nil {
+	if err := a.Target(context.Background(), "203.0.113.9", true); err != nil {
 		t.Errorf("registered: %v", err)
 	}
 	b := newAuthorizer(t, Config{AllowNetworks: []string{"203.0.113.0/25", "198.51.100.7"}})
 	for ip, ok := range map[string]bool{"203.0.113.1": true, "203.0.113.200": false, "198.51.100.7": true, "198.51.100.8": false} {
-		if err := b.Target(ip, false); (err == nil) != ok {
+		if err := b.Target(context.Background(), ip, false); (err == nil) != ok {
 			t.Errorf("%s: err = %v, want allowed %v", ip, err, ok)
 		}
 	}
@@ -115,7 +132,7 @@ func TestTargetFailsClosedWithoutInterfaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Target("203.0.113.9", false); !errors.Is(err, ErrDenied) {
+	if err := a.Target(context.Background(), "203.0.113.9", false); !errors.Is(err, ErrDenied) {
 		t.Fatalf("err = %v, want a refusal when the host's addresses are unknown", err)
 	}
 }
@@ -130,6 +147,7 @@ func TestConfigValidate(t *testing.T) {
 	for _, bad := range []Config{
 		{AllowNetworks: []string{"nonsense"}},
 		{AllowNetworks: []string{"10.0.0.0/33"}},
+		{Special: SpecialConfig{AllowNetworks: []string{"127.0.0.0/40"}}},
 		{SecretRefs: []string{"s3:bucket/x"}},
 		{SecretRefs: []string{"vault:secret"}},
 		{SecretRefs: []string{"vault:**"}},

@@ -189,6 +189,9 @@ func (e *e2e) infra(extra ...string) *infraProc {
 		"SSH_BASE_DELAY=200ms",
 		"SSH_ATTEMPT_TIMEOUT=3s",
 		"SSH_DEPLOY_USER=root",
+		// The test servers are sshd on loopback: the operator lets them
+		// through the special-address refusal (metadata never).
+		"SPECIAL_ALLOW_NETWORKS=127.0.0.0/8",
 	}
 	env = append(env, e.env...)
 	env = append(env, extra...)

@@ -3,6 +3,7 @@ package cli
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -10,7 +11,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
 // sshKeyRefVar is the host variable the scheduler reads a server's SSH key
@@ -24,16 +27,49 @@ const sshKeyRefVar = "autoprov_ssh_key_ref"
 // files) with the hosts that get it, and one with an empty Ref for the
 // hosts without one (infra uses SSH_KEY_REF for them).
 func inventoryRefs(path string, listing []byte) ([]service.SecretRef, error) {
+	names, hostVars, err := inventoryHosts(path, listing)
+	if err != nil {
+		return nil, err
+	}
+	type place struct{ loc, ref string }
+	byPlace := map[place][]string{}
+	var order []place
+	files := newInventoryFiles(path)
+	for _, h := range names {
+		ref, _ := hostVars[h][sshKeyRefVar].(string)
+		p := place{loc: path, ref: ref}
+		if ref != "" {
+			p.loc = cmp.Or(files.locate(h, ref), path)
+		}
+		if _, seen := byPlace[p]; !seen {
+			order = append(order, p)
+		}
+		byPlace[p] = append(byPlace[p], h)
+	}
+	out := make([]service.SecretRef, 0, len(order))
+	for _, p := range order {
+		src := "inventory " + p.loc + " " + hostList(byPlace[p])
+		if p.ref == "" {
+			src += " (no " + sshKeyRefVar + ": SSH_KEY_REF)"
+		}
+		out = append(out, service.SecretRef{Source: src, Ref: p.ref})
+	}
+	return out, nil
+}
+
+// inventoryHosts reads the output of `ansible-inventory --list` of the
+// inventory at path: its hosts' names, sorted, and their variables.
+func inventoryHosts(path string, listing []byte) ([]string, map[string]map[string]any, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(listing, &raw); err != nil {
-		return nil, fmt.Errorf("%s: ansible-inventory output: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: ansible-inventory output: %w", path, err)
 	}
 	var meta struct {
 		HostVars map[string]map[string]any `json:"hostvars"`
 	}
 	if m, ok := raw["_meta"]; ok {
 		if err := json.Unmarshal(m, &meta); err != nil {
-			return nil, fmt.Errorf("%s: ansible-inventory output: _meta: %w", path, err)
+			return nil, nil, fmt.Errorf("%s: ansible-inventory output: _meta: %w", path, err)
 		}
 	}
 	hosts := map[string]bool{}
@@ -55,29 +91,35 @@ func inventoryRefs(path string, listing []byte) ([]service.SecretRef, error) {
 		names = append(names, h)
 	}
 	sort.Strings(names)
+	return names, meta.HostVars, nil
+}
 
-	type place struct{ loc, ref string }
-	byPlace := map[place][]string{}
-	var order []place
-	files := newInventoryFiles(path)
-	for _, h := range names {
-		ref, _ := meta.HostVars[h][sshKeyRefVar].(string)
-		p := place{loc: path, ref: ref}
-		if ref != "" {
-			p.loc = cmp.Or(files.locate(h, ref), path)
-		}
-		if _, seen := byPlace[p]; !seen {
-			order = append(order, p)
-		}
-		byPlace[p] = append(byPlace[p], h)
+// inventoryAddressProblems lists the hosts of an inventory the scheduler
+// would refuse for their address (ansible_host, else the host's name): one
+// the store does not accept, or a special one (loopback, metadata,
+// link-local, ...: authz.Guard, with the scheduler's
+// SPECIAL_ALLOW_NETWORKS). The scheduler skips them and registers the rest.
+func inventoryAddressProblems(path string, listing []byte, guard *authz.Guard) ([]string, error) {
+	names, hostVars, err := inventoryHosts(path, listing)
+	if err != nil {
+		return nil, err
 	}
-	out := make([]service.SecretRef, 0, len(order))
-	for _, p := range order {
-		src := "inventory " + p.loc + " " + hostList(byPlace[p])
-		if p.ref == "" {
-			src += " (no " + sshKeyRefVar + ": SSH_KEY_REF)"
+	var out []string
+	for _, h := range names {
+		addr := h
+		if v, ok := hostVars[h]["ansible_host"].(string); ok && v != "" {
+			addr = v
 		}
-		out = append(out, service.SecretRef{Source: src, Ref: p.ref})
+		c, err := store.CanonicalAddress(addr)
+		if err != nil {
+			out = append(out, fmt.Sprintf("host %s: address %q refused: %v (the scheduler skips it)", h, addr, err))
+			continue
+		}
+		var ae *authz.AddressError
+		if errors.As(guard.Check(c), &ae) {
+			out = append(out, fmt.Sprintf("host %s: address %s refused (%s): %s (the scheduler skips it; SPECIAL_ALLOW_NETWORKS lets test targets through)",
+				h, addr, ae.Class, ae.Reason))
+		}
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 )
@@ -413,7 +415,16 @@ func (c *validateCmd) checkInventory(g *globals, path string) (checkResult, []se
 	env := append(os.Environ(), "ANSIBLE_INVENTORY_UNPARSED_FAILED=True", "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED=True", "ANSIBLE_NOCOLOR=1")
 	stdout, stderr, code, err := c.run(g, bin, "", env, "-i", path, "--list")
 	r.ansibleOutcome(stderr, code, err)
-	if !r.OK || c.NoSecrets {
+	if !r.OK {
+		return r, nil
+	}
+	if probs, err := c.addressProblems(g, path, []byte(stdout)); err != nil {
+		r.Problems = append(r.Problems, err.Error())
+	} else {
+		r.Problems = append(r.Problems, probs...)
+	}
+	r.OK = len(r.Problems) == 0
+	if c.NoSecrets {
 		return r, nil
 	}
 	refs, err := inventoryRefs(path, []byte(stdout))
@@ -421,6 +432,35 @@ func (c *validateCmd) checkInventory(g *globals, path string) (checkResult, []se
 		r.OK, r.Problems = false, []string{err.Error()}
 	}
 	return r, refs
+}
+
+// addressProblems lists the inventory's hosts the scheduler would refuse
+// for their address, with the SPECIAL_ALLOW_NETWORKS of the scheduler's
+// settings (--env-file, the --env package, or autoprov's environment).
+// This machine's own addresses are not the scheduler's: not checked here.
+func (c *validateCmd) addressProblems(g *globals, path string, listing []byte) ([]string, error) {
+	vars := map[string]string{}
+	for _, kv := range c.childEnv(g) {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars[k] = v
+		}
+	}
+	getenv, err := service.WithEnvPackage(func(k string) string { return vars[k] }, "scheduler")
+	if err != nil {
+		return nil, err
+	}
+	var allow []string
+	for _, n := range strings.Split(getenv("SPECIAL_ALLOW_NETWORKS"), ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			allow = append(allow, n)
+		}
+	}
+	guard, err := authz.NewGuard(authz.SpecialConfig{AllowNetworks: allow},
+		authz.Options{InterfaceAddrs: func() ([]net.Addr, error) { return nil, nil }})
+	if err != nil {
+		return nil, err
+	}
+	return inventoryAddressProblems(path, listing, guard)
 }
 
 func (c *validateCmd) checkPlaybooks(g *globals) []checkResult {

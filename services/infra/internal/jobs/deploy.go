@@ -83,7 +83,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr
 		ep.alias = hostAlias("", addr)
 	}
 
-	if err := j.h.Authz.Target(ep.address, j.server != nil); err != nil {
+	if err := j.h.Authz.Target(ctx, ep.address, j.server != nil); err != nil {
 		// The requester hears what a silent host would say: infra is no
 		// port scanner. The reason is for the operator.
 		j.log.Warn().Str("reason", err.Error()).Msg("deploy target refused: nothing resolved, nothing dialed")

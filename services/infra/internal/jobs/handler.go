@@ -62,9 +62,11 @@ type Runner interface {
 // Authorizer decides where a deploy may go and which secret references a
 // request of a project may name (package authz).
 type Authorizer interface {
-	// Target refuses (with an error for the log only) a deploy target that
-	// is not a registered server and not in the operator's allow-list.
-	Target(address string, registered bool) error
+	// Target refuses (with an error for the log only) a target at a
+	// special address (loopback, metadata, this host...; registered or
+	// not), or a deploy target that is not a registered server and not in
+	// the operator's allow-list.
+	Target(ctx context.Context, address string, registered bool) error
 	// Ref refuses a reference the project may not use, or one naming a
 	// credential of the service itself (own).
 	Ref(projectID, field, ref string, own []string) (secrets.Ref, error)

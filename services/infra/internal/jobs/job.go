@@ -91,17 +91,26 @@ func (j *job) close() {
 	j.red.Release()
 }
 
+// reasonTargetRefused is the dead-letter reason of a provisioning request
+// whose server is at an address no run may reach (authz.Guard).
+const reasonTargetRefused = "target_refused"
+
 // reject publishes a rejected result for invalid input and dead-letters the
 // entry.
 func (j *job) reject(ctx context.Context, err error) error {
-	j.log.Warn().Err(err).Msg("invalid request rejected")
+	return j.rejectAs(ctx, string(messages.KindInvalidMessage), err)
+}
+
+// rejectAs is reject with the dead-letter reason.
+func (j *job) rejectAs(ctx context.Context, reason string, err error) error {
+	j.log.Warn().Err(err).Str("reason", reason).Msg("request rejected")
 	j.out.Reject(err)
 	j.out.SetTimes(j.started, j.h.Now())
 	if perr := j.publish(ctx); perr != nil {
 		return perr // retried; dead-lettered at the limit anyway
 	}
 	j.h.Metrics.finished(j.kind, "", messages.StatusRejected, 0)
-	return stream.Permanent(string(messages.KindInvalidMessage), err)
+	return stream.Permanent(reason, err)
 }
 
 // end publishes the outcome of a request that never got as far as a run (no

@@ -39,6 +39,12 @@ func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) erro
 		return j.infraError(ctx, fmt.Errorf("read server: %w", err))
 	}
 	j.server = srv
+	// A registered server is authorized as a deploy target is: provider
+	// listings and inventories are input, and a server at a special
+	// address is refused before any lock, connection or secret.
+	if err := h.Authz.Target(ctx, srv.Address, true); err != nil {
+		return j.rejectAs(ctx, reasonTargetRefused, fmt.Errorf("server %s: %w", srv.Handle, err))
+	}
 	return j.runLocked(ctx, "server:"+srv.Handle, h.provisionPlaybook(m), func(ctx context.Context) (*outcome, error) {
 		defer j.skipRemainingExtras(m)
 		return j.provision(ctx, m)
@@ -70,6 +76,11 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*o
 	}
 	j.server = srv
 	j.refreshFromProvider(ctx)
+	// The stored address (maybe new from the provider) is checked again.
+	if err := j.h.Authz.Target(ctx, srv.Address, true); err != nil {
+		j.log.Warn().Str("reason", err.Error()).Msg("provisioning target refused: nothing dialed")
+		return nil, fail(messages.StatusRejected, messages.KindInvalidMessage, "server %s: %v", srv.Handle, err)
+	}
 
 	creds, err := j.sshCredentials(ctx)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -195,7 +196,11 @@ func (w *world) handler(t *testing.T, f *fakes, mod func(*jobs.Config)) *jobs.Ha
 	if err != nil {
 		t.Fatal(err)
 	}
-	az, err := authz.New(authzConfig, authz.Options{})
+	// This host is loopback only, whatever the test machine's own
+	// addresses are (they may be in 192.0.2.0/24 too).
+	az, err := authz.New(authzConfig, authz.Options{InterfaceAddrs: func() ([]net.Addr, error) {
+		return []net.Addr{&net.IPNet{IP: net.IPv4(127, 0, 0, 1), Mask: net.CIDRMask(8, 32)}}, nil
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
@@ -86,8 +87,12 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		}
 		detectors = append(detectors, det)
 	}
+	guard, err := authz.NewGuard(cfg.Special, authz.Options{})
+	if err != nil {
+		return nil, err
+	}
 	mgr, err := detect.NewManager(f, detectors, detect.Options{Timeout: cfg.Sources.Timeout,
-		MaxOrphanFraction: cfg.Sources.MaxOrphanFraction, Logger: log, Registerer: d.Metrics})
+		MaxOrphanFraction: cfg.Sources.MaxOrphanFraction, Logger: log, Registerer: d.Metrics, Guard: guard})
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +170,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
-	log.Info().Strs("sources", mgr.Sources()).Int("rules", len(holder.Rules().Rules)).Int("channels", len(channels)).
+	log.Info().Strs("sources", mgr.Sources()).Int("rules", len(holder.Rules().Rules)).Int("channels", len(channels)).Strs("special_allow_networks", cfg.Special.AllowNetworks).
 		Bool("leader_election", leader != nil).Msg("scheduler components ready")
 
 	parts := []service.Component{

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
@@ -27,10 +28,13 @@ const DefaultAdminAddr = "127.0.0.1:9101"
 // service.Load.
 type Config struct {
 	service.Common
-	Tick     TickConfig   `envPrefix:"TICK_"`
-	Retry    RetryConfig  `envPrefix:"RETRY_"`
-	Health   HealthConfig `envPrefix:"HEALTH_"`
-	Sources  SourcesConfig
+	Tick    TickConfig   `envPrefix:"TICK_"`
+	Retry   RetryConfig  `envPrefix:"RETRY_"`
+	Health  HealthConfig `envPrefix:"HEALTH_"`
+	Sources SourcesConfig
+	// Special lets sources list servers at special addresses (test
+	// targets on loopback); the same variable as infra's.
+	Special  authz.SpecialConfig
 	EC2      EC2Config `envPrefix:"EC2_"`
 	Notify   NotifyConfig
 	Results  ResultsConfig `envPrefix:"RESULTS_"`
@@ -123,6 +127,9 @@ func NewConfig() *Config {
 func (c *Config) Validate() error {
 	var errs []error
 	if err := c.Signing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Special.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	positive := map[string]time.Duration{

@@ -20,6 +20,12 @@
 //     it had.
 //   - A source that fails (API down, unreadable file, timeout) changes
 //     nothing: its servers are neither updated nor orphaned nor taken over.
+//   - Provider data is input: a server whose address is malformed or
+//     special (loopback, link-local, cloud metadata, multicast,
+//     unspecified, broadcast, reserved, this host's own; authz.Guard) is
+//     refused: skipped, counted (autoprov_scheduler_source_refused_total)
+//     and logged, while the rest of its source registers. The operator's
+//     SPECIAL_ALLOW_NETWORKS lets test targets through.
 //   - A source that answers but would orphan more than MaxOrphanFraction of
 //     its servers at once is treated as failing (a wrong filter or an empty
 //     file must not orphan a fleet); fix the source, or raise the limit.
@@ -38,7 +44,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
 // Detector lists the servers of one source.
@@ -62,6 +70,9 @@ type Options struct {
 	// MinOrphanGuard: see MaxOrphanFraction (default 3).
 	MinOrphanGuard int
 	Logger         zerolog.Logger
+	// Guard refuses servers at special addresses (default: one without
+	// allow-list, over this host's addresses).
+	Guard *authz.Guard
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
 }
@@ -93,6 +104,13 @@ func NewManager(f *fleet.Store, detectors []Detector, opts Options) (*Manager, e
 	if opts.MinOrphanGuard <= 0 {
 		opts.MinOrphanGuard = 3
 	}
+	if opts.Guard == nil {
+		g, err := authz.NewGuard(authz.SpecialConfig{}, authz.Options{})
+		if err != nil {
+			return nil, err
+		}
+		opts.Guard = g
+	}
 	return &Manager{fleet: f, detectors: detectors, opts: opts, m: newMetrics(opts.Registerer)}, nil
 }
 
@@ -112,7 +130,35 @@ type SourceReport struct {
 	Stats      fleet.SyncStats
 	Duplicates int
 	Invalid    int
-	Took       time.Duration
+	// Refused are the servers skipped for their address.
+	Refused []Refusal
+	Took    time.Duration
+}
+
+// Refusal is a server a source listed at an address no run may reach.
+type Refusal struct {
+	Handle, Address string
+	// Class is an authz class (loopback, metadata, ...) or
+	// "invalid_address" for an address the store does not accept.
+	Class  string
+	Reason string
+}
+
+// ClassInvalidAddress is the class of an address that is neither an IP
+// address nor a host name the store accepts.
+const ClassInvalidAddress = "invalid_address"
+
+// refusal says why the server s may not be registered, or nil.
+func (m *Manager) refusal(s fleet.Detected) *Refusal {
+	addr, err := store.CanonicalAddress(s.Address)
+	if err != nil {
+		return &Refusal{Handle: s.Handle, Address: s.Address, Class: ClassInvalidAddress, Reason: err.Error()}
+	}
+	var ae *authz.AddressError
+	if errors.As(m.opts.Guard.Check(addr), &ae) {
+		return &Refusal{Handle: s.Handle, Address: s.Address, Class: ae.Class, Reason: ae.Reason}
+	}
+	return nil
 }
 
 // Report is what Sync did, source by source.
@@ -199,6 +245,13 @@ func (m *Manager) Sync(ctx context.Context) (Report, error) {
 				m.opts.Logger.Warn().Str("source", d.Name()).Err(err).Msg("server skipped: invalid")
 				continue
 			}
+			if rf := m.refusal(s); rf != nil {
+				r.Refused = append(r.Refused, *rf)
+				m.m.refused.WithLabelValues(d.Name(), rf.Class).Inc()
+				m.opts.Logger.Warn().Str("source", d.Name()).Str("server", rf.Handle).Str("address", rf.Address).
+					Str("class", rf.Class).Str("reason", rf.Reason).Msg("server refused: its address may not be a target; the rest of the source goes on")
+				continue
+			}
 			port := s.SSHPort
 			if port == 0 {
 				port = 22
@@ -246,7 +299,7 @@ func (m *Manager) Sync(ctx context.Context) (Report, error) {
 		if r.Err != nil || r.Stats.Detected+r.Stats.Updated+r.Stats.Orphaned+r.Stats.Returned > 0 {
 			ev.Str("source", d.Name()).Int("listed", r.Stats.Listed).Int("new", r.Stats.Detected).
 				Int("updated", r.Stats.Updated).Int("orphaned", r.Stats.Orphaned).Int("returned", r.Stats.Returned).
-				Int("duplicates", r.Duplicates).Dur("took", r.Took).Msg("source synced")
+				Int("duplicates", r.Duplicates).Int("refused", len(r.Refused)).Dur("took", r.Took).Msg("source synced")
 		}
 	}
 	rep.Sources = reports
@@ -340,6 +393,7 @@ type metrics struct {
 	lastOK     *prometheus.GaugeVec
 	duplicates *prometheus.CounterVec
 	changes    *prometheus.CounterVec
+	refused    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -363,9 +417,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "autoprov_scheduler_source_changes_total", Help: "Servers a source's sync created, updated, orphaned or returned.",
 		}, []string{"source", "change"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "autoprov_scheduler_source_refused_total", Help: "Servers a source listed at an address that may not be a target (loopback, metadata, this host...), skipped; reason is the address's class.",
+		}, []string{"source", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.servers, m.errors, m.duration, m.lastOK, m.duplicates, m.changes)
+		reg.MustRegister(m.servers, m.errors, m.duration, m.lastOK, m.duplicates, m.changes, m.refused)
 	}
 	return m
 }

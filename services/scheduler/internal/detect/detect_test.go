@@ -2,6 +2,7 @@ package detect_test
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	t4v "github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
@@ -32,6 +34,34 @@ type world struct {
 }
 
 func setup(t *testing.T) *world {
+	t.Helper()
+	return setupWith(t, detect.Options{MinOrphanGuard: 1, Guard: testGuard(t, nil, "127.0.0.1/8")})
+}
+
+// testGuard is a special-address guard over this host's addresses ifaces
+// (not the test machine's: they may be in the documentation ranges).
+func testGuard(t *testing.T, allow []string, ifaces ...string) *authz.Guard {
+	t.Helper()
+	g, err := authz.NewGuard(authz.SpecialConfig{AllowNetworks: allow}, authz.Options{InterfaceAddrs: func() ([]net.Addr, error) {
+		var out []net.Addr
+		for _, a := range ifaces {
+			ip, n, err := net.ParseCIDR(a)
+			if err != nil {
+				return nil, err
+			}
+			n.IP = ip
+			out = append(out, n)
+		}
+		return out, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// setupWith is setup with the Manager's options.
+func setupWith(t *testing.T, opts detect.Options) *world {
 	t.Helper()
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	db := testenv.Pool(t)
@@ -56,7 +86,7 @@ func setup(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	// Precedence: the inventory first, then Time4VPS, then EC2.
-	w.mgr, err = detect.NewManager(w.fleet, []detect.Detector{inv, dt4v.New(client, ""), ed}, detect.Options{MinOrphanGuard: 1})
+	w.mgr, err = detect.NewManager(w.fleet, []detect.Detector{inv, dt4v.New(client, ""), ed}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
