@@ -21,15 +21,15 @@
 //   - A source that fails (API down, unreadable file, timeout) changes
 //     nothing: its servers are neither updated nor orphaned nor taken over.
 //   - A source that answers but would orphan more than MaxOrphanFraction of
-//     its servers at once is treated as failing (a wrong filter or an empty
-//     file must not orphan a fleet); fix the source, or raise the limit.
+//     its servers at once, or all of them, is treated as failing (a wrong
+//     filter or an empty file must not orphan a fleet, small ones included;
+//     see fleet.OrphanLimit); fix the source, or raise the limit.
 package detect
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -55,13 +55,11 @@ type Detector interface {
 type Options struct {
 	// Timeout bounds one detector's Detect (default 2m).
 	Timeout time.Duration
-	// MaxOrphanFraction is the largest share of a source's servers one tick
-	// may orphan (default 0.5); sources with at most MinOrphanGuard servers
-	// are not limited.
+	// MaxOrphanFraction is the share of a source's servers one tick may
+	// orphan (default 0.5), applied at every size by fleet.OrphanLimit: a
+	// source never orphans all of its servers at once unless it is 1.
 	MaxOrphanFraction float64
-	// MinOrphanGuard: see MaxOrphanFraction (default 3).
-	MinOrphanGuard int
-	Logger         zerolog.Logger
+	Logger            zerolog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
 }
@@ -89,9 +87,6 @@ func NewManager(f *fleet.Store, detectors []Detector, opts Options) (*Manager, e
 	}
 	if opts.MaxOrphanFraction <= 0 {
 		opts.MaxOrphanFraction = 0.5
-	}
-	if opts.MinOrphanGuard <= 0 {
-		opts.MinOrphanGuard = 3
 	}
 	return &Manager{fleet: f, detectors: detectors, opts: opts, m: newMetrics(opts.Registerer)}, nil
 }
@@ -272,24 +267,15 @@ func (m *Manager) apply(ctx context.Context, i int, servers []fleet.Detected, ow
 			takeOver = append(takeOver, s)
 		}
 	}
-	counts, err := m.fleet.Count(ctx, fleet.Filter{Source: name})
-	if err != nil {
-		return fleet.SyncStats{}, err
-	}
-	total := 0
-	for st, n := range counts {
-		if st != fleet.StatusOrphaned {
-			total += n
-		}
-	}
-	maxOrphan := 0 // unlimited
-	if total > m.opts.MinOrphanGuard {
-		maxOrphan = max(1, int(math.Floor(m.opts.MaxOrphanFraction*float64(total))))
-	}
-	return m.fleet.Sync(ctx, fleet.SyncRequest{
+	st, err := m.fleet.Sync(ctx, fleet.SyncRequest{
 		Source: name, Servers: servers, Keep: keep, TakeOverFrom: takeOver,
-		MaxOrphan: maxOrphan, Actor: "detector:" + name,
+		MaxOrphanFraction: m.opts.MaxOrphanFraction, Actor: "detector:" + name,
 	})
+	if errors.Is(err, fleet.ErrTooManyOrphans) {
+		err = fmt.Errorf("%w; nothing of it was changed: fix the source, or, if the servers are really gone, "+
+			"remove them fewer at a time or set MAX_ORPHAN_FRACTION=1 for one tick", err)
+	}
+	return st, err
 }
 
 // manualServers returns the manual servers' handles with address:port.
@@ -340,6 +326,7 @@ type metrics struct {
 	lastOK     *prometheus.GaugeVec
 	duplicates *prometheus.CounterVec
 	changes    *prometheus.CounterVec
+	guarded    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -363,9 +350,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "autoprov_scheduler_source_changes_total", Help: "Servers a source's sync created, updated, orphaned or returned.",
 		}, []string{"source", "change"}),
+		guarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "autoprov_scheduler_source_orphan_guard_refusals_total",
+			Help: "Listings refused because they would orphan too many of a source's servers (MAX_ORPHAN_FRACTION).",
+		}, []string{"source"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.servers, m.errors, m.duration, m.lastOK, m.duplicates, m.changes)
+		reg.MustRegister(m.servers, m.errors, m.duration, m.lastOK, m.duplicates, m.changes, m.guarded)
 	}
 	return m
 }
@@ -374,6 +365,9 @@ func (m *metrics) observe(r *SourceReport) {
 	m.duration.WithLabelValues(r.Source).Observe(r.Took.Seconds())
 	if r.Err != nil {
 		m.errors.WithLabelValues(r.Source).Inc()
+		if errors.Is(r.Err, fleet.ErrTooManyOrphans) {
+			m.guarded.WithLabelValues(r.Source).Inc()
+		}
 		return
 	}
 	m.servers.WithLabelValues(r.Source).Set(float64(r.Stats.Listed))

@@ -56,7 +56,7 @@ func setup(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	// Precedence: the inventory first, then Time4VPS, then EC2.
-	w.mgr, err = detect.NewManager(w.fleet, []detect.Detector{inv, dt4v.New(client, ""), ed}, detect.Options{MinOrphanGuard: 1})
+	w.mgr, err = detect.NewManager(w.fleet, []detect.Detector{inv, dt4v.New(client, ""), ed}, detect.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
