@@ -676,14 +676,14 @@ func TestSync(t *testing.T) {
 		t.Errorf("taken over: %+v", o)
 	}
 	// A listing that would orphan too much is refused.
-	if _, err := s.Sync(ctx, fleet.SyncRequest{Source: src, Actor: "d", MaxOrphan: 0}); err != nil {
+	if _, err := s.Sync(ctx, fleet.SyncRequest{Source: src, Actor: "d"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Sync(ctx, fleet.SyncRequest{Source: "time4vps", Actor: "d", MaxOrphan: 0 + 0}); err != nil {
+	if _, err := s.Sync(ctx, fleet.SyncRequest{Source: "time4vps", Actor: "d"}); err != nil {
 		t.Fatal(err)
 	}
 	sync(fleet.SyncRequest{Source: "ec2:a", Servers: []fleet.Detected{det("e1", "192.0.2.21", nil), det("e2", "192.0.2.22", nil), det("e3", "192.0.2.23", nil)}})
-	if _, err := s.Sync(ctx, fleet.SyncRequest{Source: "ec2:a", Actor: "d", MaxOrphan: 2}); !errors.Is(err, fleet.ErrTooManyOrphans) {
+	if _, err := s.Sync(ctx, fleet.SyncRequest{Source: "ec2:a", Actor: "d", MaxOrphanFraction: 0.9}); !errors.Is(err, fleet.ErrTooManyOrphans) {
 		t.Errorf("orphaning all: %v", err)
 	}
 	if e := mustGet(t, s, "e1"); e.Status != fleet.StatusNew {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,12 +122,13 @@ type SyncRequest struct {
 	// (those of lower precedence, and sources that no longer exist); servers
 	// of other sources with the same handle are left alone (Skipped).
 	TakeOverFrom []string
-	// MaxOrphan, when positive, is how many servers one sync may orphan: a
-	// listing that would orphan more is refused (ErrTooManyOrphans) and
+	// MaxOrphanFraction, when positive, guards the source's fleet: a listing
+	// that would orphan more than OrphanLimit(live, MaxOrphanFraction) of
+	// its live (not ORPHANED) servers is refused (ErrTooManyOrphans) and
 	// changes nothing, so a source answering an empty list by mistake does
-	// not orphan its fleet.
-	MaxOrphan int
-	Actor     string
+	// not orphan its fleet, whatever its size. Zero means no guard.
+	MaxOrphanFraction float64
+	Actor             string
 }
 
 // SyncStats counts what Sync did.
@@ -136,6 +138,28 @@ type SyncStats struct {
 
 // ErrTooManyOrphans: a sync would orphan more servers than allowed.
 var ErrTooManyOrphans = errors.New("sync would orphan too many servers")
+
+// OrphanLimit is how many of a source's live servers one sync may orphan
+// under the guard fraction f (MAX_ORPHAN_FRACTION):
+//
+//	f >= 1:   live (no guard)
+//	live = 0: 0
+//	else:     min(live-1, max(1, floor(f*live)))
+//
+// So a source never orphans all of its servers at once, removing one
+// server at a time always works down to the last one, and at the default
+// 0.5 the limits are 0 of 1, 1 of 2, 1 of 3, 5 of 10 and 50 of 100: an
+// emptied 3-server inventory, or one cut to a single host, orphans nothing.
+func OrphanLimit(live int, f float64) int {
+	if f >= 1 {
+		return live
+	}
+	if live <= 0 {
+		return 0
+	}
+	// The epsilon keeps 0.29*100 (28.999...) at 29.
+	return min(live-1, max(1, int(math.Floor(f*float64(live)+1e-9))))
+}
 
 type existing struct {
 	hash, status string
@@ -200,14 +224,21 @@ func (s *Store) Sync(ctx context.Context, req SyncRequest) (SyncStats, error) {
 			returned = append(returned, d.Handle)
 		}
 	}
+	live := 0
 	for h, e := range have {
-		if listed[h] == nil && e.status != StatusOrphaned && !req.Keep[h] {
+		if e.status == StatusOrphaned {
+			continue
+		}
+		live++
+		if listed[h] == nil && !req.Keep[h] {
 			vanished = append(vanished, h)
 		}
 	}
-	if req.MaxOrphan > 0 && len(vanished) > req.MaxOrphan {
-		return st, fmt.Errorf("source %s no longer lists %d of its %d servers (limit %d): %w",
-			req.Source, len(vanished), len(have), req.MaxOrphan, ErrTooManyOrphans)
+	if req.MaxOrphanFraction > 0 {
+		if limit := OrphanLimit(live, req.MaxOrphanFraction); len(vanished) > limit {
+			return st, fmt.Errorf("source %s no longer lists %d of its %d servers (limit %d at fraction %g): %w",
+				req.Source, len(vanished), live, limit, req.MaxOrphanFraction, ErrTooManyOrphans)
+		}
 	}
 	slices.Sort(vanished)
 	now := s.now()

@@ -40,7 +40,8 @@ func NewFileBackend(dir string) (*FileBackend, error) {
 // Close closes the root directory.
 func (f *FileBackend) Close() error { return f.root.Close() }
 
-// Resolve reads the file. Without a field it returns the whole content;
+// Resolve reads the file. Without a field it returns the whole content
+// less one trailing line end ("\n" or "\r\n", see trimOneNewline);
 // with one, the file is parsed as a JSON object or, failing that, as dotenv
 // lines, and the field's value is returned.
 func (f *FileBackend) Resolve(ctx context.Context, ref Ref) (Value, error) {
@@ -105,7 +106,7 @@ func (f *FileBackend) resolve(_ context.Context, ref Ref) (Value, [][]byte, erro
 				parts = append(parts, []byte(v))
 			}
 		}
-		return NewValue(content), parts, nil
+		return NewValue(trimOneNewline(content)), parts, nil
 	}
 	clear(content)
 	if !structured {
@@ -116,6 +117,21 @@ func (f *FileBackend) resolve(_ context.Context, ref Ref) (Value, [][]byte, erro
 		return fail(ErrNotFound, "no such field in the file")
 	}
 	return ValueFromString(v), nil, nil
+}
+
+// trimOneNewline drops exactly one trailing "\n" or "\r\n": the line end
+// `echo value > file`, Docker and Kubernetes secret files leave, which no
+// URL, token or password means (a Slack webhook URL ending in one fails
+// every post with "invalid control character in URL"). Further newlines,
+// and every other byte, are the secret's own.
+func trimOneNewline(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+		if n := len(b); n > 0 && b[n-1] == '\r' {
+			b = b[:n-1]
+		}
+	}
+	return b
 }
 
 // openFailure maps an error of os.Root's Stat or Open to our error, with

@@ -35,6 +35,11 @@ func setupFiles(t *testing.T) fileFixture {
 	write(root, "projects/a/creds.json", `{"api_key": `+mustJSON(canary)+`, "port": 5432, "tls": true, "nested": {"x": 1}}`)
 	write(root, "projects/a/app.env", "# comment\nDB_PASSWORD='p@ss word'\nexport API_TOKEN=tok-123456\nURL=\"https://h/$DB_PASSWORD\"\n")
 	write(root, "notes.md", "just some text\nwithout fields\n")
+	write(root, "lineends/crlf", "https://hooks.example/x\r\n")
+	write(root, "lineends/two", "tok\n\n")
+	write(root, "lineends/none", "tok")
+	write(root, "lineends/cr", "tok\r")
+	write(root, "lineends/only", "\n")
 	write(root, "big.bin", strings.Repeat("x", MaxFileSize+1))
 	write(outside, "secret.txt", "OUTSIDE-SECRET-VALUE")
 	if err := os.Symlink(filepath.Join(outside, "secret.txt"), filepath.Join(root, "escape-link")); err != nil {
@@ -64,7 +69,15 @@ func TestFileBackend(t *testing.T) {
 		want string
 		kind error
 	}{
-		{ref: "file:plain.txt", want: canary + "\n"},
+		// Exactly one trailing line end is dropped (echo, Docker and
+		// Kubernetes secret files).
+		{ref: "file:plain.txt", want: canary},
+		{ref: "file:lineends/crlf", want: "https://hooks.example/x"},
+		{ref: "file:lineends/two", want: "tok\n"},
+		{ref: "file:lineends/none", want: "tok"},
+		{ref: "file:lineends/cr", want: "tok\r"},
+		{ref: "file:lineends/only", want: ""},
+		{ref: "file:notes.md", want: "just some text\nwithout fields"},
 		{ref: "file:projects/a/creds.json#api_key", want: canary},
 		{ref: "file:projects/a/creds.json#port", want: "5432"},
 		{ref: "file:projects/a/creds.json#tls", want: "true"},
@@ -72,7 +85,7 @@ func TestFileBackend(t *testing.T) {
 		{ref: "file:projects/a/app.env#DB_PASSWORD", want: "p@ss word"},
 		{ref: "file:projects/a/app.env#API_TOKEN", want: "tok-123456"},
 		{ref: "file:projects/a/app.env#URL", want: "https://h/p@ss word"},
-		{ref: "file:inside-link", want: canary + "\n"},
+		{ref: "file:inside-link", want: canary},
 		{ref: "file:projects/a/creds.json#missing", kind: ErrNotFound},
 		{ref: "file:missing.txt", kind: ErrNotFound},
 		{ref: "file:notes.md#x", kind: ErrBadRef},

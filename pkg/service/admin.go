@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"maps"
 	"net"
 	"net/http"
 	"sort"
@@ -52,7 +53,9 @@ type AdminConfig struct {
 //
 //	GET /healthz  200 while the process serves HTTP (liveness)
 //	GET /readyz   200 with per-check JSON when the service is marked ready and
-//	              every check passes, 503 otherwise (starting, draining, failing)
+//	              every check passes, 503 otherwise (starting, draining, failing);
+//	              advisory checks are shown (and listed in "degraded" when they
+//	              fail) but never make it 503
 //	GET /metrics  Prometheus metrics of the service's registry
 //
 // It follows a Start/Stop contract: Start listens and serves in the
@@ -63,13 +66,14 @@ type Admin struct {
 	mux    *http.ServeMux
 	logger zerolog.Logger
 
-	mu     sync.Mutex
-	checks map[string]Check
-	phase  string // phaseStarting, phaseReady, phaseDraining
-	srv    *http.Server
-	addr   string
-	done   chan struct{} // closed when Serve returned
-	err    error         // why Serve returned, if not because of Stop
+	mu       sync.Mutex
+	checks   map[string]Check
+	advisory map[string]bool // checks that do not decide readiness
+	phase    string          // phaseStarting, phaseReady, phaseDraining
+	srv      *http.Server
+	addr     string
+	done     chan struct{} // closed when Serve returned
+	err      error         // why Serve returned, if not because of Stop
 
 	stopOnce sync.Once
 	stopErr  error
@@ -92,11 +96,12 @@ func NewAdmin(cfg AdminConfig) (*Admin, error) {
 	cfg.CheckTimeout = cmp.Or(max(cfg.CheckTimeout, 0), 2*time.Second)
 	cfg.StopTimeout = cmp.Or(max(cfg.StopTimeout, 0), 5*time.Second)
 	a := &Admin{
-		cfg:    cfg,
-		mux:    http.NewServeMux(),
-		logger: cfg.Logger.With().Str("component", "admin").Logger(),
-		checks: map[string]Check{},
-		phase:  phaseStarting,
+		cfg:      cfg,
+		mux:      http.NewServeMux(),
+		logger:   cfg.Logger.With().Str("component", "admin").Logger(),
+		checks:   map[string]Check{},
+		advisory: map[string]bool{},
+		phase:    phaseStarting,
 	}
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -117,6 +122,19 @@ func (a *Admin) AddCheck(name string, check Check) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.checks[name] = check
+	delete(a.advisory, name)
+}
+
+// AddAdvisoryCheck registers (or replaces) a check /readyz runs and shows
+// without deciding readiness on it: a failing advisory check is marked
+// "advisory" and named in the body's "degraded" list while the service
+// stays ready (a notification channel that is down: the service still
+// works, people should know).
+func (a *Admin) AddAdvisoryCheck(name string, check Check) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.checks[name] = check
+	a.advisory[name] = true
 }
 
 // Handle adds an endpoint to the admin server (net/http pattern syntax).
@@ -247,6 +265,8 @@ type CheckResult struct {
 	OK       bool    `json:"ok"`
 	Error    string  `json:"error,omitempty"`
 	Duration float64 `json:"duration_ms"`
+	// Advisory: the check does not decide readiness (AddAdvisoryCheck).
+	Advisory bool `json:"advisory,omitempty"`
 }
 
 // Readiness is the /readyz body.
@@ -254,6 +274,8 @@ type Readiness struct {
 	// Status is "ready", "not_ready" (a check failed), "starting" or "draining".
 	Status string                 `json:"status"`
 	Checks map[string]CheckResult `json:"checks,omitempty"`
+	// Degraded names the failing advisory checks.
+	Degraded []string `json:"degraded,omitempty"`
 }
 
 func (a *Admin) serveReady(w http.ResponseWriter, r *http.Request) {
@@ -263,16 +285,22 @@ func (a *Admin) serveReady(w http.ResponseWriter, r *http.Request) {
 	for name, c := range a.checks {
 		checks[name] = c
 	}
+	advisory := maps.Clone(a.advisory)
 	a.mu.Unlock()
 
 	body := Readiness{Status: phase}
 	if phase == phaseReady {
-		body.Checks = a.runChecks(r.Context(), checks)
-		for _, res := range body.Checks {
-			if !res.OK {
+		body.Checks = a.runChecks(r.Context(), checks, advisory)
+		for name, res := range body.Checks {
+			switch {
+			case res.OK:
+			case res.Advisory:
+				body.Degraded = append(body.Degraded, name)
+			default:
 				body.Status = "not_ready"
 			}
 		}
+		sort.Strings(body.Degraded)
 	}
 	code := http.StatusOK
 	if body.Status != phaseReady {
@@ -285,7 +313,7 @@ func (a *Admin) serveReady(w http.ResponseWriter, r *http.Request) {
 }
 
 // runChecks runs the checks concurrently, each bounded by CheckTimeout.
-func (a *Admin) runChecks(ctx context.Context, checks map[string]Check) map[string]CheckResult {
+func (a *Admin) runChecks(ctx context.Context, checks map[string]Check, advisory map[string]bool) map[string]CheckResult {
 	names := make([]string, 0, len(checks))
 	for name := range checks {
 		names = append(names, name)
@@ -295,7 +323,7 @@ func (a *Admin) runChecks(ctx context.Context, checks map[string]Check) map[stri
 	var wg sync.WaitGroup
 	for i, name := range names {
 		wg.Go(func() {
-			results[i] = a.runCheck(ctx, name, checks[name])
+			results[i] = a.runCheck(ctx, name, checks[name], advisory[name])
 		})
 	}
 	wg.Wait()
@@ -306,7 +334,7 @@ func (a *Admin) runChecks(ctx context.Context, checks map[string]Check) map[stri
 	return out
 }
 
-func (a *Admin) runCheck(ctx context.Context, name string, check Check) (res CheckResult) {
+func (a *Admin) runCheck(ctx context.Context, name string, check Check, advisory bool) (res CheckResult) {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.CheckTimeout)
 	defer cancel()
 	start := time.Now()
@@ -315,7 +343,12 @@ func (a *Admin) runCheck(ctx context.Context, name string, check Check) (res Che
 			res = CheckResult{Error: fmt.Sprintf("check panicked: %v", p)}
 		}
 		res.Duration = float64(time.Since(start).Microseconds()) / 1000
-		if !res.OK {
+		res.Advisory = advisory
+		switch {
+		case res.OK:
+		case advisory:
+			a.logger.Debug().Str("check", name).Str("error", res.Error).Msg("advisory check failed")
+		default:
 			a.logger.Warn().Str("check", name).Str("error", res.Error).Msg("readiness check failed")
 		}
 	}()

@@ -105,6 +105,9 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	var channels []notify.Channel
 	if cfg.Notify.SlackWebhookRef != "" {
 		v, err := resolve(cfg.Notify.SlackWebhookRef)
+		if err == nil {
+			err = usable("SLACK_WEBHOOK_URL_REF", cfg.Notify.SlackWebhookRef, v)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("SLACK_WEBHOOK_URL_REF: %w", err)
 		}
@@ -112,6 +115,9 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	}
 	if cfg.Notify.TelegramTokenRef != "" {
 		v, err := resolve(cfg.Notify.TelegramTokenRef)
+		if err == nil {
+			err = usable("TELEGRAM_BOT_TOKEN_REF", cfg.Notify.TelegramTokenRef, v)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("TELEGRAM_BOT_TOKEN_REF: %w", err)
 		}
@@ -122,7 +128,13 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		if err := f.EnsureChannel(ctx, ch.Name()); err != nil {
 			return nil, err
 		}
-		dispatchers = append(dispatchers, notify.NewDispatcher(f, ch, ncfg))
+		disp := notify.NewDispatcher(f, ch, ncfg)
+		dispatchers = append(dispatchers, disp)
+		// A channel that is down does not make the scheduler unready (its
+		// notifications wait, nothing is lost): /readyz shows it degraded.
+		if d.Admin != nil {
+			d.Admin.AddAdvisoryCheck("notify:"+ch.Name(), disp.Health)
+		}
 	}
 	wakeNotify := func() {
 		for _, d := range dispatchers {

@@ -80,7 +80,7 @@ type SourcesConfig struct {
 	InventoryBin      string        `env:"ANSIBLE_INVENTORY_BIN" envDefault:"ansible-inventory" desc:"the ansible-inventory command"`
 	Time4VPS          bool          `env:"TIME4VPS_DETECT" envDefault:"true" desc:"list the Time4VPS account's servers (when TIME4VPS_USERNAME is set)"`
 	Timeout           time.Duration `env:"SOURCE_TIMEOUT" envDefault:"2m" desc:"longest a source may take to list its servers (then it counts as failing)"`
-	MaxOrphanFraction float64       `env:"MAX_ORPHAN_FRACTION" envDefault:"0.5" desc:"a source that would orphan more than this share of its servers at once counts as failing"`
+	MaxOrphanFraction float64       `env:"MAX_ORPHAN_FRACTION" envDefault:"0.5" desc:"a source that would orphan more than this share of its servers at once, or all of them, counts as failing (1 = no guard; see Merge rules)"`
 }
 
 // EC2Config configures the EC2 detector; it is on when EC2_REGION is set.

@@ -2,11 +2,14 @@ package app
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/notify"
 )
 
 // openSecrets opens the scheduler's resolver (VAULT_*, SECRETS_*; env:
@@ -44,8 +47,29 @@ func SecretChecks(ctx context.Context, cfg *Config, getenv func(string) string) 
 	c.Close = func() { _ = res.Close() }
 	c.Check = func(ctx context.Context, r service.SecretRef) error {
 		v, err := res.Resolve(ctx, r.Ref)
-		v.Wipe()
-		return err
+		defer v.Wipe()
+		if err != nil {
+			return err
+		}
+		return usable(r.Source, r.Ref, v)
 	}
 	return c
+}
+
+// usable checks a secret the variable source resolved to in the form the
+// scheduler uses it: the Slack webhook an absolute http(s) URL, the
+// Telegram token a bot token. The error wraps service.ErrSecretUnusable
+// and names the reference, never the value.
+func usable(source, ref string, v secrets.Value) error {
+	var err error
+	switch source {
+	case "SLACK_WEBHOOK_URL_REF":
+		err = notify.CheckSlackURL(v)
+	case "TELEGRAM_BOT_TOKEN_REF":
+		err = notify.CheckTelegramToken(v)
+	}
+	if err != nil {
+		return fmt.Errorf("secret %s %v: %w", ref, err, service.ErrSecretUnusable)
+	}
+	return nil
 }

@@ -27,15 +27,15 @@
 //     and logged, while the rest of its source registers. The operator's
 //     SPECIAL_ALLOW_NETWORKS lets test targets through.
 //   - A source that answers but would orphan more than MaxOrphanFraction of
-//     its servers at once is treated as failing (a wrong filter or an empty
-//     file must not orphan a fleet); fix the source, or raise the limit.
+//     its servers at once, or all of them, is treated as failing (a wrong
+//     filter or an empty file must not orphan a fleet, small ones included;
+//     see fleet.OrphanLimit); fix the source, or raise the limit.
 package detect
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -63,13 +63,11 @@ type Detector interface {
 type Options struct {
 	// Timeout bounds one detector's Detect (default 2m).
 	Timeout time.Duration
-	// MaxOrphanFraction is the largest share of a source's servers one tick
-	// may orphan (default 0.5); sources with at most MinOrphanGuard servers
-	// are not limited.
+	// MaxOrphanFraction is the share of a source's servers one tick may
+	// orphan (default 0.5), applied at every size by fleet.OrphanLimit: a
+	// source never orphans all of its servers at once unless it is 1.
 	MaxOrphanFraction float64
-	// MinOrphanGuard: see MaxOrphanFraction (default 3).
-	MinOrphanGuard int
-	Logger         zerolog.Logger
+	Logger            zerolog.Logger
 	// Guard refuses servers at special addresses (default: one without
 	// allow-list, over this host's addresses).
 	Guard *authz.Guard
@@ -100,9 +98,6 @@ func NewManager(f *fleet.Store, detectors []Detector, opts Options) (*Manager, e
 	}
 	if opts.MaxOrphanFraction <= 0 {
 		opts.MaxOrphanFraction = 0.5
-	}
-	if opts.MinOrphanGuard <= 0 {
-		opts.MinOrphanGuard = 3
 	}
 	if opts.Guard == nil {
 		g, err := authz.NewGuard(authz.SpecialConfig{}, authz.Options{})
@@ -325,24 +320,15 @@ func (m *Manager) apply(ctx context.Context, i int, servers []fleet.Detected, ow
 			takeOver = append(takeOver, s)
 		}
 	}
-	counts, err := m.fleet.Count(ctx, fleet.Filter{Source: name})
-	if err != nil {
-		return fleet.SyncStats{}, err
-	}
-	total := 0
-	for st, n := range counts {
-		if st != fleet.StatusOrphaned {
-			total += n
-		}
-	}
-	maxOrphan := 0 // unlimited
-	if total > m.opts.MinOrphanGuard {
-		maxOrphan = max(1, int(math.Floor(m.opts.MaxOrphanFraction*float64(total))))
-	}
-	return m.fleet.Sync(ctx, fleet.SyncRequest{
+	st, err := m.fleet.Sync(ctx, fleet.SyncRequest{
 		Source: name, Servers: servers, Keep: keep, TakeOverFrom: takeOver,
-		MaxOrphan: maxOrphan, Actor: "detector:" + name,
+		MaxOrphanFraction: m.opts.MaxOrphanFraction, Actor: "detector:" + name,
 	})
+	if errors.Is(err, fleet.ErrTooManyOrphans) {
+		err = fmt.Errorf("%w; nothing of it was changed: fix the source, or, if the servers are really gone, "+
+			"remove them fewer at a time or set MAX_ORPHAN_FRACTION=1 for one tick", err)
+	}
+	return st, err
 }
 
 // manualServers returns the manual servers' handles with address:port.
@@ -394,6 +380,7 @@ type metrics struct {
 	duplicates *prometheus.CounterVec
 	changes    *prometheus.CounterVec
 	refused    *prometheus.CounterVec
+	guarded    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -420,9 +407,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "autoprov_scheduler_source_refused_total", Help: "Servers a source listed at an address that may not be a target (loopback, metadata, this host...), skipped; reason is the address's class.",
 		}, []string{"source", "reason"}),
+		guarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "autoprov_scheduler_source_orphan_guard_refusals_total",
+			Help: "Listings refused because they would orphan too many of a source's servers (MAX_ORPHAN_FRACTION).",
+		}, []string{"source"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.servers, m.errors, m.duration, m.lastOK, m.duplicates, m.changes, m.refused)
+		reg.MustRegister(m.servers, m.errors, m.duration, m.lastOK, m.duplicates, m.changes, m.refused, m.guarded)
 	}
 	return m
 }
@@ -431,6 +422,9 @@ func (m *metrics) observe(r *SourceReport) {
 	m.duration.WithLabelValues(r.Source).Observe(r.Took.Seconds())
 	if r.Err != nil {
 		m.errors.WithLabelValues(r.Source).Inc()
+		if errors.Is(r.Err, fleet.ErrTooManyOrphans) {
+			m.guarded.WithLabelValues(r.Source).Inc()
+		}
 		return
 	}
 	m.servers.WithLabelValues(r.Source).Set(float64(r.Stats.Listed))

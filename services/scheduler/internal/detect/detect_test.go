@@ -35,7 +35,7 @@ type world struct {
 
 func setup(t *testing.T) *world {
 	t.Helper()
-	return setupWith(t, detect.Options{MinOrphanGuard: 1, Guard: testGuard(t, nil, "127.0.0.1/8")})
+	return setupWith(t, detect.Options{Guard: testGuard(t, nil, "127.0.0.1/8")})
 }
 
 // testGuard is a special-address guard over this host's addresses ifaces

@@ -46,7 +46,7 @@ func TestSpecialAddressesRefused(t *testing.T) {
 	// the test target 127.0.0.2 through.
 	guard := testGuard(t, []string{"127.0.0.2/32"}, "127.0.0.1/8", "198.51.100.77/24")
 	reg := prometheus.NewRegistry()
-	w := setupWith(t, detect.Options{MinOrphanGuard: 1, Guard: guard, Registerer: reg})
+	w := setupWith(t, detect.Options{Guard: guard, Registerer: reg})
 	w.writeInventory(t, "web-1: {ansible_host: 192.0.2.1}\n"+
 		"        bad-host: {ansible_host: 'not_a_host!'}\n"+
 		"        meta: {ansible_host: 169.254.169.254}\n"+

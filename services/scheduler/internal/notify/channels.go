@@ -3,11 +3,15 @@ package notify
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/go-resty/resty/v2"
 
@@ -38,6 +42,57 @@ func retryAfter(h string) time.Duration {
 		return time.Duration(n) * time.Second
 	}
 	return time.Second
+}
+
+// errBlank: a secret holds whitespace or control characters, which no URL
+// or token does (a line end kept from the file it was read from, most
+// often).
+var errBlank = errors.New("holds whitespace or control characters (a line end or a space copied with it?)")
+
+func hasBlank(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) })
+}
+
+// CheckSlackURL reports whether the secret is usable as a Slack incoming
+// webhook URL: an absolute http or https URL with a host, without
+// whitespace or control characters. The error never quotes the value.
+func CheckSlackURL(v secrets.Value) error {
+	s := v.Reveal()
+	switch {
+	case s == "":
+		return errors.New("is empty")
+	case hasBlank(s):
+		return errBlank
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil: // url.Error quotes the URL: not wrapped
+		return errors.New("is not a URL")
+	case u.Scheme != "https" && u.Scheme != "http":
+		return errors.New("is not an absolute http(s) URL")
+	case u.Host == "":
+		return errors.New("is a URL without a host")
+	}
+	return nil
+}
+
+// telegramTokenRE is the shape of a Bot API token: the bot's id, a colon,
+// the secret part.
+var telegramTokenRE = regexp.MustCompile(`^[0-9]+:[A-Za-z0-9_-]+$`)
+
+// CheckTelegramToken reports whether the secret looks like a Telegram bot
+// token ("123456:ABC-..."). The error never quotes the value.
+func CheckTelegramToken(v secrets.Value) error {
+	s := v.Reveal()
+	switch {
+	case s == "":
+		return errors.New("is empty")
+	case hasBlank(s):
+		return errBlank
+	case !telegramTokenRE.MatchString(s):
+		return errors.New("does not look like a bot token (<bot id>:<secret>, as @BotFather gives it)")
+	}
+	return nil
 }
 
 // Slack posts to a Slack incoming webhook: POST of {"text": ...} as JSON;

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -76,6 +77,9 @@ type Config struct {
 	Poll time.Duration
 	// MaxBackoff bounds the wait between failed sends (default 5m).
 	MaxBackoff time.Duration
+	// FailingAfter is how many sends in a row must fail before Health
+	// reports the channel failing (default 3; a 429 counts neither way).
+	FailingAfter int
 	// Hints tunes the "what to do next" lines.
 	Hints  Hints
 	Logger zerolog.Logger
@@ -100,6 +104,11 @@ type Dispatcher struct {
 	log   zerolog.Logger
 	lim   *rate.Limiter
 	wake  chan struct{}
+
+	mu       sync.Mutex
+	failures int       // sends failed in a row
+	since    time.Time // first failure of the streak
+	lastErr  string    // the last failure, as the channel redacted it
 }
 
 // NewDispatcher returns a Dispatcher for ch.
@@ -116,10 +125,14 @@ func NewDispatcher(f *fleet.Store, ch Channel, cfg Config) *Dispatcher {
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 5 * time.Minute
 	}
+	if cfg.FailingAfter <= 0 {
+		cfg.FailingAfter = 3
+	}
 	if cfg.Hints.CLI == "" {
 		cfg.Hints.CLI = "scheduler"
 	}
 	every, burst := ch.Limit()
+	cfg.Metrics.streak(ch.Name(), 0, time.Time{}) // the series exist from the start
 	return &Dispatcher{fleet: f, ch: ch, cfg: cfg, lim: rate.NewLimiter(rate.Every(every), max(burst, 1)),
 		log: cfg.Logger.With().Str("component", "notify").Str("channel", ch.Name()).Logger(), wake: make(chan struct{}, 1)}
 }
@@ -219,12 +232,50 @@ func (d *Dispatcher) Once(ctx context.Context) (int, error) {
 		// channel's own timeout bounds it.
 		err := d.ch.Send(context.WithoutCancel(ctx), text)
 		d.cfg.Metrics.sent(d.ch.Name(), len(batch), err, time.Since(start))
+		d.record(err, start)
 		return err
 	})
 	if err == nil && n > 0 {
 		d.log.Info().Int("notifications", n).Msg("delivered")
 	}
 	return n, err
+}
+
+// record keeps the streak of failed sends Health reports. A 429 is the
+// channel working as documented: it changes nothing.
+func (d *Dispatcher) record(err error, at time.Time) {
+	var ra *RetryAfterError
+	if errors.As(err, &ra) {
+		return
+	}
+	d.mu.Lock()
+	if err == nil {
+		d.failures, d.since, d.lastErr = 0, time.Time{}, ""
+	} else {
+		if d.failures == 0 {
+			d.since = at
+		}
+		d.failures++
+		d.lastErr = err.Error()
+	}
+	failures, since := d.failures, d.since
+	d.mu.Unlock()
+	d.cfg.Metrics.streak(d.ch.Name(), failures, since)
+}
+
+// Health reports the channel failing, for /readyz (an advisory check:
+// a channel that is down does not make the scheduler unready, its
+// notifications wait) once FailingAfter sends or more in a row failed:
+// how many, since when, and the last error. A channel nothing was sent to
+// yet is healthy.
+func (d *Dispatcher) Health(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.failures < d.cfg.FailingAfter {
+		return nil
+	}
+	return fmt.Errorf("%s: %d sends failed in a row since %s; last: %s", d.ch.Name(), d.failures,
+		d.since.UTC().Format(time.RFC3339), d.lastErr)
 }
 
 func truncate(s string, n int) string {
@@ -335,6 +386,8 @@ type Metrics struct {
 	notifications *prometheus.CounterVec
 	duration      *prometheus.HistogramVec
 	pendingG      *prometheus.GaugeVec
+	failures      *prometheus.GaugeVec
+	failingSince  *prometheus.GaugeVec
 }
 
 // NewMetrics registers the dispatchers' metrics with reg (nil: none).
@@ -352,9 +405,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		pendingG: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "autoprov_scheduler_notify_pending", Help: "Notifications a channel has not delivered yet.",
 		}, []string{"channel"}),
+		failures: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "autoprov_scheduler_notify_consecutive_failures", Help: "Sends to a channel that failed in a row (0 after a success).",
+		}, []string{"channel"}),
+		failingSince: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "autoprov_scheduler_notify_failing_since_timestamp_seconds",
+			Help: "When a channel's current streak of failed sends began (0 while its last send succeeded).",
+		}, []string{"channel"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.messages, m.notifications, m.duration, m.pendingG)
+		reg.MustRegister(m.messages, m.notifications, m.duration, m.pendingG, m.failures, m.failingSince)
 	}
 	return m
 }
@@ -370,6 +430,18 @@ func (m *Metrics) sent(ch string, n int, err error, took time.Duration) {
 	}
 	m.messages.WithLabelValues(ch, "ok").Inc()
 	m.notifications.WithLabelValues(ch).Add(float64(n))
+}
+
+func (m *Metrics) streak(ch string, failures int, since time.Time) {
+	if m == nil {
+		return
+	}
+	m.failures.WithLabelValues(ch).Set(float64(failures))
+	ts := 0.0
+	if failures > 0 {
+		ts = float64(since.UnixNano()) / 1e9
+	}
+	m.failingSince.WithLabelValues(ch).Set(ts)
 }
 
 func (m *Metrics) pending(ch string, n int) {
