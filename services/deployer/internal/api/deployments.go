@@ -211,7 +211,7 @@ func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
 	}
 	f := deployments.Filter{
 		Visibility: visibility(authedKey(r.Context())),
-		ProjectID: q.Get("project_id"), ServerIP: q.Get("server_ip"), JobID: q.Get("job_id"),
+		ProjectID:  q.Get("project_id"), ServerIP: q.Get("server_ip"), JobID: q.Get("job_id"),
 		CorrelationID: q.Get("correlation_id"), Source: q.Get("source"), Cursor: q.Get("cursor"),
 	}
 	if f.ProjectID != "" && !uuidRE.MatchString(f.ProjectID) {

@@ -150,16 +150,23 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		var projects projectList
 		fs.Var(&projects, "project", "a project the key acts for (repeatable)")
 		fleetWide := fs.Bool("fleet-wide", false, "the key sees every project")
-		if err := fs.Parse(args[1:]); err != nil {
+		// The key may come before the flags or after them.
+		rest, target := args[1:], ""
+		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+			target, rest = rest[0], rest[1:]
+		}
+		if err := fs.Parse(rest); err != nil {
 			return fmt.Errorf("keys set-projects: %w\n%s", err, CLIUsage)
 		}
-		if fs.NArg() != 1 {
+		if target == "" && fs.NArg() == 1 {
+			target = fs.Arg(0)
+		} else if fs.NArg() > 0 || target == "" {
 			return fmt.Errorf("keys set-projects: give the id or name of one key")
 		}
 		if len(projects) == 0 && !*fleetWide {
 			return fmt.Errorf("keys set-projects: give --project ID (repeatable) or --fleet-wide")
 		}
-		k, err := store.SetProjects(ctx, fs.Arg(0), projects, *fleetWide)
+		k, err := store.SetProjects(ctx, target, projects, *fleetWide)
 		if errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("keys set-projects: no live key has this id or name")
 		}

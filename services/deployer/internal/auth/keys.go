@@ -6,9 +6,9 @@ package auth
 
 import (
 	"crypto/rand"
-	"errors"
 	"crypto/sha256"
 	"encoding/base32"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"

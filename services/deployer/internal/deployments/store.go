@@ -120,7 +120,7 @@ func (v Visibility) clause() (string, any) {
 type Filter struct {
 	// Visibility limits the list to what the caller may see; it is a
 	// condition of the query, so that pages and cursors hold only them.
-	Visibility Visibility
+	Visibility    Visibility
 	ProjectID     string
 	ServerIP      string // the deployment's server address
 	ServerHandle  string // a registered server, by its address
