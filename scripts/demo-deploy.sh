@@ -40,7 +40,9 @@ trap 'kill $GIT_PID 2>/dev/null || true' EXIT
 install -m 0755 ansible/tests/testdata/docker-standin.sh "$TARGET_ROOT/usr/local/bin/docker"
 
 step "an API key for the demo (printed once: only its hash is stored)"
-created=$(bin/deployer keys create --name "demo-$(date +%s)" --scopes deployments:write,servers:read --json)
+# An operator's key: it reads the fleet too, so it is fleet-wide (a CI key
+# would be bound to its project with --project instead).
+created=$(bin/deployer keys create --name "demo-$(date +%s)" --scopes deployments:write,servers:read --fleet-wide --json)
 KEY=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])' <<<"$created")
 printf '\n  API key: %s\n\n' "$KEY"
 AUTH=(-H "Authorization: Bearer $KEY")

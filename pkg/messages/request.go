@@ -48,6 +48,18 @@ var (
 	playbookRE     = regexp.MustCompile(PlaybookNamePattern)
 )
 
+// CanonicalProjectID checks a project id by the rule of a request's
+// project_id (a UUID in 8-4-4-4-12 form, read case-insensitively) and
+// returns its canonical, lower-case form. Whatever else names a project
+// (the projects an API key is bound to) uses it, so that both compare
+// equal.
+func CanonicalProjectID(s string) (string, bool) {
+	if !uuidRE.MatchString(s) {
+		return "", false
+	}
+	return strings.ToLower(s), true
+}
+
 // Validation messages of the request keys.
 const (
 	msgServerHandle = "must match " + ServerHandlePattern
@@ -250,8 +262,8 @@ func (m *AnsibleDeployMessage) normalize() {
 	if m.Branch == "" {
 		m.Branch = DefaultBranch
 	}
-	if uuidRE.MatchString(m.ProjectID) {
-		m.ProjectID = strings.ToLower(m.ProjectID)
+	if id, ok := CanonicalProjectID(m.ProjectID); ok {
+		m.ProjectID = id
 	}
 	if addr, err := netip.ParseAddr(m.ServerIP); err == nil && addr.Zone() == "" {
 		m.ServerIP = addr.Unmap().String()

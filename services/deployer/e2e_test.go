@@ -38,6 +38,13 @@ import (
 // secret reference). It follows the events, reads the full log, and checks
 // that the token is nowhere: not in the API's answers, the log, the
 // results or the database.
+//
+// Two projects share the deployer and infra, each with its key and its
+// secrets (a canary in its .env); A's key tries to get B's canary written
+// to A's server, as issue 19 did: for B's project (403) and with B's
+// reference in A's own (422). Nothing is stored or published, A's reads
+// never show B's deployment (404 as an unknown id), and B's canary is
+// never on the target, in A's answers, log or events, while A's is.
 func TestEndToEndWithRealInfra(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test starts a Debian target in a network namespace and needs root (run it through `make test`)")
@@ -106,6 +113,14 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	token := "ghs_" + hex.EncodeToString(tb[:])
 	gitURL, refused := gitServer(t, tgt.HostAddr, token)
 
+	// The two tenants: A deploys to the target; B's canary must never get
+	// there.
+	const projectA, projectB = "0b6c1a8e-3f55-4f7e-9a41-7d2b5e6c9f10", "5d1f0c2a-7e3b-4a9c-8d6e-2f4b1a3c5e70"
+	envOf := func(project string) string {
+		return "AUTOPROV_PROJECT_" + strings.ToUpper(strings.ReplaceAll(project, "-", "_"))
+	}
+	canaryA, canaryB := "canary-a-"+hex.EncodeToString(tb[:8]), "canary-b-"+hex.EncodeToString(tb[8:])
+
 	dsn := testenv.Postgres(t)
 	redisURL := testenv.RedisDB(t)
 	conn, err := pgx.Connect(ctx, dsn)
@@ -144,6 +159,7 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json"}
+	const secretRefs = "env:AUTOPROV_PROJECT_{PROJECT_ID}_*"
 	// infra accepts only requests the deployer signed (issue 8's producer
 	// signatures): the deployer's key is in infra's secrets as a file.
 	const requestKey = "deployer-request-key-0123456789abcdef-0123456789"
@@ -155,28 +171,33 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		"PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot, "PLAYBOOK_VARS_FILE="+siteVars,
 		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=file:id_ed25519",
 		"REQUEST_SIGNATURES=require", "REQUEST_KEYS=deployer-1@ansible:deploy:queue=file:deployer-request-key",
-		// The project's token comes from the project resolver's environment,
-		// a reference the operator allows projects (issue 8's authorization).
-		"PROJECT_SECRETS_ENV_PREFIX=AUTOPROV_PROJECT_", "DEPLOY_SECRET_REFS=env:AUTOPROV_PROJECT_*",
-		"AUTOPROV_PROJECT_GH="+token)...)
+		// The projects' secrets come from the project resolver's
+		// environment, each project's variables its own (issue 8's
+		// authorization, checked by the deployer too).
+		"PROJECT_SECRETS_ENV_PREFIX=AUTOPROV_PROJECT_", "DEPLOY_SECRET_REFS="+secretRefs,
+		envOf(projectA)+"_GH="+token, envOf(projectA)+"_ENV=APP_CANARY="+canaryA,
+		envOf(projectB)+"_GH="+canaryB, envOf(projectB)+"_ENV=APP_CANARY="+canaryB)...)
 	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
 	api := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	deployer := testenv.StartBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(append(common, "API_ADDR="+api, "ADMIN_ADDR="+admin,
-		"REQUEST_SIGNING_KEY_ID=deployer-1", "REQUEST_SIGNING_KEY="+requestKey)...))
+		"REQUEST_SIGNING_KEY_ID=deployer-1", "REQUEST_SIGNING_KEY="+requestKey, "DEPLOY_SECRET_REFS="+secretRefs)...))
 	deployer.WaitHTTP("http://"+admin+"/readyz", 200, 2*time.Minute)
 
-	out, stderr, code := testenv.RunBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(common...),
-		"keys", "create", "--name", "e2e", "--scopes", "deployments:write", "--json")
-	if code != 0 {
-		t.Fatalf("keys create: %s", stderr)
+	newKey := func(name, project string) string {
+		out, stderr, code := testenv.RunBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(common...),
+			"keys", "create", "--name", name, "--scopes", "deployments:write", "--project", project, "--json")
+		if code != 0 {
+			t.Fatalf("keys create: %s", stderr)
+		}
+		var created map[string]any
+		if err := json.Unmarshal([]byte(out), &created); err != nil {
+			t.Fatal(err)
+		}
+		return created["key"].(string)
 	}
-	var created map[string]any
-	if err := json.Unmarshal([]byte(out), &created); err != nil {
-		t.Fatal(err)
-	}
-	key := created["key"].(string)
-	call := func(method, path, body string) (int, string) {
+	key, keyB := newKey("e2e", projectA), newKey("e2e-b", projectB)
+	callAs := func(key, method, path, body string) (int, string) {
 		req, _ := http.NewRequest(method, "http://"+api+"/api/v1"+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+key)
 		if body != "" {
@@ -190,9 +211,24 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	call := func(method, path, body string) (int, string) { return callAs(key, method, path, body) }
 
-	body := fmt.Sprintf(`{"project_id":"0b6c1a8e-3f55-4f7e-9a41-7d2b5e6c9f10","repo_full_name":"acme/shop","server_ip":%q,
-		"port":8080,"modules":["web"],"github_token_ref":"env:AUTOPROV_PROJECT_GH","options":{"timeout_seconds":600}}`, tgt.Addr)
+	requestFor := func(project, server, repo, secretsOf string) string {
+		return fmt.Sprintf(`{"project_id":%q,"repo_full_name":%q,"server_ip":%q,"port":8080,"modules":["web"],
+			"github_token_ref":"env:%s_GH","secrets_ref":"env:%s_ENV","options":{"timeout_seconds":600}}`,
+			project, repo, server, envOf(secretsOf), envOf(secretsOf))
+	}
+	body := requestFor(projectA, tgt.Addr, "acme/shop", projectA)
+
+	// The attack of issue 19: A's key, B's secrets, A's server.
+	bRead := tenantAttacks(t, tenantAttack{
+		callA: call, callB: func(method, path, body string) (int, string) { return callAs(keyB, method, path, body) },
+		conn: conn, redisURL: redisURL,
+		forB:       requestFor(projectB, tgt.Addr, "acme/shop", projectB),
+		bRefsInA:   requestFor(projectA, tgt.Addr, "acme/shop", projectB),
+		bElsewhere: requestFor(projectB, "192.0.2.10", "acme/shop", projectB),
+	})
+
 	code, resp := call("POST", "/deployments", body)
 	if code != 202 {
 		t.Fatalf("submit: %d %s", code, resp)
@@ -219,7 +255,8 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	if code != 200 || d.Status != "succeeded" || d.Result == nil || d.Result.Hosts["e2e-target"] == nil {
 		t.Fatalf("deployment: %d %s\ninfra:\n%s", code, resp, infra.Stderr())
 	}
-	evs := <-events
+	sse := <-events
+	evs, sseText := sse.types, sse.text
 	if len(evs) < 5 || evs[0] != "run_started" || evs[len(evs)-1] != "run_finished" {
 		t.Errorf("events: %v", evs)
 	}
@@ -282,6 +319,22 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	// The token is nowhere but where it belongs.
 	header := base64.StdEncoding.EncodeToString([]byte("x-access-token:" + token))
 	places := map[string]string{"deployment": resp, "log": log, "infra logs": infra.Stderr() + infra2.Stderr(), "deployer logs": deployer.Stderr()}
+	// B's canary reached none of A's reads, nor the target; A's own did
+	// reach the target (the check can see a canary).
+	_, listA := call("GET", "/deployments?limit=100", "")
+	for where, text := range map[string]string{"A's deployment": resp, "A's log": log, "A's events": sseText, "A's list": listA,
+		"A's reads of B's deployment": bRead, "infra logs": infra.Stderr() + infra2.Stderr(), "deployer logs": deployer.Stderr()} {
+		if strings.Contains(text, canaryB) {
+			t.Errorf("B's canary is in %s", where)
+		}
+	}
+	onTarget := targetFiles(t, tgt.Path("/"), "srv", "root", "home", "tmp", "var/tmp", "opt", "etc")
+	if strings.Contains(onTarget, canaryB) {
+		t.Error("B's canary is on A's server")
+	}
+	if !strings.Contains(onTarget, canaryA) {
+		t.Error("A's canary is not on A's server: the check of the target sees nothing")
+	}
 	rows, err := conn.Query(ctx, `SELECT 'deployments', row_to_json(d)::text FROM deployments d
 		UNION ALL SELECT 'runs', row_to_json(r)::text FROM runs r UNION ALL SELECT 'run_logs', encode(content, 'base64') FROM run_logs`)
 	if err != nil {
@@ -367,10 +420,16 @@ func gitServer(t *testing.T, addr, token string) (string, func() int32) {
 	return "http://" + l.Addr().String(), refused.Load
 }
 
+// sseRead is what followEvents read: the event types and the whole text.
+type sseRead struct {
+	types []string
+	text  string
+}
+
 // followEvents reads a deployment's SSE stream to its end and sends the
-// event types read.
-func followEvents(t *testing.T, url, key string) <-chan []string {
-	ch := make(chan []string, 1)
+// event types read, with the stream's text.
+func followEvents(t *testing.T, url, key string) <-chan sseRead {
+	ch := make(chan sseRead, 1)
 	req, _ := http.NewRequest("GET", url, nil)
 	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := http.DefaultClient.Do(req)
@@ -380,13 +439,16 @@ func followEvents(t *testing.T, url, key string) <-chan []string {
 	go func() {
 		defer resp.Body.Close()
 		var types []string
+		var text strings.Builder
 		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
+			text.WriteString(sc.Text() + "\n")
 			if ev, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
 				types = append(types, ev)
 			}
 		}
-		ch <- types
+		ch <- sseRead{types: types, text: text.String()}
 	}()
 	return ch
 }

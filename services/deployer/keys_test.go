@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -8,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
@@ -20,7 +23,9 @@ func TestKeysCommandAndAPI(t *testing.T) {
 	signing := "binary-test-webhook-signing-key-0123456789"
 	env := testenv.BinaryEnv("DATABASE_URL="+dsn, "REDIS_URL="+testenv.RedisURL(t), "WEBHOOK_SIGNING_KEY="+signing)
 
-	stdout, stderr, code := testenv.RunBinary(t, bin, env, "keys", "create", "--name", "ci", "--scopes", "deployments:write", "--json")
+	const project, other = "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "0c1d2e3f-4a5b-4c6d-8e7f-901a2b3c4d5e"
+	stdout, stderr, code := testenv.RunBinary(t, bin, env, "keys", "create", "--name", "ci", "--scopes", "deployments:write",
+		"--project", strings.ToUpper(project), "--json")
 	if code != 0 {
 		t.Fatalf("keys create: exit %d: %s", code, stderr)
 	}
@@ -35,6 +40,9 @@ func TestKeysCommandAndAPI(t *testing.T) {
 	if !strings.HasPrefix(created.Key, "apk_") || !strings.HasPrefix(created.WebhookSecret, "whsec_") {
 		t.Fatalf("created %s", stdout)
 	}
+	if p, _ := raw["projects"].([]any); len(p) != 1 || p[0] != project || raw["fleet_wide"] != false {
+		t.Errorf("created key's projects: %s", stdout)
+	}
 	stdout, _, code = testenv.RunBinary(t, bin, env, "keys", "create", "--name", "ops", "--scopes", "servers:read")
 	if code != 0 || !strings.Contains(stdout, "not shown again") || !strings.Contains(stdout, "apk_") {
 		t.Fatalf("keys create (text): %d %s", code, stdout)
@@ -43,7 +51,42 @@ func TestKeysCommandAndAPI(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "ci") || !strings.Contains(stdout, "ops") || strings.Contains(stdout, created.Key) {
 		t.Fatalf("keys list: %d %s", code, stdout)
 	}
+	if !strings.Contains(stdout, "PROJECTS") || !strings.Contains(stdout, project) || !strings.Contains(stdout, "* (fleet-wide)") ||
+		strings.Contains(stdout, "WARNING") {
+		t.Errorf("keys list shows no projects, or warns without a legacy key:\n%s", stdout)
+	}
+	// A key from before the binding, as migration 00048 leaves it: listed
+	// as legacy with a warning until set-projects narrows it.
+	if _, _, code := testenv.RunBinary(t, bin, env, "keys", "create", "--name", "old-ci", "--scopes", "deployments:read", "--fleet-wide"); code != 0 {
+		t.Fatal("keys create --fleet-wide failed")
+	}
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	if _, err := db.Exec(context.Background(), `UPDATE api_keys SET legacy = true WHERE name = 'old-ci'`); err != nil {
+		t.Fatal(err)
+	}
+	stdout, _, _ = testenv.RunBinary(t, bin, env, "keys", "list")
+	if !strings.Contains(stdout, "fleet-wide, legacy") || !strings.Contains(stdout, "WARNING: 1 live key(s)") || !strings.Contains(stdout, "old-ci") {
+		t.Errorf("keys list does not flag the legacy key:\n%s", stdout)
+	}
+	stdout, stderr, code = testenv.RunBinary(t, bin, env, "keys", "set-projects", "old-ci", "--project", other+","+project)
+	if code != 0 || !strings.Contains(stdout, other+","+project) {
+		t.Fatalf("keys set-projects: %d %s %s", code, stdout, stderr)
+	}
+	if stdout, _, _ = testenv.RunBinary(t, bin, env, "keys", "list"); strings.Contains(stdout, "WARNING") || strings.Contains(stdout, "legacy") {
+		t.Errorf("the narrowed key is still flagged:\n%s", stdout)
+	}
 	for _, bad := range [][]string{
+		{"keys", "create", "--name", "x", "--scopes", "deployments:read"},                      // no project
+		{"keys", "create", "--name", "x", "--scopes", "deployments:read", "--project", "acme"}, // no project id
+		{"keys", "create", "--name", "x", "--scopes", "admin", "--project", project},           // admin is fleet-wide
+		{"keys", "create", "--name", "x", "--scopes", "servers:write", "--project", project},   // so are servers keys
+		{"keys", "create", "--name", "x", "--scopes", "deployments:read", "--project", project, "--fleet-wide"},
+		{"keys", "set-projects", "ci"},
+		{"keys", "set-projects", "ops", "--project", project},
 		{"keys", "create", "--name", "x", "--scopes", "root"},
 		{"keys", "create", "--name", "bad name", "--scopes", "admin"},
 		{"keys", "create", "--name", "ci", "--scopes", "admin"}, // a live key has the name

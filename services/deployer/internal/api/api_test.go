@@ -74,7 +74,7 @@ func TestAuth(t *testing.T) {
 	_ = ro
 
 	t.Run("revoking through the API takes effect at once", func(t *testing.T) {
-		_, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "tmp", "scopes": []string{"deployments:read"}})
+		_, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "tmp", "scopes": []string{"deployments:read"}, "projects": []string{dt.Project}})
 		created := dt.JSON[api.CreatedKey](t, body)
 		if !auth.WellFormed(created.Key) || !strings.HasPrefix(created.WebhookSecret, "whsec_") {
 			t.Fatalf("created key %+v", created)
@@ -211,7 +211,7 @@ func TestSubmitAndGet(t *testing.T) {
 	req := dt.Request()
 	req["project_id"] = "9B2F4C6E-1D3A-4E5B-8C7D-0A1B2C3D4E5F" // read case-insensitively, stored canonical
 	req["server_ip"] = "2001:DB8:0::7"
-	req["github_token_ref"] = "vault:secret/data/ci#github_token"
+	req["github_token_ref"] = "vault:secret/projects/9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f/ci#github_token" // DEPLOY_SECRET_REFS' default
 	req["correlation_id"] = "pipeline-42"
 	req["options"] = map[string]any{"timeout_seconds": 600}
 	resp, body := e.Do("POST", "/api/v1/deployments", e.CI, req)
@@ -234,7 +234,7 @@ func TestSubmitAndGet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.JobID != d.JobID || m.TimeoutSeconds != 600 || m.CorrelationID != "pipeline-42" || m.GitHubTokenRef != "vault:secret/data/ci#github_token" {
+	if m.JobID != d.JobID || m.TimeoutSeconds != 600 || m.CorrelationID != "pipeline-42" || m.GitHubTokenRef != req["github_token_ref"] {
 		t.Errorf("published message %+v", m)
 	}
 	var final deployments.Deployment

@@ -17,6 +17,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 )
@@ -44,9 +45,15 @@ func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
 	// the parent of the deployment's trace; a malformed one is ignored.
 	ctx := tracing.Extract(r.Context(), messages.TraceContext{
 		Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})
-	sub, err := a.deps.Deployments.Submit(ctx, key.ID, req, idem)
+	sub, err := a.deps.Deployments.Submit(ctx, key.ID, visibility(key), req, idem)
 	var invalid *deployments.InvalidError
 	switch {
+	case errors.Is(err, deployments.ErrForbiddenProject):
+		writeProblemValue(w, r, Problem{Type: ProbForbidden, Status: http.StatusForbidden,
+			Title:  "The API key does not act for this project",
+			Detail: "this API key is not bound to the request's project_id; `deployer keys set-projects` binds keys",
+			Errors: []FieldProblem{{Field: "project_id", Message: "not a project of this API key"}}})
+		return
 	case errors.As(err, &invalid):
 		fields := make([]FieldProblem, len(invalid.Fields))
 		for i, f := range invalid.Fields {
@@ -73,6 +80,19 @@ func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, d)
+}
+
+// visibility is what key may see and act on: its projects, or every
+// project for a fleet-wide key. Every handler that reads or acts on
+// deployments for a key goes through it.
+func visibility(key *auth.Key) deployments.Visibility {
+	if key == nil {
+		return deployments.Visibility{}
+	}
+	if key.FleetWide {
+		return deployments.AllProjects
+	}
+	return deployments.Visibility{Projects: key.Projects}
 }
 
 // parseWait reads ?wait=<duration> (Go syntax like 30s or 2m, or seconds).
@@ -129,15 +149,17 @@ func (a *API) getDeployment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := chi.URLParam(r, "id")
+	vis := visibility(authedKey(r.Context()))
 	if wait > 0 {
-		if _, err := a.deps.Deployments.Get(r.Context(), id); err != nil {
+		d, err := a.deps.Deployments.GetFor(r.Context(), vis, id)
+		if err != nil {
 			a.deploymentError(w, r, err)
 			return
 		}
-		a.respondAfterWait(w, r, id, wait)
+		a.respondAfterWait(w, r, d.ID, wait)
 		return
 	}
-	d, err := a.deps.Deployments.GetWithProgress(r.Context(), id)
+	d, err := a.deps.Deployments.GetWithProgress(r.Context(), vis, id)
 	if err != nil {
 		a.deploymentError(w, r, err)
 		return
@@ -188,7 +210,8 @@ func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	f := deployments.Filter{
-		ProjectID: q.Get("project_id"), ServerIP: q.Get("server_ip"), JobID: q.Get("job_id"),
+		Visibility: visibility(authedKey(r.Context())),
+		ProjectID:  q.Get("project_id"), ServerIP: q.Get("server_ip"), JobID: q.Get("job_id"),
 		CorrelationID: q.Get("correlation_id"), Source: q.Get("source"), Cursor: q.Get("cursor"),
 	}
 	if f.ProjectID != "" && !uuidRE.MatchString(f.ProjectID) {
@@ -274,7 +297,7 @@ func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) cancelDeployment(w http.ResponseWriter, r *http.Request) {
-	d, outcome, err := a.deps.Deployments.Cancel(r.Context(), chi.URLParam(r, "id"))
+	d, outcome, err := a.deps.Deployments.Cancel(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
 	switch {
 	case errors.Is(err, deployments.ErrFinished):
 		writeProblemValue(w, r, Problem{Type: ProbConflict, Status: http.StatusConflict,
@@ -290,7 +313,7 @@ func (a *API) cancelDeployment(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) deploymentEvents(w http.ResponseWriter, r *http.Request) {
 	svc := a.deps.Deployments
-	d, err := svc.Get(r.Context(), chi.URLParam(r, "id"))
+	d, err := svc.GetFor(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
 	if err != nil {
 		a.deploymentError(w, r, err)
 		return
@@ -319,7 +342,7 @@ func (a *API) deploymentEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) deploymentLog(w http.ResponseWriter, r *http.Request) {
-	d, err := a.deps.Deployments.Get(r.Context(), chi.URLParam(r, "id"))
+	d, err := a.deps.Deployments.GetFor(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
 	if err != nil {
 		a.deploymentError(w, r, err)
 		return
@@ -376,7 +399,7 @@ func safeFilename(s string) string {
 }
 
 func (a *API) deploymentWebhooks(w http.ResponseWriter, r *http.Request) {
-	d, err := a.deps.Deployments.Get(r.Context(), chi.URLParam(r, "id"))
+	d, err := a.deps.Deployments.GetFor(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
 	if err != nil {
 		a.deploymentError(w, r, err)
 		return

@@ -29,18 +29,26 @@ func netipParse(s string) (string, error) {
 
 // KeyView is an API key as the API shows it (never its secret).
 type KeyView struct {
-	ID         string     `json:"id"`
-	Name       string     `json:"name"`
-	Prefix     string     `json:"prefix"`
-	Scopes     []string   `json:"scopes"`
-	RateLimit  int        `json:"rate_limit,omitempty"`
-	CreatedAt  time.Time  `json:"created_at"`
-	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
-	RevokedAt  *time.Time `json:"revoked_at,omitempty"`
+	ID        string   `json:"id"`
+	Name      string   `json:"name"`
+	Prefix    string   `json:"prefix"`
+	Scopes    []string `json:"scopes"`
+	RateLimit int      `json:"rate_limit,omitempty"`
+	// Projects are the projects the key acts for; empty when FleetWide.
+	Projects []string `json:"projects"`
+	// FleetWide keys act for every project.
+	FleetWide bool `json:"fleet_wide"`
+	// LegacyFleetWide marks a key made before keys were bound to projects,
+	// fleet-wide until it is narrowed.
+	LegacyFleetWide bool       `json:"legacy_fleet_wide,omitempty"`
+	CreatedAt       time.Time  `json:"created_at"`
+	LastUsedAt      *time.Time `json:"last_used_at,omitempty"`
+	RevokedAt       *time.Time `json:"revoked_at,omitempty"`
 }
 
 func viewKey(k *auth.Key) KeyView {
-	v := KeyView{ID: k.ID, Name: k.Name, Prefix: k.Prefix, RateLimit: k.RateLimit, CreatedAt: k.CreatedAt}
+	v := KeyView{ID: k.ID, Name: k.Name, Prefix: k.Prefix, RateLimit: k.RateLimit, CreatedAt: k.CreatedAt,
+		Projects: append([]string{}, k.Projects...), FleetWide: k.FleetWide, LegacyFleetWide: k.Legacy}
 	for _, s := range k.Scopes {
 		v.Scopes = append(v.Scopes, string(s))
 	}
@@ -67,6 +75,8 @@ type createKeyRequest struct {
 	Name      string   `json:"name"`
 	Scopes    []string `json:"scopes"`
 	RateLimit int      `json:"rate_limit,omitempty"`
+	Projects  []string `json:"projects,omitempty"`
+	FleetWide bool     `json:"fleet_wide,omitempty"`
 }
 
 func (a *API) createKey(w http.ResponseWriter, r *http.Request) {
@@ -82,6 +92,11 @@ func (a *API) createKey(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		fields = append(fields, FieldProblem{Field: "scopes", Message: "must list known scopes: deployments:read, deployments:write, servers:read, servers:write, admin"})
 	}
+	if err == nil {
+		if _, _, berr := auth.Binding(scopes, req.Projects, req.FleetWide); berr != nil {
+			fields = append(fields, FieldProblem{Field: "projects", Message: berr.Error()})
+		}
+	}
 	if req.RateLimit < 0 || req.RateLimit > 100000 {
 		fields = append(fields, FieldProblem{Field: "rate_limit", Message: "must be between 1 and 100000 requests per second (0 or absent: the default)"})
 	}
@@ -89,7 +104,8 @@ func (a *API) createKey(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, "the key request is invalid: see errors", fields...)
 		return
 	}
-	k, secret, err := a.deps.Keys.Create(r.Context(), auth.NewKey{Name: req.Name, Scopes: scopes, RateLimit: req.RateLimit})
+	k, secret, err := a.deps.Keys.Create(r.Context(), auth.NewKey{Name: req.Name, Scopes: scopes, RateLimit: req.RateLimit,
+		Projects: req.Projects, FleetWide: req.FleetWide})
 	if errors.Is(err, auth.ErrNameTaken) {
 		writeProblem(w, r, http.StatusConflict, ProbConflict, "a live key already has this name; revoke it first or choose another",
 			FieldProblem{Field: "name", Message: "already used by a live key"})
@@ -104,7 +120,7 @@ func (a *API) createKey(w http.ResponseWriter, r *http.Request) {
 		out.WebhookSecret = a.deps.WebhookSecret(k.ID)
 	}
 	a.log.Info().Str("request_id", requestID(r.Context())).Str("created_key", k.Name).Str("created_key_id", k.ID).
-		Strs("scopes", out.Scopes).Msg("API key created")
+		Strs("scopes", out.Scopes).Strs("projects", out.Projects).Bool("fleet_wide", out.FleetWide).Msg("API key created")
 	w.Header().Set("Location", "/api/v1/keys/"+k.ID)
 	writeJSON(w, http.StatusCreated, out)
 }

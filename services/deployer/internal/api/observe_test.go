@@ -103,10 +103,11 @@ func TestObservedRequestsShowWhileQueued(t *testing.T) {
 		})
 	}
 	// Three requests and the garbage entry (infra's rejection of it
-	// creates its deployment), each once.
+	// creates its deployment), each once. The garbage has no project:
+	// only a fleet-wide key sees it.
 	var page api.DeploymentList
 	testenv.WaitFor(t, 30*time.Second, "the garbage entry's rejection", func() bool {
-		_, body := e2.Do("GET", "/api/v1/deployments?source=stream", e.CI, nil)
+		_, body := e2.Do("GET", "/api/v1/deployments?source=stream", e.Admin, nil)
 		page = dt.JSON[api.DeploymentList](t, body)
 		return len(page.Items) >= 4
 	})

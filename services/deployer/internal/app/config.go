@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
@@ -39,6 +40,26 @@ type Config struct {
 	// Signing signs the requests the deployer publishes (infra checks
 	// them against REQUEST_KEYS).
 	Signing reqsign.Config
+	// SecretRefs are the templates of the secret references a request
+	// may name, checked at submit.
+	SecretRefs SecretRefsConfig
+}
+
+// SecretRefsConfig is infra's DEPLOY_SECRET_REFS, read by the deployer too:
+// a request naming a reference outside its project's templates is refused
+// at submit (422) instead of on infra's side, after it was queued. Give
+// both services the same value; infra keeps its own check.
+type SecretRefsConfig struct {
+	Templates []string `env:"DEPLOY_SECRET_REFS" envSeparator:"," envDefault:"vault:secret/projects/{project_id}/**" desc:"templates of the secret references a deployment may name, as infra's DEPLOY_SECRET_REFS (same syntax and default: give both the same value); checked at submit"`
+}
+
+// Authorizer returns the checker of the templates.
+func (c SecretRefsConfig) Authorizer() (*authz.Authorizer, error) {
+	a, err := authz.New(authz.Config{SecretRefs: c.Templates}, authz.Options{})
+	if err != nil {
+		return nil, service.Invalid("DEPLOY_SECRET_REFS", "%v", err)
+	}
+	return a, nil
 }
 
 // RetentionConfig says how long the deployer keeps what it stores about
@@ -132,6 +153,9 @@ func (c *WebhookConfig) SigningKeyBytes() ([]byte, error) {
 func (c *Config) Validate() error {
 	var errs []error
 	if err := c.Signing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.SecretRefs.Authorizer(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.API.Addr == "" {

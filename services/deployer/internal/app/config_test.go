@@ -1,10 +1,12 @@
 package app
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 )
 
@@ -42,5 +44,32 @@ func TestSettings(t *testing.T) {
 		case cfg.Keep != tc.want:
 			t.Errorf("%v: %+v, want %+v", tc.env, cfg.Keep, tc.want)
 		}
+	}
+}
+
+// TestSecretRefsAsInfra: DEPLOY_SECRET_REFS has infra's default (the
+// deployer checks what infra checks), and a bad template is refused with
+// the variable named.
+func TestSecretRefsAsInfra(t *testing.T) {
+	var infra authz.Config
+	if err := service.Load(func(string) string { return "" }, &infra); err != nil {
+		t.Fatal(err)
+	}
+	cfg := NewConfig()
+	if err := service.Load(func(string) string { return "" }, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.SecretRefs.Templates, infra.SecretRefs) || len(infra.SecretRefs) == 0 {
+		t.Errorf("DEPLOY_SECRET_REFS default %q, infra's %q", cfg.SecretRefs.Templates, infra.SecretRefs)
+	}
+	cfg = NewConfig()
+	err := service.Load(func(k string) string {
+		if k == "DEPLOY_SECRET_REFS" {
+			return "vault:secret/a/**/b"
+		}
+		return ""
+	}, cfg)
+	if err == nil || !strings.Contains(err.Error(), "DEPLOY_SECRET_REFS") {
+		t.Errorf("a bad template: %v", err)
 	}
 }

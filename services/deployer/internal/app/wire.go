@@ -69,9 +69,13 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	}
 	guard := webhooks.NewGuard(allow)
 
+	refs, err := cfg.SecretRefs.Authorizer()
+	if err != nil {
+		return nil, err
+	}
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
-		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing}
+		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
 			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),

@@ -20,7 +20,7 @@ func TestAuthenticatorCacheRevocationBound(t *testing.T) {
 	db := testenv.Pool(t)
 	store := NewStore(db)
 	ctx := context.Background()
-	k, secret, err := store.Create(ctx, NewKey{Name: "ci", Scopes: []Scope{ScopeDeploymentsWrite}})
+	k, secret, err := store.Create(ctx, NewKey{Name: "ci", Scopes: []Scope{ScopeDeploymentsWrite}, FleetWide: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestAuthenticatorCacheRevocationBound(t *testing.T) {
 	}
 
 	// On the replica that revokes, Forget makes it immediate.
-	k2, secret2, err := store.Create(ctx, NewKey{Name: "ci2", Scopes: []Scope{ScopeDeploymentsWrite}})
+	k2, secret2, err := store.Create(ctx, NewKey{Name: "ci2", Scopes: []Scope{ScopeDeploymentsWrite}, FleetWide: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,14 +14,44 @@ import (
 
 // CLIUsage is the help of `deployer keys`.
 const CLIUsage = `Usage:
-  deployer keys create --name NAME --scopes SCOPE[,SCOPE...] [--rate N] [--json]
+  deployer keys create --name NAME --scopes SCOPE[,SCOPE...] (--project ID [--project ID...] | --fleet-wide) [--rate N] [--json]
   deployer keys list [--json]
+  deployer keys set-projects ID|NAME (--project ID [--project ID...] | --fleet-wide)
   deployer keys revoke ID|NAME
 
 Scopes: deployments:read, deployments:write, servers:read, servers:write, admin
 (a write scope includes its read scope; admin includes every scope).
+Projects: a key with deployments scopes submits and sees the deployments of
+its projects only (--project, repeated or comma-separated project ids);
+--fleet-wide makes an operator's key that sees every project. Admin keys and
+keys with servers scopes act on the whole fleet: they are fleet-wide.
 The key is printed once, when it is created: only its hash is stored.
 `
+
+// projectList is a repeatable, comma-separated --project flag.
+type projectList []string
+
+func (p *projectList) String() string { return strings.Join(*p, ",") }
+
+func (p *projectList) Set(v string) error {
+	for s := range strings.SplitSeq(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*p = append(*p, s)
+		}
+	}
+	return nil
+}
+
+// describeBinding says which projects a key acts for, as lists show it.
+func describeBinding(k *Key) string {
+	switch {
+	case k.Legacy:
+		return "* (fleet-wide, legacy)"
+	case k.FleetWide:
+		return "* (fleet-wide)"
+	}
+	return strings.Join(k.Projects, ",")
+}
 
 // CLI runs the `deployer keys` subcommands against store. webhookSecret
 // derives a key's webhook secret (nil when webhooks are disabled).
@@ -29,7 +59,7 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, CLIUsage)
 		if len(args) == 0 {
-			return errors.New("keys: a subcommand is required (create, list, revoke)")
+			return errors.New("keys: a subcommand is required (create, list, set-projects, revoke)")
 		}
 		return nil
 	}
@@ -41,6 +71,9 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		name := fs.String("name", "", "name of the key")
 		scopes := fs.String("scopes", "", "comma-separated scopes")
 		rate := fs.Int("rate", 0, "requests per second (0: the default)")
+		var projects projectList
+		fs.Var(&projects, "project", "a project the key acts for (repeatable)")
+		fleetWide := fs.Bool("fleet-wide", false, "the key sees every project")
 		if err := fs.Parse(args[1:]); err != nil {
 			return fmt.Errorf("keys create: %w\n%s", err, CLIUsage)
 		}
@@ -54,7 +87,10 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		if !ValidName(*name) {
 			return fmt.Errorf("keys create: --name must match %s", NamePattern)
 		}
-		k, secret, err := store.Create(ctx, NewKey{Name: *name, Scopes: sc, RateLimit: *rate})
+		if _, _, err := Binding(sc, projects, *fleetWide); err != nil {
+			return fmt.Errorf("keys create: %w", err)
+		}
+		k, secret, err := store.Create(ctx, NewKey{Name: *name, Scopes: sc, RateLimit: *rate, Projects: projects, FleetWide: *fleetWide})
 		if err != nil {
 			return fmt.Errorf("keys create: %w", err)
 		}
@@ -65,10 +101,12 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		if *asJSON {
 			return json.NewEncoder(stdout).Encode(map[string]any{
 				"id": k.ID, "name": k.Name, "prefix": k.Prefix, "scopes": k.Scopes, "key": secret,
+				"projects": nonNil(k.Projects), "fleet_wide": k.FleetWide,
 				"webhook_secret": whsec, "created_at": k.CreatedAt,
 			})
 		}
-		fmt.Fprintf(stdout, "API key %q created (id %s, scopes %s)\n\n  %s\n\n", k.Name, k.ID, joinScopes(k.Scopes), secret)
+		fmt.Fprintf(stdout, "API key %q created (id %s, scopes %s, projects %s)\n\n  %s\n\n", k.Name, k.ID,
+			joinScopes(k.Scopes), describeBinding(k), secret)
 		if whsec != "" {
 			fmt.Fprintf(stdout, "Webhook secret (verifies the Autoprov-Signature of this key's webhooks):\n\n  %s\n\n", whsec)
 		}
@@ -86,16 +124,57 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 			return json.NewEncoder(stdout).Encode(keys)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tPREFIX\tSCOPES\tRATE\tCREATED\tLAST USED\tREVOKED")
+		fmt.Fprintln(tw, "ID\tNAME\tPREFIX\tSCOPES\tPROJECTS\tRATE\tCREATED\tLAST USED\tREVOKED")
+		var legacy []string
 		for _, k := range keys {
 			rate := "default"
 			if k.RateLimit > 0 {
 				rate = fmt.Sprintf("%d/s", k.RateLimit)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Prefix, joinScopes(k.Scopes), rate,
-				when(k.CreatedAt), when(k.LastUsedAt), when(k.RevokedAt))
+			fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Prefix, joinScopes(k.Scopes),
+				describeBinding(k), rate, when(k.CreatedAt), when(k.LastUsedAt), when(k.RevokedAt))
+			if k.Legacy && k.RevokedAt.IsZero() && k.Has(ScopeDeploymentsRead) && !k.Has(ScopeAdmin) {
+				legacy = append(legacy, k.Name)
+			}
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(legacy) > 0 {
+			fmt.Fprintf(stdout, "\nWARNING: %d live key(s) predate project binding and act for every project: %s.\n"+
+				"Narrow each with `deployer keys set-projects NAME --project ID` (or --fleet-wide to keep it so knowingly),\n"+
+				"or revoke it and create a new one with --project (README, \"Security\").\n", len(legacy), strings.Join(legacy, ", "))
+		}
+		return nil
+	case "set-projects":
+		var projects projectList
+		fs.Var(&projects, "project", "a project the key acts for (repeatable)")
+		fleetWide := fs.Bool("fleet-wide", false, "the key sees every project")
+		// The key may come before the flags or after them.
+		rest, target := args[1:], ""
+		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+			target, rest = rest[0], rest[1:]
+		}
+		if err := fs.Parse(rest); err != nil {
+			return fmt.Errorf("keys set-projects: %w\n%s", err, CLIUsage)
+		}
+		if target == "" && fs.NArg() == 1 {
+			target = fs.Arg(0)
+		} else if fs.NArg() > 0 || target == "" {
+			return fmt.Errorf("keys set-projects: give the id or name of one key")
+		}
+		if len(projects) == 0 && !*fleetWide {
+			return fmt.Errorf("keys set-projects: give --project ID (repeatable) or --fleet-wide")
+		}
+		k, err := store.SetProjects(ctx, target, projects, *fleetWide)
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("keys set-projects: no live key has this id or name")
+		}
+		if err != nil {
+			return fmt.Errorf("keys set-projects: %w", err)
+		}
+		fmt.Fprintf(stdout, "API key %q (id %s) now acts for: %s\n", k.Name, k.ID, describeBinding(k))
+		return nil
 	case "revoke":
 		if err := fs.Parse(args[1:]); err != nil {
 			return fmt.Errorf("keys revoke: %w", err)
@@ -113,7 +192,7 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		fmt.Fprintf(stdout, "API key %q (id %s) revoked\n", k.Name, k.ID)
 		return nil
 	}
-	return fmt.Errorf("keys: unknown subcommand %q (create, list, revoke)", truncate(strings.TrimSpace(args[0]), 20))
+	return fmt.Errorf("keys: unknown subcommand %q (create, list, set-projects, revoke)", truncate(strings.TrimSpace(args[0]), 20))
 }
 
 func when(t time.Time) string {

@@ -8,11 +8,14 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
 // Scope is a permission an API key holds.
@@ -86,7 +89,17 @@ type Key struct {
 	Prefix string // the key's first characters, to recognise it
 	Scopes []Scope
 	// RateLimit is the key's requests per second; 0 means the default.
-	RateLimit  int
+	RateLimit int
+	// Projects are the projects whose deployments the key may submit and
+	// see (lower-case UUIDs); empty for a fleet-wide key.
+	Projects []string
+	// FleetWide keys see every project: admin keys, operator keys for the
+	// servers, keys created with --fleet-wide.
+	FleetWide bool
+	// Legacy is set on keys made before keys were bound to projects: the
+	// migration made them fleet-wide, and `deployer keys list` flags them
+	// until they are narrowed.
+	Legacy     bool
 	CreatedAt  time.Time
 	LastUsedAt time.Time // zero: never used
 	RevokedAt  time.Time // zero: live
@@ -104,6 +117,66 @@ func (k *Key) Has(scope Scope) bool {
 		}
 	}
 	return false
+}
+
+// HoldsProject reports whether the key may act for project (a project id
+// in any case): a fleet-wide key holds every project.
+func (k *Key) HoldsProject(project string) bool {
+	if k.FleetWide {
+		return true
+	}
+	p, ok := messages.CanonicalProjectID(project)
+	return ok && slices.Contains(k.Projects, p)
+}
+
+// Binding decides which projects a key with scopes is bound to, from the
+// projects and the explicit fleet-wide choice of its creator, and returns
+// them canonical (lower-case, sorted, without duplicates) with whether the
+// key is fleet-wide:
+//
+//   - an admin key is fleet-wide (it manages every key anyway);
+//   - a key with a servers scope acts on the fleet, which no project owns:
+//     it is fleet-wide, so it cannot be bound to projects;
+//   - a key with a deployments scope is bound to projects, unless it is
+//     explicitly fleet-wide (an operator's key that sees every project).
+//
+// Project ids follow the rule of a request's project_id.
+func Binding(scopes []Scope, projects []string, fleetWide bool) ([]string, bool, error) {
+	var out []string
+	for i, p := range projects {
+		c, ok := messages.CanonicalProjectID(strings.TrimSpace(p))
+		if !ok { // the value is not repeated: it may be anything pasted
+			return nil, false, fmt.Errorf("project %d of %d is not a project id (a UUID in 8-4-4-4-12 form)", i+1, len(projects))
+		}
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	admin, servers, deploys := false, false, false
+	for _, s := range scopes {
+		switch s {
+		case ScopeAdmin:
+			admin = true
+		case ScopeServersRead, ScopeServersWrite:
+			servers = true
+		case ScopeDeploymentsRead, ScopeDeploymentsWrite:
+			deploys = true
+		}
+	}
+	switch {
+	case len(out) > 0 && fleetWide:
+		return nil, false, errors.New("a key is either bound to projects or fleet-wide, not both")
+	case len(out) > 0 && admin:
+		return nil, false, errors.New("an admin key is fleet-wide: it cannot be bound to projects")
+	case len(out) > 0 && servers:
+		return nil, false, errors.New("servers scopes act on the whole fleet: such a key is fleet-wide and cannot be bound to projects (make one key per role)")
+	case len(out) > 0:
+		return out, false, nil
+	case fleetWide || admin || !deploys:
+		return nil, true, nil
+	}
+	return nil, false, errors.New("a key with deployments scopes needs the projects it may act for (--project), or --fleet-wide for an operator's key that sees every project")
 }
 
 // KeyPrefix starts every key, so that secret scanners and people recognise

@@ -33,6 +33,9 @@ type NewKey struct {
 	Name      string
 	Scopes    []Scope
 	RateLimit int // 0: the default
+	// Projects and FleetWide bind the key (see Binding).
+	Projects  []string
+	FleetWide bool
 }
 
 // Create makes a key and returns it with its secret, which is not stored
@@ -47,19 +50,26 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (*Key, string, error) {
 	if nk.RateLimit < 0 {
 		return nil, "", errors.New("rate limit must not be negative")
 	}
+	projects, fleetWide, err := Binding(nk.Scopes, nk.Projects, nk.FleetWide)
+	if err != nil {
+		return nil, "", err
+	}
 	id, err := uuid.NewV7FromReader(rand.Reader)
 	if err != nil {
 		return nil, "", fmt.Errorf("new key id: %w", err)
 	}
 	secret := NewSecret()
-	k := &Key{ID: id.String(), Name: nk.Name, Prefix: DisplayPrefix(secret), Scopes: nk.Scopes, RateLimit: nk.RateLimit}
+	k := &Key{ID: id.String(), Name: nk.Name, Prefix: DisplayPrefix(secret), Scopes: nk.Scopes, RateLimit: nk.RateLimit,
+		Projects: projects, FleetWide: fleetWide}
 	var rate *int
 	if nk.RateLimit > 0 {
 		rate = &nk.RateLimit
 	}
 	err = s.db.QueryRow(ctx, `
-		INSERT INTO api_keys (id, name, prefix, hash, scopes, rate_limit) VALUES ($1, $2, $3, $4, $5, $6)
-		RETURNING created_at`, k.ID, k.Name, k.Prefix, Hash(secret), scopeStrings(k.Scopes), rate).Scan(&k.CreatedAt)
+		INSERT INTO api_keys (id, name, prefix, hash, scopes, rate_limit, projects, fleet_wide)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		RETURNING created_at`, k.ID, k.Name, k.Prefix, Hash(secret), scopeStrings(k.Scopes), rate,
+		nonNil(projects), fleetWide).Scan(&k.CreatedAt)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return nil, "", ErrNameTaken
@@ -70,13 +80,15 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (*Key, string, error) {
 	return k, secret, nil
 }
 
-const keyColumns = `id::text, name, prefix, scopes, COALESCE(rate_limit, 0), created_at, last_used_at, revoked_at`
+const keyColumns = `id::text, name, prefix, scopes, COALESCE(rate_limit, 0), projects, fleet_wide, legacy,
+	created_at, last_used_at, revoked_at`
 
 func scanKey(row pgx.Row) (*Key, error) {
 	var k Key
 	var scopes []string
 	var lastUsed, revoked *time.Time
-	if err := row.Scan(&k.ID, &k.Name, &k.Prefix, &scopes, &k.RateLimit, &k.CreatedAt, &lastUsed, &revoked); err != nil {
+	if err := row.Scan(&k.ID, &k.Name, &k.Prefix, &scopes, &k.RateLimit, &k.Projects, &k.FleetWide, &k.Legacy,
+		&k.CreatedAt, &lastUsed, &revoked); err != nil {
 		return nil, err
 	}
 	for _, s := range scopes {
@@ -160,6 +172,51 @@ func (s *Store) Use(ctx context.Context, hash []byte) (*Key, error) {
 		return nil, fmt.Errorf("look up api key: %w", err)
 	}
 	return nil, ErrRevoked
+}
+
+// SetProjects binds the live key whose id or name is idOrName to projects,
+// or makes it fleet-wide, by the rules of Binding, and returns it. It is
+// how a key is narrowed without handing out a new secret (a legacy key
+// loses its mark). Other replicas see the change within their key cache's
+// TTL.
+func (s *Store) SetProjects(ctx context.Context, idOrName string, projects []string, fleetWide bool) (*Key, error) {
+	var k *Key
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		where := "name = $1"
+		if _, perr := uuid.Parse(idOrName); perr == nil {
+			where = "id = $1"
+		}
+		cur, err := scanKey(tx.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys
+			WHERE `+where+` AND revoked_at IS NULL FOR UPDATE`, idOrName))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("read api key: %w", err)
+		}
+		bound, fw, err := Binding(cur.Scopes, projects, fleetWide)
+		if err != nil {
+			return err
+		}
+		k, err = scanKey(tx.QueryRow(ctx, `UPDATE api_keys SET projects = $2, fleet_wide = $3, legacy = false
+			WHERE id = $1 RETURNING `+keyColumns, cur.ID, nonNil(bound), fw))
+		if err != nil {
+			return fmt.Errorf("bind api key: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// nonNil makes a nil list an empty one (the column is NOT NULL).
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 func scopeStrings(scopes []Scope) []string {

@@ -32,6 +32,13 @@ import (
 // SigningKey is the webhook signing key of test deployers.
 const SigningKey = "test-webhook-signing-key-0123456789abcdef"
 
+// The projects of the CI key: Project is Request's, OtherProject a second
+// one.
+const (
+	Project      = "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"
+	OtherProject = "11111111-2222-3333-4444-555555555555"
+)
+
 // Options tune Start.
 type Options struct {
 	// Env sets configuration variables (as the binary reads them).
@@ -60,7 +67,7 @@ type Env struct {
 	Logs    *testenv.SafeBuffer
 	Client  *http.Client
 	// Admin and CI are keys with the admin scope and with
-	// deployments:read+write.
+	// deployments:read+write for Project and OtherProject.
 	Admin, CI string
 	AdminID   string
 	CIID      string
@@ -137,7 +144,8 @@ func Start(t testing.TB, o Options) *Env {
 			t.Fatal(err)
 		}
 		e.Admin, e.AdminID = s, k.ID
-		k, s, err = keys.Create(context.Background(), auth.NewKey{Name: "ci", Scopes: []auth.Scope{auth.ScopeDeploymentsWrite}})
+		k, s, err = keys.Create(context.Background(), auth.NewKey{Name: "ci", Scopes: []auth.Scope{auth.ScopeDeploymentsWrite},
+			Projects: []string{Project, OtherProject}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,6 +157,18 @@ func Start(t testing.TB, o Options) *Env {
 		e.StartInfra()
 	}
 	return e
+}
+
+// Key creates a key named name with scopes, bound to projects (none: a
+// fleet-wide key), and returns its secret.
+func (e *Env) Key(name string, scopes []auth.Scope, projects ...string) string {
+	e.T.Helper()
+	_, s, err := auth.NewStore(e.DB).Create(context.Background(), auth.NewKey{Name: name, Scopes: scopes,
+		Projects: projects, FleetWide: len(projects) == 0})
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return s
 }
 
 // StartInfra starts the stand-in infra.
@@ -240,7 +260,7 @@ func truncate(b []byte) string {
 // Request returns a valid deployment request body.
 func Request() map[string]any {
 	return map[string]any{
-		"project_id":     "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
+		"project_id":     Project,
 		"repo_full_name": "acme/shop",
 		"branch":         "main",
 		"server_ip":      "198.51.100.7",

@@ -52,7 +52,7 @@ func TestCancelRacesResult(t *testing.T) {
 			t.Error(err)
 		}
 	}})
-	d, outcome, err := s.Cancel(ctx, row.id)
+	d, outcome, err := s.Cancel(ctx, AllProjects, row.id)
 	if !errors.Is(err, ErrFinished) || d == nil || d.Status != StatusSucceeded || outcome != 0 {
 		t.Fatalf("cancel while the result arrives: %+v, %v, %v; want the finished deployment and ErrFinished", d, outcome, err)
 	}

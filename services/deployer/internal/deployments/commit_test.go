@@ -201,7 +201,7 @@ func TestSubmitFailedCommitIsNotAccepted(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 20 { // concurrent: they fail as groups, and each submit on its own
 		wg.Go(func() {
-			sub, err := s.Submit(context.Background(), "", r, "")
+			sub, err := s.Submit(context.Background(), "", AllProjects, r, "")
 			if err == nil || sub != nil {
 				t.Errorf("submit with the database gone: %+v, %v; want an error", sub, err)
 			}

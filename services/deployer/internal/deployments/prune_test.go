@@ -154,30 +154,30 @@ func TestIdempotencyKeyTTL(t *testing.T) {
 		}
 	}
 
-	first, err := s.Submit(ctx, keyID, r, "retry-1")
+	first, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := s.Submit(ctx, keyID, r, "retry-1")
+	again, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1")
 	if err != nil || !again.Replayed || again.Deployment.ID != first.Deployment.ID {
 		t.Fatalf("retry within the TTL: %+v, %v; want the first deployment replayed", again, err)
 	}
 	age("retry-1", 2*time.Hour)
-	later, err := s.Submit(ctx, keyID, r, "retry-1")
+	later, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1")
 	if err != nil || later.Replayed || later.Deployment.ID == first.Deployment.ID {
 		t.Fatalf("retry after the TTL: %+v, %v; want a new deployment", later, err)
 	}
-	if again, err := s.Submit(ctx, keyID, r, "retry-1"); err != nil || !again.Replayed || again.Deployment.ID != later.Deployment.ID {
+	if again, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1"); err != nil || !again.Replayed || again.Deployment.ID != later.Deployment.ID {
 		t.Fatalf("retry of the renewed key: %+v, %v; want the new deployment replayed", again, err)
 	}
 	other := r
 	other.Branch = "release"
 	age("retry-1", 2*time.Hour)
-	if sub, err := s.Submit(ctx, keyID, other, "retry-1"); err != nil || sub.Replayed {
+	if sub, err := s.Submit(ctx, keyID, AllProjects, other, "retry-1"); err != nil || sub.Replayed {
 		t.Fatalf("another request with an expired key: %+v, %v; want a new deployment", sub, err)
 	}
 
-	if _, err := s.Submit(ctx, keyID, r, "fresh"); err != nil {
+	if _, err := s.Submit(ctx, keyID, AllProjects, r, "fresh"); err != nil {
 		t.Fatal(err)
 	}
 	age("retry-1", 2*time.Hour)
@@ -199,7 +199,7 @@ func TestIdempotencyKeyTTL(t *testing.T) {
 	// No TTL: an old key is still honoured and not pruned.
 	s.cfg.IdempotencyTTL = 0
 	age("fresh", 1000*time.Hour)
-	if sub, err := s.Submit(ctx, keyID, r, "fresh"); err != nil || !sub.Replayed {
+	if sub, err := s.Submit(ctx, keyID, AllProjects, r, "fresh"); err != nil || !sub.Replayed {
 		t.Errorf("old key without a TTL: %+v, %v; want a replay", sub, err)
 	}
 	if got, err := s.Prune(ctx, 0); err != nil || got != (Pruned{}) {
@@ -210,7 +210,7 @@ func TestIdempotencyKeyTTL(t *testing.T) {
 // apiKey stores an API key and returns its id.
 func apiKey(t *testing.T, db *pgxpool.Pool) string {
 	t.Helper()
-	k, _, err := auth.NewStore(db).Create(context.Background(), auth.NewKey{Name: "prune", Scopes: []auth.Scope{auth.ScopeDeploymentsWrite}})
+	k, _, err := auth.NewStore(db).Create(context.Background(), auth.NewKey{Name: "prune", Scopes: []auth.Scope{auth.ScopeDeploymentsWrite}, FleetWide: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestPruneKeepsRenewedIdempotencyKey(t *testing.T) {
 	ctx := context.Background()
 	keyID := apiKey(t, db)
 	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
-	if _, err := s.Submit(ctx, keyID, r, "renewed"); err != nil {
+	if _, err := s.Submit(ctx, keyID, AllProjects, r, "renewed"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET created_at = created_at - interval '2 hours'`); err != nil {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -59,6 +62,11 @@ type Config struct {
 	// Tracing makes a producer span per submitted deployment, whose
 	// context its request carries (package tracing); nil: none.
 	Tracing trace.TracerProvider
+	// SecretRefs checks the secret references of a submitted request
+	// against the project's templates (DEPLOY_SECRET_REFS, as infra does),
+	// so that a refused reference never reaches the queue; nil leaves the
+	// check to infra alone.
+	SecretRefs *authz.Authorizer
 }
 
 // Service is the deployments' domain logic.
@@ -120,14 +128,20 @@ func (e *InvalidError) Error() string {
 	return fmt.Sprintf("invalid request: %d problems", len(e.Fields))
 }
 
+// ErrForbiddenProject: the request is for a project its API key does not
+// hold.
+var ErrForbiddenProject = errors.New("the API key does not hold the request's project")
+
 // ErrIdempotencyMismatch: an Idempotency-Key was used before with another
 // request.
 var ErrIdempotencyMismatch = errors.New("this Idempotency-Key was used with a different request")
 
 // toMessage validates r by the wire contract's rules (through the wire
 // decoder itself, which also normalises: lower-case project id, canonical
-// address, default branch) and returns the message to publish.
-func (s *Service) toMessage(r *Request, jobID string, at time.Time) (*messages.AnsibleDeployMessage, error) {
+// address, default branch), refuses a project outside v
+// (ErrForbiddenProject) and secret references outside the project's
+// templates, and returns the message to publish.
+func (s *Service) toMessage(r *Request, v Visibility, jobID string, at time.Time) (*messages.AnsibleDeployMessage, error) {
 	m := &messages.AnsibleDeployMessage{
 		RequestMeta: messages.RequestMeta{
 			SchemaVersion: messages.SchemaVersion, JobID: jobID, CorrelationID: r.CorrelationID,
@@ -156,6 +170,31 @@ func (s *Service) toMessage(r *Request, jobID string, at time.Time) (*messages.A
 			}
 		default:
 			return nil, &InvalidError{Fields: []FieldError{{Field: "", Message: "the request cannot be encoded as a wire message"}}}
+		}
+	}
+	// A valid project id is checked before anything else is said about
+	// the request: a project the key does not hold is refused as such.
+	project, validProject := messages.CanonicalProjectID(r.ProjectID)
+	if validProject && !v.Holds(project) {
+		return nil, ErrForbiddenProject
+	}
+	if validProject && s.cfg.SecretRefs != nil {
+		for _, ref := range []struct{ field, value string }{
+			{"github_token_ref", r.GitHubTokenRef}, {"secrets_ref", r.SecretsRef},
+		} {
+			if ref.value == "" || slices.ContainsFunc(fields, func(f FieldError) bool { return f.Field == ref.field }) {
+				continue
+			}
+			// The service's own credentials are infra's to guard (it
+			// knows them); the templates are the same on both sides.
+			if _, err := s.cfg.SecretRefs.Ref(project, ref.field, ref.value, nil); err != nil {
+				var re *authz.RefError
+				msg := "this reference is not allowed"
+				if errors.As(err, &re) {
+					msg = "refused: " + re.Reason
+				}
+				fields = append(fields, FieldError{Field: ref.field, Message: msg})
+			}
 		}
 	}
 	if r.Options.CallbackURL != "" {
@@ -201,16 +240,17 @@ const insertDeployment = `
 		$12, NULLIF($13, ''), $14, $16, $17)`
 
 // Submit validates, stores and publishes a deployment made with the API
-// key keyID. With an idempotencyKey, a request repeated with the same key
+// key keyID, which sees v: a request for another project is
+// ErrForbiddenProject, refused before anything is stored or published. With an idempotencyKey, a request repeated with the same key
 // (also concurrently) returns the first one's deployment and publishes
 // nothing; the same key with a different request is ErrIdempotencyMismatch.
-func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempotencyKey string) (*Submission, error) {
+func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Request, idempotencyKey string) (*Submission, error) {
 	id, err := uuid.NewV7FromReader(rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("new deployment id: %w", err)
 	}
 	now := s.now()
-	msg, err := s.toMessage(&r, id.String(), now)
+	msg, err := s.toMessage(&r, v, id.String(), now)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +325,10 @@ func (s *Service) Submit(ctx context.Context, keyID string, r Request, idempoten
 		return nil, fmt.Errorf("store deployment: %w", err)
 	}
 	if existing != "" {
-		d, err := s.Get(ctx, existing)
+		// The request, whose project v holds, equals the first one (same
+		// hash): the deployment found is of that project too. GetFor keeps
+		// it so should the key have been narrowed since.
+		d, err := s.GetFor(ctx, v, existing)
 		if err != nil {
 			return nil, err
 		}
@@ -350,9 +393,27 @@ func nullUUID(s string) any {
 
 // Get returns the deployment with id: its UUID, or else its job id (so
 // that a producer that knows only the job id it put on the queue finds it).
+// It sees every project: callers acting for an API key use GetFor.
 func (s *Service) Get(ctx context.Context, id string) (*Deployment, error) {
+	return s.GetFor(ctx, AllProjects, id)
+}
+
+// GetFor is Get limited to v: a deployment of another project is
+// ErrNotFound, exactly as an unknown id.
+func (s *Service) GetFor(ctx context.Context, v Visibility, id string) (*Deployment, error) {
+	cond, arg := v.clause()
+	args := []any{id}
+	if arg != nil {
+		args = append(args, arg)
+	}
+	switch {
+	case arg != nil:
+		cond = " AND " + strings.Replace(cond, "?", "$2", 1)
+	case cond != "":
+		cond = " AND " + cond
+	}
 	if _, err := uuid.Parse(id); err == nil {
-		d, err := getDeployment(ctx, s.db, "d.id = $1", id)
+		d, err := getDeployment(ctx, s.db, "d.id = $1"+cond, args...)
 		if !errors.Is(err, ErrNotFound) {
 			return d, err
 		}
@@ -360,16 +421,16 @@ func (s *Service) Get(ctx context.Context, id string) (*Deployment, error) {
 	if !jobIDRE.MatchString(id) {
 		return nil, ErrNotFound
 	}
-	return getDeployment(ctx, s.db, "d.job_id = $1", id)
+	return getDeployment(ctx, s.db, "d.job_id = $1"+cond, args...)
 }
 
 // jobIDRE is the wire contract's shape of a job id.
 var jobIDRE = regexp.MustCompile(`^[!-~]{1,255}$`)
 
-// GetWithProgress returns the deployment with its progress from the job's
-// event stream.
-func (s *Service) GetWithProgress(ctx context.Context, id string) (*Deployment, error) {
-	d, err := s.Get(ctx, id)
+// GetWithProgress returns the deployment (within v) with its progress from
+// the job's event stream.
+func (s *Service) GetWithProgress(ctx context.Context, v Visibility, id string) (*Deployment, error) {
+	d, err := s.GetFor(ctx, v, id)
 	if err != nil {
 		return nil, err
 	}
@@ -449,12 +510,16 @@ const (
 // cancelled at once, atomically with infra's run record (a done run with
 // a cancelled result, so infra publishes that result instead of running
 // it); a running job gets its cancel key set. A finished one is
-// ErrFinished, returned with the deployment.
-func (s *Service) Cancel(ctx context.Context, id string) (*Deployment, CancelOutcome, error) {
-	d, err := s.Get(ctx, id)
+// ErrFinished, returned with the deployment. A deployment outside v is
+// ErrNotFound.
+func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deployment, CancelOutcome, error) {
+	d, err := s.GetFor(ctx, v, id)
 	if err != nil {
 		return nil, 0, err
 	}
+	// From here on the deployment found is named by its own id: a job id
+	// given as id could name another deployment's id too.
+	id = d.ID
 	if d.Status.Terminal() {
 		return d, 0, ErrFinished
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -72,8 +73,8 @@ func scanDeployment(row pgx.Row) (*Deployment, error) {
 	return &d, nil
 }
 
-func getDeployment(ctx context.Context, q store.Querier, where string, arg any) (*Deployment, error) {
-	d, err := scanDeployment(q.QueryRow(ctx, selectDeployment+" WHERE "+where, arg))
+func getDeployment(ctx context.Context, q store.Querier, where string, args ...any) (*Deployment, error) {
+	d, err := scanDeployment(q.QueryRow(ctx, selectDeployment+" WHERE "+where, args...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -83,8 +84,43 @@ func getDeployment(ctx context.Context, q store.Querier, where string, arg any) 
 	return d, nil
 }
 
-// Filter selects deployments for List. Zero fields do not filter.
+// Visibility is what a caller may see and act on: the deployments of its
+// API key's projects, or every deployment for a fleet-wide key. The zero
+// value sees nothing, so a caller that forgets it fails closed. A
+// deployment outside it is answered exactly as one that does not exist.
+type Visibility struct {
+	// All: every project (a fleet-wide key).
+	All bool
+	// Projects are the projects seen, canonical (lower-case) ids.
+	Projects []string
+}
+
+// AllProjects sees every deployment.
+var AllProjects = Visibility{All: true}
+
+// Holds reports whether v covers project (canonical form).
+func (v Visibility) Holds(project string) bool {
+	return v.All || slices.Contains(v.Projects, project)
+}
+
+// clause returns the SQL condition limiting a query to v, with ? for its
+// argument (nil: none): "" for every project.
+func (v Visibility) clause() (string, any) {
+	switch {
+	case v.All:
+		return "", nil
+	case len(v.Projects) == 0:
+		return "false", nil
+	}
+	return "d.project_id = ANY(?)", v.Projects
+}
+
+// Filter selects deployments for List. Zero fields do not filter, except
+// Visibility, whose zero value sees nothing.
 type Filter struct {
+	// Visibility limits the list to what the caller may see; it is a
+	// condition of the query, so that pages and cursors hold only them.
+	Visibility    Visibility
 	ProjectID     string
 	ServerIP      string // the deployment's server address
 	ServerHandle  string // a registered server, by its address
@@ -131,6 +167,12 @@ func list(ctx context.Context, q store.Querier, f Filter) (*Page, error) {
 	add := func(cond string, v any) {
 		args = append(args, v)
 		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	switch cond, arg := f.Visibility.clause(); {
+	case arg != nil:
+		add(cond, arg)
+	case cond != "":
+		where = append(where, cond)
 	}
 	if f.ProjectID != "" {
 		add("d.project_id = ?", strings.ToLower(f.ProjectID))

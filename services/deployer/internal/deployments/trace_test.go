@@ -30,7 +30,7 @@ func TestSubmitCarriesTraceContext(t *testing.T) {
 	}
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	ctx := tracing.Extract(context.Background(), messages.TraceContext{Traceparent: parent})
-	sub, err := s.Submit(ctx, "", Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
+	sub, err := s.Submit(ctx, "", AllProjects, Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
 		ServerIP: "198.51.100.7", Port: 22}, "")
 	if err != nil {
 		t.Fatal(err)
