@@ -201,7 +201,10 @@ func finish(g *globals, r *jobResult) error {
 }
 
 // follow prints the job's progress events and waits for its result on the
-// results streams from the given ids on.
+// results streams from the given ids on. A job whose run_finished event is
+// read but whose result does not show within resultGrace of that event
+// (consumed and trimmed from its stream already) ends with the event's
+// status (see runEnd).
 func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[string]string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(g.ctx, timeout)
 	defer cancel()
@@ -214,7 +217,11 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[str
 	for s := range positions {
 		order = append(order, s)
 	}
+	var end *runEnd // the job's run_finished event, once read
 	for {
+		if end.over() {
+			return finishFromEvent(g, jobID, end.ev)
+		}
 		args := make([]string, 0, 2*len(order))
 		args = append(args, order...)
 		for _, s := range order {
@@ -236,6 +243,9 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, results map[str
 				if st.Stream == events {
 					if e, err := messages.DecodeProgressEvent(data); err == nil {
 						showEvent(g, e)
+						if e.Type == messages.EventRunFinished {
+							end = endOf(ctx, rdb, m.ID, e)
+						}
 					}
 					continue
 				}
