@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,6 +28,9 @@ type ServiceBinary struct {
 	// Env is added to the environment of the full start, for settings the
 	// service needs on a test machine (infra: PLAYBOOK_DIR, ...).
 	Env []string
+	// Commands are the binary's subcommands, each of which --help must
+	// list on a line of its own with a summary.
+	Commands []string
 }
 
 // ServiceBinaryTests builds the binary and runs, as parallel subtests, what
@@ -61,6 +65,11 @@ func ServiceBinaryTests(t *testing.T, b ServiceBinary) {
 		} {
 			if !UsageHasRow(stdout, name, def) {
 				t.Errorf("--help has no row for %s with default %s:\n%s", name, def, stdout)
+			}
+		}
+		for _, cmd := range b.Commands {
+			if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(cmd) + `  +\S`).MatchString(stdout) {
+				t.Errorf("--help does not list the command %s with a summary:\n%s", cmd, stdout)
 			}
 		}
 	})

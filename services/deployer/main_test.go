@@ -17,6 +17,7 @@ func TestBinary(t *testing.T) {
 		Summary:          app.Summary,
 		DefaultAdminAddr: app.DefaultAdminAddr,
 		// Any free port for the API: tests run side by side.
-		Env: []string{"API_ADDR=127.0.0.1:0"},
+		Env:      []string{"API_ADDR=127.0.0.1:0"},
+		Commands: []string{"keys"},
 	})
 }

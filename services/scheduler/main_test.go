@@ -16,5 +16,6 @@ func TestBinary(t *testing.T) {
 		Dir:              ".",
 		Summary:          app.Summary,
 		DefaultAdminAddr: app.DefaultAdminAddr,
+		Commands:         []string{"servers"},
 	})
 }
