@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // ErrHelp is returned by ParseArgs after it wrote the usage for --help.
@@ -38,12 +39,13 @@ func (e *UsageError) Unwrap() error { return e.Err }
 // Anything else is a *UsageError. Services take their configuration from
 // the environment only.
 func ParseArgs(args []string, stdout io.Writer, name, summary string, cfg any) error {
-	_, err := parseArgs(args, stdout, name, summary, cfg)
+	_, err := parseArgs(args, stdout, name, summary, cfg, nil)
 	return err
 }
 
-// parseArgs is ParseArgs; it also returns the --secret-refs file.
-func parseArgs(args []string, stdout io.Writer, name, summary string, cfg any) (refsFile string, err error) {
+// parseArgs is ParseArgs; it also returns the --secret-refs file. --help
+// lists cmds.
+func parseArgs(args []string, stdout io.Writer, name, summary string, cfg any, cmds []Command) (refsFile string, err error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
@@ -53,10 +55,12 @@ func parseArgs(args []string, stdout io.Writer, name, summary string, cfg any) (
 	err = fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		Usage(stdout, name, summary, cfg)
+		usage(stdout, name, summary, cfg, cmds)
 		return "", ErrHelp
 	case err != nil:
 		return "", &UsageError{Err: err}
+	case fs.NArg() > 0 && len(cmds) > 0:
+		return "", &UsageError{Err: fmt.Errorf("unexpected argument %q (commands: %s)", fs.Arg(0), commandNames(cmds))}
 	case fs.NArg() > 0:
 		return "", &UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	case refsFile != "" && !*checkSecrets:
@@ -83,4 +87,13 @@ func ExitCode(err error) int {
 		return 2
 	}
 	return 1
+}
+
+// commandNames lists the names of cmds, comma-separated.
+func commandNames(cmds []Command) string {
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		names[i] = c.Name
+	}
+	return strings.Join(names, ", ")
 }

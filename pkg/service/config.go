@@ -376,10 +376,25 @@ func RedactURL(s string) string { return secrets.RedactCredentials(s) }
 // table of every environment variable of cfg (a pointer to a config struct,
 // nested structs and prefixes included) with its default and description.
 // Defaults are the envDefault tags, or the values cfg already holds.
-func Usage(w io.Writer, name, summary string, cfg any) {
-	fmt.Fprintf(w, "%s: %s\n\nUsage: %s [--help | --check-config | --check-secrets [--secret-refs FILE]]\n\n", name, summary, name)
-	fmt.Fprintf(w, "  --check-config   load and validate the configuration, start nothing, exit\n")
+func Usage(w io.Writer, name, summary string, cfg any) { usage(w, name, summary, cfg, nil) }
+
+// usage is Usage listing the binary's subcommands cmds too.
+func usage(w io.Writer, name, summary string, cfg any, cmds []Command) {
+	fmt.Fprintf(w, "%s: %s\n\nUsage: %s [--help | --check-config | --check-secrets [--secret-refs FILE]]\n", name, summary, name)
+	if len(cmds) > 0 {
+		fmt.Fprintf(w, "       %s COMMAND [ARGS...]   (%s COMMAND --help for its own help)\n", name, name)
+	}
+	fmt.Fprintf(w, "\n  --check-config   load and validate the configuration, start nothing, exit\n")
 	fmt.Fprintf(w, "  --check-secrets  also resolve every secret reference it names (one JSON line each, no values)\n\n")
+	if len(cmds) > 0 {
+		fmt.Fprintf(w, "Commands:\n\n")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, c := range cmds {
+			fmt.Fprintf(tw, "  %s\t%s\n", c.Name, c.Summary)
+		}
+		_ = tw.Flush()
+		fmt.Fprintln(w)
+	}
 	fields, err := fieldsOf(cfg)
 	if err != nil {
 		fmt.Fprintf(w, "(no configuration: %v)\n", err)

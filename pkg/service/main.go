@@ -36,6 +36,15 @@ type Program[C Config] struct {
 	// service uses at run time (getenv reads the environment the
 	// configuration came from). Nil: the service names no references.
 	Secrets func(ctx context.Context, cfg C, getenv func(string) string) SecretChecker
+	// Commands are the binary's subcommands (its main.go runs them before
+	// Main), listed by --help.
+	Commands []Command
+}
+
+// Command is a subcommand of a service binary, as --help lists it.
+type Command struct {
+	Name    string // the first argument that runs it
+	Summary string // one line
 }
 
 // Run is a service binary's whole life but the exit: it handles the
@@ -56,7 +65,7 @@ func Run[C Config](ctx context.Context, p Program[C], args []string, getenv func
 // as it is loaded (Main: hardenProcess).
 func run[C Config](ctx context.Context, p Program[C], args []string, getenv func(string) string, stdout, stderr io.Writer, hardenFn func(cfg any) error) error {
 	cfg := p.NewConfig()
-	refsFile, err := parseArgs(args, stdout, p.Name, p.Summary, cfg)
+	refsFile, err := parseArgs(args, stdout, p.Name, p.Summary, cfg, p.Commands)
 	wantSecrets := errors.Is(err, ErrCheckSecrets)
 	check := wantSecrets || errors.Is(err, ErrCheckConfig)
 	if err != nil && !check {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,6 +33,9 @@ type ServiceBinary struct {
 	// values are secrets: the running service must not show them in
 	// /proc/<pid>/environ (nor DATABASE_URL and REDIS_URL, always set).
 	Secrets []string
+	// Commands are the binary's subcommands, each of which --help must
+	// list on a line of its own with a summary.
+	Commands []string
 }
 
 // ServiceBinaryTests builds the binary and runs, as parallel subtests, what
@@ -69,6 +73,11 @@ func ServiceBinaryTests(t *testing.T, b ServiceBinary) {
 		} {
 			if !UsageHasRow(stdout, name, def) {
 				t.Errorf("--help has no row for %s with default %s:\n%s", name, def, stdout)
+			}
+		}
+		for _, cmd := range b.Commands {
+			if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(cmd) + `  +\S`).MatchString(stdout) {
+				t.Errorf("--help does not list the command %s with a summary:\n%s", cmd, stdout)
 			}
 		}
 	})

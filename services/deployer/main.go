@@ -20,5 +20,8 @@ func main() {
 		Summary:    app.Summary,
 		NewConfig:  app.NewConfig,
 		Components: app.Components,
+		Commands: []service.Command{
+			{Name: "keys", Summary: "manage the API's keys in DATABASE_URL: create, list, revoke (deployer keys --help)"},
+		},
 	})
 }

@@ -24,5 +24,6 @@ func TestBinary(t *testing.T) {
 			"WEBHOOK_SIGNING_KEY=canary-webhook-signing-key-0123456789abcdef",
 			"REQUEST_SIGNING_KEY=canary-request-signing-key-0123456789abcdef",
 		},
+		Commands: []string{"keys"},
 	})
 }

@@ -33,5 +33,6 @@ func main() {
 		NewConfig:  app.NewConfig,
 		Components: app.Components,
 		Secrets:    app.SecretChecks,
+		Commands:   []service.Command{{Name: cli.Command, Summary: cli.Summary}},
 	})
 }

@@ -23,5 +23,6 @@ func TestBinary(t *testing.T) {
 			"REQUEST_SIGNING_KEY=canary-request-signing-key-0123456789abcdef",
 			"AUTOPROV_SECRET_CANARY=canary-env-secret-0123456789abcdef",
 		},
+		Commands: []string{"servers"},
 	})
 }

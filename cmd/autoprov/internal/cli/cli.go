@@ -48,11 +48,12 @@ type commandLine struct {
 	EnvFile string `name:"env-file" type:"existingfile" help:"read settings (REDIS_URL, ...) from this dotenv file; variables set in the environment win (validate checks this file alone)"`
 	JSON    bool   `name:"json" help:"print JSON instead of tables (for scripts)"`
 
-	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times, oldest pending age, dead letters; with DATABASE_URL also servers by status and runs in flight"`
+	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times (stale ones marked), oldest pending age, dead letters; with DATABASE_URL also servers by status and runs in flight"`
 	Dead      deadCmd      `cmd:"" aliases:"dlq" help:"list, show, replay and drop the dead letters of a stream"`
+	Consumers consumersCmd `cmd:"" help:"the consumers of the groups: prune the stale ones (replicas that are gone) once they hold no pending entries"`
 	Provision provisionCmd `cmd:"" help:"queue a provisioning job for a registered server (--follow: print its progress, exit with its status)"`
 	Deploy    deployCmd    `cmd:"" help:"queue a deploy of a project to a server (--follow: print its progress, exit with its status)"`
-	Follow    followCmd    `cmd:"" help:"print a job's progress events live and exit with its status (0 succeeded, 1 otherwise)"`
+	Follow    followCmd    `cmd:"" help:"print a job's progress events (live, or all at once for a job that is over) and its result, and exit with its status (0 succeeded, 1 otherwise)"`
 	Cancel    cancelCmd    `cmd:"" help:"ask a running job to stop (it ends as cancelled)"`
 	Validate  validateCmd  `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), that every secret reference resolves (values never printed; --no-secrets skips), inventories and playbooks; every problem is printed"`
 	Config    configCmd    `cmd:"" help:"environment configuration packages (config/<env>/): seal a version"`

@@ -17,7 +17,7 @@ import (
 // letters they act on (provisioner:queue; its dead letters are in
 // provisioner:queue:dead).
 type deadCmd struct {
-	List   deadListCmd   `cmd:"" help:"list dead letters, oldest first"`
+	List   deadListCmd   `cmd:"" help:"list dead letters, oldest first (a stream that is not the system's and has neither entries nor dead letters is an error naming the known ones)"`
 	Show   deadShowCmd   `cmd:"" help:"show one dead letter with its decoded payload"`
 	Replay deadReplayCmd `cmd:"" help:"append a dead letter to its stream again, its data and signature unchanged, its origin and operator recorded (once per dead letter); one refused for its signature only with --resign"`
 	Drop   deadDropCmd   `cmd:"" help:"delete dead letters"`
@@ -141,12 +141,19 @@ func jsonable(v any) any {
 }
 
 func (c *deadListCmd) Run(g *globals) error {
-	name, ins, done, err := g.deadLetters(c.Stream)
+	name, err := streamName(c.Stream)
 	if err != nil {
 		return err
 	}
-	defer done()
-	page, err := ins.DeadLetters(g.ctx, name, c.After, c.Limit)
+	rdb, err := g.redis()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	if err := checkKnownStream(g.ctx, rdb, name); err != nil {
+		return err
+	}
+	page, err := stream.NewInspector(rdb).DeadLetters(g.ctx, name, c.After, c.Limit)
 	if err != nil {
 		return err
 	}

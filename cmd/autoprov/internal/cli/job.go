@@ -264,7 +264,9 @@ func finish(g *globals, r *jobResult) error {
 // follow prints the job's progress events and waits for its result, for
 // each kind in from (the job's kind, or every kind when it is not known):
 // the kind's progress stream from its start, its results stream after the
-// id in from.
+// id in from. A job whose run_finished event is read but whose result does
+// not show within resultGrace of that event (consumed and trimmed from its
+// stream already) ends with the event's status (see runEnd).
 func follow(g *globals, rdb redis.UniversalClient, jobID string, from map[messages.JobKind]string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(g.ctx, timeout)
 	defer cancel()
@@ -279,7 +281,11 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, from map[messag
 	for s := range positions {
 		order = append(order, s)
 	}
+	var end *runEnd // the job's run_finished event, once read
 	for {
+		if end.over() {
+			return finishFromEvent(g, jobID, end.ev)
+		}
 		args := make([]string, 0, 2*len(order))
 		args = append(args, order...)
 		for _, s := range order {
@@ -302,6 +308,9 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, from map[messag
 				if !isResults {
 					if e, err := messages.DecodeProgressEvent(data); err == nil {
 						showEvent(g, e)
+						if e.Type == messages.EventRunFinished {
+							end = endOf(ctx, rdb, m.ID, e)
+						}
 					}
 					continue
 				}

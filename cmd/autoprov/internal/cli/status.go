@@ -17,8 +17,17 @@ var defaultStreams = []string{
 }
 
 type statusCmd struct {
-	Streams []string `name:"stream" short:"s" help:"stream to show (repeatable; default: the request and result streams)"`
-	NoFleet bool     `name:"no-fleet" help:"leave out the servers and runs (read from DATABASE_URL when it is set)"`
+	Streams    []string      `name:"stream" short:"s" help:"stream to show (repeatable; default: the request and result streams)"`
+	NoFleet    bool          `name:"no-fleet" help:"leave out the servers and runs (read from DATABASE_URL when it is set)"`
+	StaleAfter time.Duration `name:"stale-after" help:"mark consumers idle longer than this as stale (default: the lease, STREAM_LEASE or 30s, whichever is longer)"`
+}
+
+// Help is the long help of autoprov status.
+func (c *statusCmd) Help() string {
+	return staleRule + `
+
+CONSUMERS counts a group's consumers, the stale ones in brackets; each
+consumer follows on its own line with its pending entries and idle time.`
 }
 
 // streamStatus is a stream's state as status prints it (--json: durations
@@ -47,6 +56,8 @@ type consumerStatus struct {
 	Name    string  `json:"name"`
 	Pending int64   `json:"pending"`
 	IdleSec float64 `json:"idle_seconds"`
+	// Stale: idle beyond the stale threshold (see staleRule).
+	Stale bool `json:"stale"`
 }
 
 func (c *statusCmd) Run(g *globals) error {
@@ -59,6 +70,10 @@ func (c *statusCmd) Run(g *globals) error {
 	if len(names) == 0 {
 		names = defaultStreams
 	}
+	staleAfter, err := g.staleAfter(c.StaleAfter)
+	if err != nil {
+		return err
+	}
 	ins := stream.NewInspector(rdb)
 	out := make([]streamStatus, 0, len(names))
 	for _, name := range names {
@@ -70,8 +85,9 @@ func (c *statusCmd) Run(g *globals) error {
 		if err != nil {
 			return err
 		}
-		out = append(out, statusOf(info))
+		out = append(out, statusOf(info, staleAfter))
 	}
+	note := staleNote(g.ctx, rdb)
 	var fs *fleetStatus
 	if dsn := g.getenv("DATABASE_URL"); dsn != "" && !c.NoFleet {
 		if fs, err = fleet(g.ctx, dsn); err != nil {
@@ -80,12 +96,17 @@ func (c *statusCmd) Run(g *globals) error {
 	}
 	if g.json {
 		return writeJSON(g.env.Stdout, struct {
-			Streams []streamStatus `json:"streams"`
+			Streams       []streamStatus `json:"streams"`
+			StaleAfterSec float64        `json:"stale_after_seconds"`
+			StaleNote     string         `json:"stale_note,omitempty"`
 			*fleetStatus
-		}{out, fs})
+		}{out, staleAfter.Seconds(), note, fs})
 	}
 	if err := c.printStreams(g, out); err != nil {
 		return err
+	}
+	if note != "" && hasStale(out) {
+		fmt.Fprintf(g.env.Stdout, "note: %s\n", note)
 	}
 	if fs != nil {
 		return printFleet(g, fs)
@@ -116,16 +137,44 @@ func (c *statusCmd) printStreams(g *globals, out []streamStatus) error {
 			if gr.OldestPendingID != "" {
 				oldest = fmt.Sprintf("%s (%s, %d deliveries)", seconds(gr.OldestPendingAgeSec), gr.OldestPendingOwner, gr.OldestPendingDeliver)
 			}
-			t.row(name, length, dead, gr.Group, lag, itoa(gr.Pending), oldest, strconv.Itoa(len(gr.Consumers)))
+			stale := 0
 			for _, cs := range gr.Consumers {
-				t.row("", "", "", "  "+cs.Name, "", itoa(cs.Pending), "idle "+seconds(cs.IdleSec), "")
+				if cs.Stale {
+					stale++
+				}
+			}
+			consumers := strconv.Itoa(len(gr.Consumers))
+			if stale > 0 {
+				consumers += fmt.Sprintf(" (%d stale)", stale)
+			}
+			t.row(name, length, dead, gr.Group, lag, itoa(gr.Pending), oldest, consumers)
+			for _, cs := range gr.Consumers {
+				idle := "idle " + seconds(cs.IdleSec)
+				if cs.Stale {
+					idle += " STALE"
+				}
+				t.row("", "", "", "  "+cs.Name, "", itoa(cs.Pending), idle, "")
 			}
 		}
 	}
 	return t.flush()
 }
 
-func statusOf(info *stream.StreamInfo) streamStatus {
+// hasStale reports whether some consumer of out is stale.
+func hasStale(out []streamStatus) bool {
+	for _, s := range out {
+		for _, gr := range s.Groups {
+			for _, c := range gr.Consumers {
+				if c.Stale {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func statusOf(info *stream.StreamInfo, staleAfter time.Duration) streamStatus {
 	s := streamStatus{Stream: info.Stream, Exists: true, Length: info.Length, DeadLetters: info.DeadLetters, Groups: []groupStatus{}}
 	for _, gi := range info.Groups {
 		gs := groupStatus{Group: gi.Group, Lag: gi.Lag, Pending: gi.Pending, Consumers: []consumerStatus{}}
@@ -134,7 +183,7 @@ func statusOf(info *stream.StreamInfo) streamStatus {
 			gs.OldestPendingOwner, gs.OldestPendingDeliver = p.Consumer, p.Deliveries
 		}
 		for _, c := range gi.Consumers {
-			gs.Consumers = append(gs.Consumers, consumerStatus{Name: c.Name, Pending: c.Pending, IdleSec: c.Idle.Seconds()})
+			gs.Consumers = append(gs.Consumers, consumerStatus{Name: c.Name, Pending: c.Pending, IdleSec: c.Idle.Seconds(), Stale: c.Idle > staleAfter})
 		}
 		s.Groups = append(s.Groups, gs)
 	}

@@ -51,6 +51,9 @@ The database is DATABASE_URL. Requests are recorded; the running scheduler acts 
 // Command is the subcommand of the scheduler binary that Main runs.
 const Command = "servers"
 
+// Summary is the one line `scheduler --help` shows for Command.
+const Summary = "the fleet in DATABASE_URL: list, counts, show; provision, recover, rebuild, pause, resume a server (scheduler servers --help)"
+
 // Main runs `scheduler servers ARGS...` with the process's environment and
 // output, and exits: 0 on success and after --help, 2 for usage errors, 1
 // otherwise. SIGINT/SIGTERM cancel the command.
