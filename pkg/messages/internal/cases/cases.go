@@ -268,7 +268,7 @@ func PythonVectors() []PythonVector {
 			RepoFullName:   "octo-org/hello.world",
 			Branch:         messages.DefaultBranch, // absent on the wire
 			ServerIP:       "2001:db8::1",          // 2001:DB8:0:0:0:0:0:1 on the wire
-			Port:           22,                     // uint16 on the wire
+			Port:           22,                     // uint16 on the wire; an old-text producer's SSH port still decodes (infra refuses it for a target whose SSH port is 22)
 			Modules:        []string{"nginx", "php-fpm", "app_1"},
 			GitHubTokenRef: "vault:secret/data/ci#github_token",
 			SecretsRef:     "file:/run/secrets/app.env",
