@@ -48,6 +48,8 @@ printf '\n  API key: %s\n\n' "$KEY"
 AUTH=(-H "Authorization: Bearer $KEY")
 
 step "POST $BASE/deployments (deploy acme/demo to local-target, $TARGET_ADDR)"
+# port is the application's port (the demo stack publishes on it); SSH goes to
+# local-target's registered ssh_port, which the request does not carry.
 body=$(printf '{"project_id":"%s","repo_full_name":"acme/demo","branch":"main","server_ip":"%s","port":8080,"modules":["web"],"options":{"timeout_seconds":900}}' \
 	"$(/usr/bin/python3 -c 'import uuid; print(uuid.uuid4())')" "$TARGET_ADDR")
 echo "  $body"

@@ -122,7 +122,9 @@ def main():
     p.add_argument("--repo", default="acme/shop")
     p.add_argument("--branch", default="main")
     p.add_argument("--server-ip", default="192.0.2.10")
-    p.add_argument("--port", type=int, default=22)
+    p.add_argument("--port", type=int, default=8080, help="the application's port, handed to the deploy playbook")
+    p.add_argument("--ssh-port", type=int, default=0,
+                   help="SSH port of a target that is not a registered server (0: leave it out, 22)")
     p.add_argument("--modules", default="nginx,app", help="comma-separated module names")
     p.add_argument("--github-token-ref", default="env:GITHUB_TOKEN")
     p.add_argument("--secrets-ref", default="vault:secret/data/shop/prod")
@@ -134,6 +136,7 @@ def main():
     results_streams = [prefix + PROVISIONER_RESULTS, prefix + DEPLOY_RESULTS]
     positions = {s: last_id(r, s) for s in results_streams}
 
+    deploy_extra = {"ssh_port": args.ssh_port} if args.ssh_port else {}
     requests = [
         (
             prefix + PROVISIONER_QUEUE,
@@ -159,11 +162,14 @@ def main():
                 "repo_full_name": args.repo,
                 "branch": args.branch,
                 "server_ip": args.server_ip,
+                # The application's port; the SSH port is the registered
+                # server's, or ssh_port for an unregistered target.
                 "port": args.port,
                 "modules": [m for m in args.modules.split(",") if m],
                 # References to secrets, never the secrets themselves.
                 "github_token_ref": args.github_token_ref,
                 "secrets_ref": args.secrets_ref,
+                **deploy_extra,
             },
         ),
     ]

@@ -383,7 +383,7 @@ func TestTagsAreTheKeys(t *testing.T) {
 		&messages.AnsibleDeployMessage{
 			RequestMeta: messages.RequestMeta{SchemaVersion: 1, JobID: "j", CorrelationID: "c", CreatedAt: "t",
 				TraceContext: messages.TraceContext{Traceparent: "tp", Tracestate: "ts"}},
-			ProjectID: "p", RepoFullName: "r", Branch: "b", ServerIP: "i", Port: 1, Modules: []string{"m"},
+			ProjectID: "p", RepoFullName: "r", Branch: "b", ServerIP: "i", Port: 1, SSHPort: 2, Modules: []string{"m"},
 			GitHubTokenRef: "g", SecretsRef: "s", TimeoutSeconds: 60,
 		},
 		&messages.ProvisionerResult{Outcome: fullOutcome(), ServerHandle: "h", Playbooks: []messages.PlaybookOutcome{

@@ -25,6 +25,9 @@ const (
 	MaxSecretRefLen = 512
 	// MaxTimeoutSeconds is the longest run a request may ask for: a day.
 	MaxTimeoutSeconds = 86400
+	// DefaultSSHPort is the SSH port of an unregistered deploy target when
+	// the request has no ssh_port.
+	DefaultSSHPort = 22
 	// MaxPlaybooks is the most extra playbooks a ProvisionerMessage may
 	// ask for.
 	MaxPlaybooks = 32
@@ -190,8 +193,16 @@ type AnsibleDeployMessage struct {
 	// valid form, written in canonical form: an IPv4-mapped IPv6 address
 	// becomes its IPv4 address).
 	ServerIP string `msgpack:"server_ip"`
-	// SSH port of the target server.
+	// The application's port: the TCP port the project's stack is to
+	// publish on the target, allocated by the producer. The deploy playbook
+	// receives it as its variable port; it is never the SSH port (that is
+	// ssh_port, or the registered server's).
 	Port int `msgpack:"port"`
+	// SSH port of a target that is not a registered server (one that
+	// infra's DEPLOY_ALLOW_NETWORKS lets through); absent (0) means 22. A
+	// registered server is reached on the SSH port it is registered with
+	// (servers.ssh_port), and a request naming another one is rejected.
+	SSHPort int `msgpack:"ssh_port,omitempty"`
 	// Modules (roles) to apply, by name; absent means the playbook's
 	// default set.
 	Modules []string `msgpack:"modules,omitempty"`
@@ -242,6 +253,9 @@ func (m *AnsibleDeployMessage) Validate() error {
 		c.add("port", msgRequired)
 	case m.Port < 1 || m.Port > 65535:
 		c.add("port", msgPort)
+	}
+	if m.SSHPort < 0 || m.SSHPort > 65535 {
+		c.add("ssh_port", msgPort)
 	}
 	c.names("modules", m.Modules, MaxModules, func(name string) bool {
 		return len(name) <= MaxModuleLen && moduleRE.MatchString(name)

@@ -197,6 +197,9 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 			p.Minimum = "0" // echoed; 0 when the request had none
 		}
 		p.Maximum = "65535"
+	case "ssh_port":
+		p.Minimum = "0" // 0 is the same as absent: 22, or the registered server's
+		p.Maximum = "65535"
 	case "modules":
 		p.MaxItems = ptr(uint64(messages.MaxModules))
 		p.UniqueItems = true

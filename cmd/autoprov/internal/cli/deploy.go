@@ -15,7 +15,8 @@ type deployCmd struct {
 	Project   string        `arg:"" name:"project-id" help:"the project's id (a UUID)"`
 	Repo      string        `arg:"" name:"repo" help:"the project's GitHub repository, owner/repo"`
 	ServerIP  string        `arg:"" name:"server-ip" help:"address of the target server (IPv4 or IPv6 literal)"`
-	Port      int           `default:"22" help:"SSH port of the target server"`
+	Port      int           `required:"" help:"the application's port: where the project's stack is published on the target, handed to the deploy playbook as its port (not the SSH port)"`
+	SSHPort   int           `name:"ssh-port" help:"SSH port of a target that is not a registered server (default 22); a registered server is reached on the SSH port it is registered with"`
 	Branch    string        `help:"branch to deploy (default: main)"`
 	Module    []string      `name:"module" short:"m" help:"a module (role) to apply; repeat for more (default: the playbook's set)"`
 	TokenRef  string        `name:"github-token-ref" help:"secret reference of the GitHub token (vault:..., env:..., file:...), never the token"`
@@ -33,7 +34,7 @@ func (c *deployCmd) Run(g *globals) error {
 	}
 	msg := &messages.AnsibleDeployMessage{
 		RequestMeta: newMeta(c.JobID, c.Corr),
-		ProjectID:   c.Project, RepoFullName: c.Repo, Branch: c.Branch, ServerIP: c.ServerIP, Port: c.Port,
+		ProjectID:   c.Project, RepoFullName: c.Repo, Branch: c.Branch, ServerIP: c.ServerIP, Port: c.Port, SSHPort: c.SSHPort,
 		Modules: c.Module, GitHubTokenRef: c.TokenRef, SecretsRef: c.Secrets,
 		TimeoutSeconds: int(c.TimeLimit / time.Second),
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +68,7 @@ func TestDeployFollow(t *testing.T) {
 	const project = "9B2F4C6E-1D3A-4E5B-8C7D-0A1B2C3D4E5F"
 
 	got := fakeDeployInfra(t, rdb, messages.StatusSucceeded)
-	out, errOut, code := run(t, env, "deploy", project, "acme/shop", "::ffff:198.51.100.7", "--port", "2222",
+	out, errOut, code := run(t, env, "deploy", project, "acme/shop", "::ffff:198.51.100.7", "--port", "8080", "--ssh-port", "2222",
 		"-m", "nginx", "-m", "app", "--branch", "release/1.2", "--github-token-ref", "vault:secret/data/ci#token",
 		"--time-limit", "10m", "--job-id", "dep-1", "--correlation-id", "ops-7", "--follow", "--timeout", "1m")
 	if code != 0 {
@@ -75,7 +76,7 @@ func TestDeployFollow(t *testing.T) {
 	}
 	req := <-got
 	if req == nil || req.JobID != "dep-1" || req.ProjectID != strings.ToLower(project) || req.ServerIP != "198.51.100.7" ||
-		req.Port != 2222 || req.Branch != "release/1.2" || strings.Join(req.Modules, ",") != "nginx,app" ||
+		req.Port != 8080 || req.SSHPort != 2222 || req.Branch != "release/1.2" || strings.Join(req.Modules, ",") != "nginx,app" ||
 		req.GitHubTokenRef != "vault:secret/data/ci#token" || req.TimeoutSeconds != 600 || req.CorrelationID != "ops-7" || req.CreatedAt == "" {
 		t.Fatalf("request on the queue: %+v", req)
 	}
@@ -98,20 +99,20 @@ func TestDeployFollow(t *testing.T) {
 	// A failed job: exit 1, --json prints the result.
 	rdb.Del(context.Background(), messages.StreamAnsibleDeployQueue)
 	got = fakeDeployInfra(t, rdb, messages.StatusFailed)
-	out, _, code = run(t, map[string]string{"REDIS_URL": url}, "--json", "deploy", project, "acme/shop", "198.51.100.7", "--follow", "--timeout", "1m")
+	out, _, code = run(t, map[string]string{"REDIS_URL": url}, "--json", "deploy", project, "acme/shop", "198.51.100.7", "--port", "8080", "--follow", "--timeout", "1m")
 	if code != 1 {
 		t.Fatalf("deploy --follow of a failing job: exit %d\n%s", code, out)
 	}
 	req = <-got
 	var res map[string]any
 	mustJSON(t, out, &res)
-	if res["status"] != "failed" || res["job_id"] != req.JobID || req.JobID == "" || req.Port != 22 || req.Branch != "main" || req.Traced() {
+	if res["status"] != "failed" || res["job_id"] != req.JobID || req.JobID == "" || req.Port != 8080 || req.SSHPort != 0 || req.Branch != "main" || req.Traced() {
 		t.Fatalf("result %v for request %+v", res, req)
 	}
 
 	// Without --follow: the job id, the entry, and nothing waits.
 	rdb.Del(context.Background(), messages.StreamAnsibleDeployQueue)
-	out, _, code = run(t, map[string]string{"REDIS_URL": url}, "--json", "deploy", project, "acme/shop", "198.51.100.7")
+	out, _, code = run(t, map[string]string{"REDIS_URL": url}, "--json", "deploy", project, "acme/shop", "198.51.100.7", "--port", "8080")
 	var queued map[string]string
 	mustJSON(t, out, &queued)
 	if code != 0 || queued["stream"] != messages.StreamAnsibleDeployQueue || queued["job_id"] == "" || queued["entry_id"] == "" {
@@ -130,12 +131,17 @@ func TestDeployFollow(t *testing.T) {
 		{[]string{"deploy", project, "acme", "198.51.100.7"}, "repo_full_name"},
 		{[]string{"deploy", project, "acme/shop", "web-1.example"}, "server_ip"},
 		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "--port", "70000"}, "port"},
+		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "--ssh-port", "70000"}, "ssh_port"},
+		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "--ssh-port", "2222"}, "--port"}, // the app's port has no default
 		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "--branch", "a..b"}, "branch"},
 		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "-m", "Bad Module"}, "modules[0]"},
 		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "--secrets-ref", "ghp_supersecretvalue"}, "secrets_ref"},
 		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "--time-limit", "48h"}, "timeout_seconds"},
 		{[]string{"deploy", project, "acme/shop", "198.51.100.7", "--time-limit", "1500ms"}, "whole seconds"},
 	} {
+		if !slices.Contains(tc.args, "--port") && tc.want != "--port" {
+			tc.args = append(tc.args, "--port", "8080")
+		}
 		_, errOut, code := run(t, map[string]string{"REDIS_URL": url}, tc.args...)
 		if code != 2 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%q: exit %d, want 2 naming %s:\n%s", tc.args, code, tc.want, errOut)
@@ -202,5 +208,21 @@ func TestFollowShowsEveryEventBeforeTheResult(t *testing.T) {
 			t.Fatalf("%s: an event printed twice:\n%s", jobID, text)
 		}
 		rdb.Del(ctx, messages.StreamDeployResults)
+	}
+}
+
+// TestDeployHelpNamesThePorts keeps the two ports apart in the help: --port
+// is the application's port (what the deploy playbook publishes), --ssh-port
+// the SSH port of an unregistered target.
+func TestDeployHelpNamesThePorts(t *testing.T) {
+	out, errOut, code := run(t, nil, "deploy", "--help")
+	help := strings.Join(strings.Fields(out+errOut), " ")
+	for _, want := range []string{
+		"--port=INT the application's port", "handed to the deploy playbook", "(not the SSH port)",
+		"--ssh-port=INT SSH port of a target that is not a registered server (default 22)",
+	} {
+		if code != 0 || !strings.Contains(help, want) {
+			t.Errorf("deploy --help: exit %d, lacks %q:\n%s", code, want, out+errOut)
+		}
 	}
 }

@@ -76,6 +76,22 @@ func Goldens() []Golden {
 			ServerIP:     "198.51.100.7",
 			Port:         22,
 		}},
+		// port is the application's port (the deploy playbook's port);
+		// ssh_port the SSH port of an unregistered target.
+		{"ansible_deploy_message_ssh_port.msgpack", "AnsibleDeployMessage", &messages.AnsibleDeployMessage{
+			RequestMeta: messages.RequestMeta{
+				SchemaVersion: 1,
+				JobID:         "deploy-2024-05-01-0004",
+				CreatedAt:     "2024-05-01T12:00:00.000Z",
+			},
+			ProjectID:    "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
+			RepoFullName: "acme/shop",
+			Branch:       "main",
+			ServerIP:     "203.0.113.9",
+			Port:         8080,
+			SSHPort:      2222,
+			Modules:      []string{"web"},
+		}},
 		{"provisioner_message_traced.msgpack", "ProvisionerMessage", &messages.ProvisionerMessage{
 			RequestMeta: messages.RequestMeta{
 				SchemaVersion: 1,
@@ -252,7 +268,7 @@ func PythonVectors() []PythonVector {
 			RepoFullName:   "octo-org/hello.world",
 			Branch:         messages.DefaultBranch, // absent on the wire
 			ServerIP:       "2001:db8::1",          // 2001:DB8:0:0:0:0:0:1 on the wire
-			Port:           22,                     // uint16 on the wire
+			Port:           22,                     // uint16 on the wire; an old-text producer's SSH port still decodes (infra refuses it for a target whose SSH port is 22)
 			Modules:        []string{"nginx", "php-fpm", "app_1"},
 			GitHubTokenRef: "vault:secret/data/ci#github_token",
 			SecretsRef:     "file:/run/secrets/app.env",
@@ -515,7 +531,7 @@ func deployCases() []Validation {
 			ProjectID:    "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
 			RepoFullName: "acme/shop",
 			ServerIP:     "198.51.100.7",
-			Port:         22,
+			Port:         8080,
 		}
 		edit(m)
 		return m
@@ -561,6 +577,12 @@ func deployCases() []Validation {
 		valid("IPv4-mapped IPv6", func(m *messages.AnsibleDeployMessage) { m.ServerIP = "::ffff:198.51.100.7" }),
 		valid("port 1", func(m *messages.AnsibleDeployMessage) { m.Port = 1 }),
 		valid("port 65535", func(m *messages.AnsibleDeployMessage) { m.Port = 65535 }),
+		// port is the application's port, whatever number it is: the rule
+		// that it is not the target's SSH port needs the target (infra).
+		valid("port 22", func(m *messages.AnsibleDeployMessage) { m.Port = 22 }),
+		valid("ssh_port", func(m *messages.AnsibleDeployMessage) { m.SSHPort = 2222 }),
+		valid("ssh_port 1", func(m *messages.AnsibleDeployMessage) { m.SSHPort = 1 }),
+		valid("ssh_port 65535", func(m *messages.AnsibleDeployMessage) { m.SSHPort = 65535 }),
 		valid("timeout_seconds 1", func(m *messages.AnsibleDeployMessage) { m.TimeoutSeconds = 1 }),
 		valid("timeout_seconds a day", func(m *messages.AnsibleDeployMessage) { m.TimeoutSeconds = 86400 }),
 		valid("branch with a slash and dots", branch("release/2024.05")),
@@ -629,6 +651,8 @@ func deployCases() []Validation {
 		invalid("port missing", func(m *messages.AnsibleDeployMessage) { m.Port = 0 }, "port", msgRequired),
 		invalid("port negative", func(m *messages.AnsibleDeployMessage) { m.Port = -22 }, "port", "must be between 1 and 65535"),
 		invalid("port 65536", func(m *messages.AnsibleDeployMessage) { m.Port = 65536 }, "port", "must be between 1 and 65535"),
+		invalid("ssh_port negative", func(m *messages.AnsibleDeployMessage) { m.SSHPort = -22 }, "ssh_port", "must be between 1 and 65535"),
+		invalid("ssh_port 65536", func(m *messages.AnsibleDeployMessage) { m.SSHPort = 65536 }, "ssh_port", "must be between 1 and 65535"),
 		invalid("timeout_seconds negative", func(m *messages.AnsibleDeployMessage) { m.TimeoutSeconds = -1 }, "timeout_seconds", "must be between 1 and 86400 (seconds)"),
 		invalid("timeout_seconds over a day", func(m *messages.AnsibleDeployMessage) { m.TimeoutSeconds = 86401 }, "timeout_seconds", "must be between 1 and 86400 (seconds)"),
 		invalid("module upper case", modules("nginx", "PHP"), "modules[1]", msgModule),
@@ -653,6 +677,7 @@ func deployCases() []Validation {
 			RequestMeta:    messages.RequestMeta{SchemaVersion: 2},
 			Branch:         "a..b",
 			Port:           70000,
+			SSHPort:        -1,
 			Modules:        []string{"A", "b", "b"},
 			GitHubTokenRef: "secret",
 			SecretsRef:     "also-secret",
@@ -663,6 +688,7 @@ func deployCases() []Validation {
 			fe("branch", `must not contain ".."`),
 			fe("server_ip", msgRequired),
 			fe("port", "must be between 1 and 65535"),
+			fe("ssh_port", "must be between 1 and 65535"),
 			fe("modules[0]", msgModule),
 			fe("modules[2]", "duplicate of modules[1]"),
 			fe("github_token_ref", msgSecretRef),

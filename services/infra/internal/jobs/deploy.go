@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,9 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 		j.server = srv
 		j.log = j.log.With().Str("server", srv.Handle).Logger()
 	}
+	if err := checkPorts(m, j.server); err != nil {
+		return j.reject(ctx, err)
+	}
 	target := "address:" + addr
 	if j.server != nil {
 		target = "server:" + j.server.Handle
@@ -70,7 +74,7 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 // resolved or dialed, and the request's secrets are resolved only once the
 // target answered SSH.
 func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr string) (*outcome, error) {
-	ep := endpoint{address: addr, port: 22, user: j.h.cfg.DeploySSHUser}
+	ep := endpoint{address: addr, port: cmp.Or(m.SSHPort, messages.DefaultSSHPort), user: j.h.cfg.DeploySSHUser}
 	if j.server != nil {
 		srv, err := store.GetServer(ctx, j.h.DB, j.server.Handle)
 		if err != nil {
@@ -147,6 +151,41 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr
 		return nil, err
 	}
 	return playOutcome(j.h.cfg.Playbooks.Deploy, res), nil
+}
+
+// checkPorts rejects a deploy whose ports cannot be right for its target,
+// before anything is dialed: an ssh_port other than the registered server's
+// own (a registered server is reached on the SSH port it is registered
+// with), or an application port (port, what the deploy playbook publishes
+// the project on) that is the SSH port the target is reached on. The second
+// is also how a producer that followed the contract's old text, which
+// called port the SSH port, is told apart: it sends 22, or the server's
+// SSH port, and is refused with the fix instead of deploying its project
+// onto the SSH port. srv is nil for an unregistered target.
+func checkPorts(m *messages.AnsibleDeployMessage, srv *store.Server) error {
+	var fields []messages.FieldError
+	sshPort := cmp.Or(m.SSHPort, messages.DefaultSSHPort)
+	if srv != nil {
+		sshPort = cmp.Or(srv.SSHPort, messages.DefaultSSHPort)
+		if m.SSHPort != 0 && m.SSHPort != sshPort {
+			fields = append(fields, messages.FieldError{Field: "ssh_port", Message: fmt.Sprintf(
+				"must be absent or %d: the target is registered server %s, reached on the SSH port it is registered with",
+				sshPort, srv.Handle)})
+		}
+	}
+	if m.Port == sshPort {
+		where := "ssh_port, 22 when absent"
+		if srv != nil {
+			where = "registered server " + srv.Handle + "'s"
+		}
+		fields = append(fields, messages.FieldError{Field: "port", Message: fmt.Sprintf(
+			"must not be the target's SSH port (%s): port is the application's port, "+
+				"the one the deploy playbook publishes the project on", where)})
+	}
+	if fields == nil {
+		return nil
+	}
+	return &messages.ValidationError{Fields: fields}
 }
 
 // ownRefs are the references of the service's own credentials, which no

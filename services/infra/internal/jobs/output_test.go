@@ -114,7 +114,7 @@ func TestRunOutputIsStored(t *testing.T) {
 			jobID = jobID[:min(len(jobID), 60)]
 			msg := w.message(t, messages.StreamAnsibleDeployQueue, &messages.AnsibleDeployMessage{
 				RequestMeta: messages.RequestMeta{JobID: jobID}, ProjectID: "3f1c9f2e-8a57-4d6b-9a0e-2b1f4c5d6e7f",
-				RepoFullName: "acme/shop", Branch: "main", ServerIP: "192.0.2.20", Port: 22,
+				RepoFullName: "acme/shop", Branch: "main", ServerIP: "192.0.2.20", Port: 8080,
 				GitHubTokenRef: "env:AUTOPROV_PROJECT_GH", TimeoutSeconds: tc.timeout,
 			}, 1)
 			interrupt := tc.interrupt
