@@ -283,6 +283,7 @@ var (
 	// metadata are cloud instance metadata services outside link-local.
 	metadata = map[netip.Addr]string{
 		netip.MustParseAddr("fd00:ec2::254"):   "a cloud metadata service (AWS)",
+		netip.MustParseAddr("fd20:ce::254"):    "a cloud metadata service (Google Cloud, IPv6)",
 		netip.MustParseAddr("100.100.100.200"): "a cloud metadata service (Alibaba)",
 		netip.MustParseAddr("168.63.129.16"):   "a cloud platform service (Azure)",
 	}

@@ -15,7 +15,7 @@ const (
 	ClassUnspecified = "unspecified" // 0.0.0.0/8, ::
 	ClassLoopback    = "loopback"    // 127.0.0.0/8, ::1, localhost
 	ClassLinkLocal   = "link_local"  // 169.254.0.0/16, fe80::/10
-	ClassMetadata    = "metadata"    // 169.254.169.254, fd00:ec2::254, 100.100.100.200, 168.63.129.16
+	ClassMetadata    = "metadata"    // 169.254.169.254, fd00:ec2::254, fd20:ce::254, 100.100.100.200, 168.63.129.16
 	ClassMulticast   = "multicast"   // 224.0.0.0/4, ff00::/8
 	ClassBroadcast   = "broadcast"   // 255.255.255.255, the last address of this host's networks
 	ClassReserved    = "reserved"    // 240.0.0.0/4, deprecated IPv6 kinds

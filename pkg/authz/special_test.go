@@ -22,6 +22,7 @@ func TestGuardClasses(t *testing.T) {
 		"169.254.169.254":        ClassMetadata,
 		"::ffff:169.254.169.254": ClassMetadata,
 		"fd00:ec2::254":          ClassMetadata,
+		"fd20:ce::254":           ClassMetadata,
 		"100.100.100.200":        ClassMetadata,
 		"64:ff9b::a9fe:a9fe":     ClassMetadata,
 		"169.254.1.1":            ClassLinkLocal,
@@ -47,7 +48,7 @@ func TestGuardClasses(t *testing.T) {
 }
 
 func TestGuardAllowList(t *testing.T) {
-	g, err := NewGuard(SpecialConfig{AllowNetworks: []string{"127.0.0.0/8", "169.254.0.0/16", "::1"}},
+	g, err := NewGuard(SpecialConfig{AllowNetworks: []string{"127.0.0.0/8", "169.254.0.0/16", "::1", "fd00::/8"}},
 		Options{InterfaceAddrs: fakeIfaces("127.0.0.1/8", "::1/128")})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +58,9 @@ func TestGuardAllowList(t *testing.T) {
 			t.Errorf("%s refused despite the allow-list: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"169.254.169.254", "0.0.0.0", "fe80::1"} {
+	// Metadata services stay refused inside an allowed network (a VPC's
+	// ULA range holds Google Cloud's IPv6 one).
+	for _, bad := range []string{"169.254.169.254", "0.0.0.0", "fe80::1", "fd00:ec2::254", "fd20:ce::254"} {
 		if err := g.Check(bad); !errors.Is(err, ErrDenied) {
 			t.Errorf("%s allowed: %v", bad, err)
 		}

@@ -2,6 +2,7 @@ package service
 
 import (
 	"reflect"
+	"slices"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/harden"
 )
@@ -17,17 +18,26 @@ import (
 //     (SECRETS_ENV_PREFIX: the variables env: secret references read).
 const ScrubTag = "scrub"
 
+// LibrarySecretVars are credentials no configuration field declares but
+// that the libraries every service links read from the environment on
+// their own: pgx reads PGPASSWORD when DATABASE_URL has no password, the
+// AWS SDK's default credential chain (the EC2 detector without
+// EC2_ACCESS_KEY_ID) reads the secret key and the session token. Main
+// scrubs them too.
+var LibrarySecretVars = []string{"PGPASSWORD", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
 // ScrubbedVars returns the matcher of the variables Main removes from the
 // environment block for cfg, a loaded configuration (a pointer to a config
-// struct): the fields tagged `secret:"true"` or `scrub:"true"`, and the
-// variables starting with the value of a field tagged `scrub:"prefix"`.
-// The program still reads them with os.Getenv.
+// struct): the fields tagged `secret:"true"` or `scrub:"true"`, the
+// variables starting with the value of a field tagged `scrub:"prefix"`,
+// and LibrarySecretVars. The program still reads them with os.Getenv.
 func ScrubbedVars(cfg any) func(name string) bool {
 	fields, err := fieldsOf(cfg)
 	if err != nil {
-		return func(string) bool { return false }
+		return harden.Names(LibrarySecretVars)
 	}
-	var names, prefixes []string
+	names := slices.Clone(LibrarySecretVars)
+	var prefixes []string
 	for _, f := range fields {
 		switch {
 		case f.Secret || f.Scrub == "true":

@@ -19,6 +19,7 @@ func TestScrubbedVars(t *testing.T) {
 		"API_TOKEN": true, "DATABASE_URL": true, "REDIS_URL": true, "REDIS_SENTINEL_PASSWORD": true,
 		"MY_SECRET_X": true, "PLAIN": false, "SECRET_PREFIX": false, "OTHER_PREFIX": false,
 		"DATABASE_URL_FILE": false, "LOG_LEVEL": false, "PATH": false,
+		"PGPASSWORD": true, "AWS_SECRET_ACCESS_KEY": true, "AWS_SESSION_TOKEN": true, "AWS_ACCESS_KEY_ID": false,
 	} {
 		if got := match(name); got != want {
 			t.Errorf("%s scrubbed: %v, want %v", name, got, want)

@@ -23,6 +23,8 @@ func TestBinary(t *testing.T) {
 		Secrets: []string{
 			"WEBHOOK_SIGNING_KEY=canary-webhook-signing-key-0123456789abcdef",
 			"REQUEST_SIGNING_KEY=canary-request-signing-key-0123456789abcdef",
+			// Read by pgx itself, declared by no configuration field.
+			"PGPASSWORD=canary-pgpassword-0123456789abcdef",
 		},
 		Commands: []string{"keys"},
 	})

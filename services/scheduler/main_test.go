@@ -22,6 +22,10 @@ func TestBinary(t *testing.T) {
 		Secrets: []string{
 			"REQUEST_SIGNING_KEY=canary-request-signing-key-0123456789abcdef",
 			"AUTOPROV_SECRET_CANARY=canary-env-secret-0123456789abcdef",
+			// Read by the AWS SDK's default credential chain, declared by
+			// no configuration field.
+			"AWS_SECRET_ACCESS_KEY=canary-aws-secret-access-key-0123456789",
+			"AWS_SESSION_TOKEN=canary-aws-session-token-0123456789abcdef",
 		},
 		Commands: []string{"servers"},
 	})

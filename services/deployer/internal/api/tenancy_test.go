@@ -308,3 +308,42 @@ func TestKeyProjects(t *testing.T) {
 		t.Errorf("B's key submits for B: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestBoundKeyFleetScopes: a key bound to a project that holds the
+// fleet's scopes anyway (a row written around auth.Binding: by hand, or by
+// a version that did not check) is refused the servers endpoints and the
+// keys admin (403), while its deployments scopes still work for its
+// project.
+func TestBoundKeyFleetScopes(t *testing.T) {
+	e := dt.Start(t, dt.Options{NoInfra: true})
+	ctx := context.Background()
+	secret := auth.NewSecret()
+	if _, err := e.DB.Exec(ctx, `INSERT INTO api_keys (id, name, prefix, hash, scopes, projects, fleet_wide, legacy)
+		VALUES (gen_random_uuid(), 'bound-operator', $1, $2, $3, $4, false, false)`,
+		auth.DisplayPrefix(secret), auth.Hash(secret),
+		[]string{"deployments:write", "servers:write", "admin"}, []string{dt.Project}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		method, path string
+		body         any
+	}{
+		{"GET", "/api/v1/servers", nil},
+		{"GET", "/api/v1/servers/web-1", nil},
+		{"POST", "/api/v1/servers/web-1/provision", nil},
+		{"GET", "/api/v1/keys", nil},
+		{"POST", "/api/v1/keys", map[string]any{"name": "escalated", "scopes": []string{"admin"}}},
+	} {
+		if resp, body := e.Do(c.method, c.path, secret, c.body); resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s %s with a project-bound key holding fleet scopes: %d %s, want 403", c.method, c.path, resp.StatusCode, body)
+		}
+	}
+	if resp, body := e.Do("POST", "/api/v1/deployments", secret, dt.Request()); resp.StatusCode != http.StatusAccepted {
+		t.Errorf("its own project's deployment: %d %s", resp.StatusCode, body)
+	}
+	req := dt.Request()
+	req["project_id"] = projectB
+	if resp, body := e.Do("POST", "/api/v1/deployments", secret, req); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("another project's deployment: %d %s", resp.StatusCode, body)
+	}
+}

@@ -106,9 +106,16 @@ type Key struct {
 }
 
 // Has reports whether the key grants scope: admin grants everything, and
-// a write scope grants its read scope.
+// a write scope grants its read scope. The fleet's scopes (admin, servers)
+// count only on a fleet-wide key: one bound to projects that holds them
+// anyway (a row written around Binding, by hand or by an older version)
+// is refused them rather than trusted with every project's servers and
+// keys.
 func (k *Key) Has(scope Scope) bool {
 	for _, s := range k.Scopes {
+		if !k.FleetWide && fleetScope(s) {
+			continue
+		}
 		switch {
 		case s == scope, s == ScopeAdmin:
 			return true
@@ -117,6 +124,11 @@ func (k *Key) Has(scope Scope) bool {
 		}
 	}
 	return false
+}
+
+// fleetScope reports whether s acts on the whole fleet (see Binding).
+func fleetScope(s Scope) bool {
+	return s == ScopeAdmin || s == ScopeServersRead || s == ScopeServersWrite
 }
 
 // HoldsProject reports whether the key may act for project (a project id
