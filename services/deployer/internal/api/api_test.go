@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -112,24 +113,93 @@ func TestAuth(t *testing.T) {
 }
 
 func TestRateLimit(t *testing.T) {
-	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "2", "API_RATE_BURST": "3"}})
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "2", "API_RATE_BURST": "3",
+		"API_AUTH_FAILURE_RATE": "1"}})
 	var limited *http.Response
+	var limitedBody []byte
 	for i := 0; i < 20 && limited == nil; i++ {
-		resp, _ := e.Do("GET", "/api/v1/deployments", e.CI, nil)
+		resp, body := e.Do("GET", "/api/v1/deployments", e.CI, nil)
+		checkRateHeaders(t, resp, 3)
 		if resp.StatusCode == 429 {
-			limited = resp
+			limited, limitedBody = resp, body
 		}
 	}
 	if limited == nil {
 		t.Fatal("20 requests at once with a limit of 2/s and burst 3 were never limited")
 	}
-	if limited.Header.Get("Retry-After") == "" || limited.Header.Get("RateLimit-Limit") != "2" {
+	if limited.Header.Get("Retry-After") == "" || limited.Header.Get("RateLimit-Policy") != "3;w=2" {
 		t.Errorf("429 headers: %v", limited.Header)
+	}
+	if p := dt.JSON[api.Problem](t, limitedBody); !strings.Contains(p.Detail, "rate limit of this API key is spent") {
+		t.Errorf("a key's 429: %s", limitedBody)
 	}
 	// Another key has its own budget.
 	if resp, _ := e.Do("GET", "/api/v1/keys", e.Admin, nil); resp.StatusCode != 200 {
 		t.Errorf("another key was limited too: %d", resp.StatusCode)
 	}
+
+	// Failed authentications are limited per client address (1/s, burst
+	// 2), and their 429 says so: no API key was valid, so none is spent.
+	var failed []byte
+	for i := 0; i < 10 && failed == nil; i++ {
+		resp, body := e.Do("GET", "/api/v1/deployments", "apk_not-a-key-at-all", nil)
+		checkRateHeaders(t, resp, 2)
+		if resp.StatusCode == 429 {
+			failed = body
+		} else if resp.StatusCode != 401 {
+			t.Fatalf("an unknown key: %d %s", resp.StatusCode, body)
+		}
+	}
+	if failed == nil {
+		t.Fatal("10 failed authentications at once with a limit of 1/s were never limited")
+	}
+	p := dt.JSON[api.Problem](t, failed)
+	if strings.Contains(p.Detail, "API key is spent") || !strings.Contains(p.Detail, "from this address") ||
+		!strings.Contains(p.Detail, "valid key") {
+		t.Errorf("the auth-failure 429 says %q", p.Detail)
+	}
+}
+
+// TestRateLimitHeadersAtDefaults: with the default limit (50/s, burst
+// 100: budget handed out in leases) and a key's own rate (burst twice
+// it), RateLimit-Limit is the burst and RateLimit-Remaining never exceeds
+// it (it refills with time, so it need not only count down).
+func TestRateLimitHeadersAtDefaults(t *testing.T) {
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "50", "API_RATE_BURST": "100"}})
+	_, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "own-rate", "scopes": []string{"servers:read"}, "rate_limit": 30})
+	own := dt.JSON[api.CreatedKey](t, body).Key
+	for _, k := range []struct {
+		key          string
+		burst, limit int
+	}{{e.CI, 100, 50}, {own, 60, 30}} {
+		least := k.burst
+		for range 40 {
+			resp, _ := e.Do("GET", "/api/v1/me", k.key, nil)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			least = min(least, checkRateHeaders(t, resp, k.burst))
+			if p := resp.Header.Get("RateLimit-Policy"); p != strconv.Itoa(k.burst)+";w=2" {
+				t.Errorf("RateLimit-Policy %q for %d/s, burst %d", p, k.limit, k.burst)
+			}
+		}
+		if least >= k.burst-1 {
+			t.Errorf("40 requests never lowered RateLimit-Remaining below %d of %d", least, k.burst)
+		}
+	}
+}
+
+// checkRateHeaders checks a response's RateLimit headers: Limit is the
+// burst, Remaining is at most Limit. It returns Remaining.
+func checkRateHeaders(t *testing.T, resp *http.Response, burst int) int {
+	t.Helper()
+	limit, err1 := strconv.Atoi(resp.Header.Get("RateLimit-Limit"))
+	rem, err2 := strconv.Atoi(resp.Header.Get("RateLimit-Remaining"))
+	if err1 != nil || err2 != nil || limit != burst || rem < 0 || rem > limit {
+		t.Fatalf("RateLimit-Limit %q, RateLimit-Remaining %q: want Limit %d (the burst) and 0 <= Remaining <= Limit",
+			resp.Header.Get("RateLimit-Limit"), resp.Header.Get("RateLimit-Remaining"), burst)
+	}
+	return rem
 }
 
 func TestSubmitRejectsBadInput(t *testing.T) {
