@@ -242,6 +242,9 @@ func TestSubmitRejectsBadInput(t *testing.T) {
 		{"bad idempotency key", dt.Request(), []string{"Idempotency-Key", "has spaces in it"}, 400, "Idempotency-Key"},
 		{"bad wait", dt.Request(), nil, 400, "wait"},
 		{"unknown token-looking field is not echoed", map[string]any{token: 1}, nil, 400, ""},
+		{"unknown nested field", with("options", map[string]any{"timeout_seconds": 60, "retries": 3}), nil, 400, "options.retries"},
+		{"unknown nested field after a case-folded parent", `{"OPTIONS": {"retries": 3}}`, nil, 400, "options.retries"},
+		{"unknown nested token-looking field is not echoed", with("options", map[string]any{token: 1}), nil, 400, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
