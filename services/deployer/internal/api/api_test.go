@@ -381,6 +381,50 @@ func TestIdempotencyUnderConcurrentRetries(t *testing.T) {
 	}
 }
 
+// TestRequestIDInFirstAnswer: the first 202 carries request_id (the
+// queue entry the request was published as), with an Idempotency-Key and
+// without, and every replay of the key shows the same one at once.
+func TestRequestIDInFirstAnswer(t *testing.T) {
+	e := dt.Start(t, dt.Options{NoInfra: true})
+	entryOf := func(jobID string) string {
+		entries, err := e.Redis.XRange(context.Background(), e.Streams.Queue, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, en := range entries {
+			if m, err := messages.DecodeAnsibleDeployMessage([]byte(en.Values["data"].(string))); err == nil && m.JobID == jobID {
+				return en.ID
+			}
+		}
+		return ""
+	}
+	for _, key := range []string{"build-77", ""} {
+		var hdr []string
+		if key != "" {
+			hdr = []string{"Idempotency-Key", key}
+		}
+		req := dt.Request()
+		req["correlation_id"] = "first-answer-" + key
+		resp, body := e.Do("POST", "/api/v1/deployments", e.CI, req, hdr...)
+		first := dt.JSON[deployments.Deployment](t, body)
+		if resp.StatusCode != 202 || first.RequestID == "" || first.RequestID != entryOf(first.JobID) {
+			t.Fatalf("key %q: first answer %d, request_id %q, want the queue entry %q: %s", key, resp.StatusCode,
+				first.RequestID, entryOf(first.JobID), body)
+		}
+		dt.CheckSchema(t, "Deployment", body)
+		if key == "" {
+			continue
+		}
+		for i := range 3 {
+			resp, body := e.Do("POST", "/api/v1/deployments", e.CI, req, hdr...)
+			replay := dt.JSON[deployments.Deployment](t, body)
+			if resp.Header.Get("Idempotent-Replayed") != "true" || replay.ID != first.ID || replay.RequestID != first.RequestID {
+				t.Errorf("replay %d: id %s request_id %q, first %s %q", i+1, replay.ID, replay.RequestID, first.ID, first.RequestID)
+			}
+		}
+	}
+}
+
 func TestWait(t *testing.T) {
 	hold := make(chan struct{})
 	e := dt.Start(t, dt.Options{PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {
