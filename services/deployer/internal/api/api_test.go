@@ -324,6 +324,10 @@ func TestSubmitAndGet(t *testing.T) {
 	if final.Progress == nil || final.Progress.CurrentPlay != "Deploy the project" || final.Progress.HostsChanged != 1 {
 		t.Errorf("progress: %+v", final.Progress)
 	}
+	// progress.tasks counts task results per host, as the OpenAPI document says.
+	if c := final.Progress.Tasks["srv-1"]; len(final.Progress.Tasks) != 1 || c == nil || c.Changed != 1 || c.OK+c.Failed+c.Unreachable+c.Skipped != 0 {
+		t.Errorf("progress.tasks: %s", finalBody)
+	}
 	if final.RequestID != entries[0].ID {
 		t.Errorf("request id %q, want the entry id %q", final.RequestID, entries[0].ID)
 	}
