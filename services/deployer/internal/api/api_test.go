@@ -76,7 +76,7 @@ func TestAuth(t *testing.T) {
 
 	t.Run("revoking through the API takes effect at once", func(t *testing.T) {
 		_, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "tmp", "scopes": []string{"deployments:read"}, "projects": []string{dt.Project}})
-		created := dt.JSON[api.CreatedKey](t, body)
+		created := dt.JSON[auth.CreatedKey](t, body)
 		if !auth.WellFormed(created.Key) || !strings.HasPrefix(created.WebhookSecret, "whsec_") {
 			t.Fatalf("created key %+v", created)
 		}
@@ -166,8 +166,18 @@ func TestRateLimit(t *testing.T) {
 // it (it refills with time, so it need not only count down).
 func TestRateLimitHeadersAtDefaults(t *testing.T) {
 	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "50", "API_RATE_BURST": "100"}})
-	_, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "own-rate", "scopes": []string{"servers:read"}, "rate_limit": 30})
-	own := dt.JSON[api.CreatedKey](t, body).Key
+	// rate_limit 0 is refused: leaving it out means the default.
+	resp, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "zero", "scopes": []string{"servers:read"}, "rate_limit": 0})
+	if p := dt.JSON[api.Problem](t, body); resp.StatusCode != 422 || len(p.Errors) != 1 || p.Errors[0].Field != "rate_limit" ||
+		!strings.Contains(p.Errors[0].Message, "leave rate_limit out") {
+		t.Errorf("rate_limit 0: %d %s", resp.StatusCode, body)
+	}
+	_, body = e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "own-rate", "scopes": []string{"servers:read"}, "rate_limit": 30})
+	created := dt.JSON[auth.CreatedKey](t, body)
+	own := created.Key
+	if created.RateLimit != 30 || created.RateBurst != 60 || created.DefaultRate {
+		t.Errorf("a key with its own rate: %s", body)
+	}
 	for _, k := range []struct {
 		key          string
 		burst, limit int
