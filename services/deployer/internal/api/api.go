@@ -36,6 +36,9 @@ type Config struct {
 	// AuthFailureRate is how many failed authentications per second one
 	// client address may make. Default 10.
 	AuthFailureRate int
+	// Rates are the default rate limit of keys (API_RATE_LIMIT,
+	// API_RATE_BURST), shown for keys without a rate of their own.
+	Rates auth.RateDefaults
 	// Events configures the SSE streams.
 	Events events.StreamConfig
 	// ShutdownGrace bounds how long requests in flight may take to finish

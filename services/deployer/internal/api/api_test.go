@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -75,7 +76,7 @@ func TestAuth(t *testing.T) {
 
 	t.Run("revoking through the API takes effect at once", func(t *testing.T) {
 		_, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "tmp", "scopes": []string{"deployments:read"}, "projects": []string{dt.Project}})
-		created := dt.JSON[api.CreatedKey](t, body)
+		created := dt.JSON[auth.CreatedKey](t, body)
 		if !auth.WellFormed(created.Key) || !strings.HasPrefix(created.WebhookSecret, "whsec_") {
 			t.Fatalf("created key %+v", created)
 		}
@@ -112,24 +113,103 @@ func TestAuth(t *testing.T) {
 }
 
 func TestRateLimit(t *testing.T) {
-	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "2", "API_RATE_BURST": "3"}})
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "2", "API_RATE_BURST": "3",
+		"API_AUTH_FAILURE_RATE": "1"}})
 	var limited *http.Response
+	var limitedBody []byte
 	for i := 0; i < 20 && limited == nil; i++ {
-		resp, _ := e.Do("GET", "/api/v1/deployments", e.CI, nil)
+		resp, body := e.Do("GET", "/api/v1/deployments", e.CI, nil)
+		checkRateHeaders(t, resp, 3)
 		if resp.StatusCode == 429 {
-			limited = resp
+			limited, limitedBody = resp, body
 		}
 	}
 	if limited == nil {
 		t.Fatal("20 requests at once with a limit of 2/s and burst 3 were never limited")
 	}
-	if limited.Header.Get("Retry-After") == "" || limited.Header.Get("RateLimit-Limit") != "2" {
+	if limited.Header.Get("Retry-After") == "" || limited.Header.Get("RateLimit-Policy") != "3;w=2" {
 		t.Errorf("429 headers: %v", limited.Header)
+	}
+	if p := dt.JSON[api.Problem](t, limitedBody); !strings.Contains(p.Detail, "rate limit of this API key is spent") {
+		t.Errorf("a key's 429: %s", limitedBody)
 	}
 	// Another key has its own budget.
 	if resp, _ := e.Do("GET", "/api/v1/keys", e.Admin, nil); resp.StatusCode != 200 {
 		t.Errorf("another key was limited too: %d", resp.StatusCode)
 	}
+
+	// Failed authentications are limited per client address (1/s, burst
+	// 2), and their 429 says so: no API key was valid, so none is spent.
+	var failed []byte
+	for i := 0; i < 10 && failed == nil; i++ {
+		resp, body := e.Do("GET", "/api/v1/deployments", "apk_not-a-key-at-all", nil)
+		checkRateHeaders(t, resp, 2)
+		if resp.StatusCode == 429 {
+			failed = body
+		} else if resp.StatusCode != 401 {
+			t.Fatalf("an unknown key: %d %s", resp.StatusCode, body)
+		}
+	}
+	if failed == nil {
+		t.Fatal("10 failed authentications at once with a limit of 1/s were never limited")
+	}
+	p := dt.JSON[api.Problem](t, failed)
+	if strings.Contains(p.Detail, "API key is spent") || !strings.Contains(p.Detail, "from this address") ||
+		!strings.Contains(p.Detail, "valid key") {
+		t.Errorf("the auth-failure 429 says %q", p.Detail)
+	}
+}
+
+// TestRateLimitHeadersAtDefaults: with the default limit (50/s, burst
+// 100: budget handed out in leases) and a key's own rate (burst twice
+// it), RateLimit-Limit is the burst and RateLimit-Remaining never exceeds
+// it (it refills with time, so it need not only count down).
+func TestRateLimitHeadersAtDefaults(t *testing.T) {
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "50", "API_RATE_BURST": "100"}})
+	// rate_limit 0 is refused: leaving it out means the default.
+	resp, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "zero", "scopes": []string{"servers:read"}, "rate_limit": 0})
+	if p := dt.JSON[api.Problem](t, body); resp.StatusCode != 422 || len(p.Errors) != 1 || p.Errors[0].Field != "rate_limit" ||
+		!strings.Contains(p.Errors[0].Message, "leave rate_limit out") {
+		t.Errorf("rate_limit 0: %d %s", resp.StatusCode, body)
+	}
+	_, body = e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "own-rate", "scopes": []string{"servers:read"}, "rate_limit": 30})
+	created := dt.JSON[auth.CreatedKey](t, body)
+	own := created.Key
+	if created.RateLimit != 30 || created.RateBurst != 60 || created.DefaultRate {
+		t.Errorf("a key with its own rate: %s", body)
+	}
+	for _, k := range []struct {
+		key          string
+		burst, limit int
+	}{{e.CI, 100, 50}, {own, 60, 30}} {
+		least := k.burst
+		for range 40 {
+			resp, _ := e.Do("GET", "/api/v1/me", k.key, nil)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			least = min(least, checkRateHeaders(t, resp, k.burst))
+			if p := resp.Header.Get("RateLimit-Policy"); p != strconv.Itoa(k.burst)+";w=2" {
+				t.Errorf("RateLimit-Policy %q for %d/s, burst %d", p, k.limit, k.burst)
+			}
+		}
+		if least >= k.burst-1 {
+			t.Errorf("40 requests never lowered RateLimit-Remaining below %d of %d", least, k.burst)
+		}
+	}
+}
+
+// checkRateHeaders checks a response's RateLimit headers: Limit is the
+// burst, Remaining is at most Limit. It returns Remaining.
+func checkRateHeaders(t *testing.T, resp *http.Response, burst int) int {
+	t.Helper()
+	limit, err1 := strconv.Atoi(resp.Header.Get("RateLimit-Limit"))
+	rem, err2 := strconv.Atoi(resp.Header.Get("RateLimit-Remaining"))
+	if err1 != nil || err2 != nil || limit != burst || rem < 0 || rem > limit {
+		t.Fatalf("RateLimit-Limit %q, RateLimit-Remaining %q: want Limit %d (the burst) and 0 <= Remaining <= Limit",
+			resp.Header.Get("RateLimit-Limit"), resp.Header.Get("RateLimit-Remaining"), burst)
+	}
+	return rem
 }
 
 func TestSubmitRejectsBadInput(t *testing.T) {
@@ -172,6 +252,9 @@ func TestSubmitRejectsBadInput(t *testing.T) {
 		{"bad idempotency key", dt.Request(), []string{"Idempotency-Key", "has spaces in it"}, 400, "Idempotency-Key"},
 		{"bad wait", dt.Request(), nil, 400, "wait"},
 		{"unknown token-looking field is not echoed", map[string]any{token: 1}, nil, 400, ""},
+		{"unknown nested field", with("options", map[string]any{"timeout_seconds": 60, "retries": 3}), nil, 400, "options.retries"},
+		{"unknown nested field after a case-folded parent", `{"OPTIONS": {"retries": 3}}`, nil, 400, "options.retries"},
+		{"unknown nested token-looking field is not echoed", with("options", map[string]any{token: 1}), nil, 400, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -251,6 +334,10 @@ func TestSubmitAndGet(t *testing.T) {
 	if final.Progress == nil || final.Progress.CurrentPlay != "Deploy the project" || final.Progress.HostsChanged != 1 {
 		t.Errorf("progress: %+v", final.Progress)
 	}
+	// progress.tasks counts task results per host, as the OpenAPI document says.
+	if c := final.Progress.Tasks["srv-1"]; len(final.Progress.Tasks) != 1 || c == nil || c.Changed != 1 || c.OK+c.Failed+c.Unreachable+c.Skipped != 0 {
+		t.Errorf("progress.tasks: %s", finalBody)
+	}
 	if final.RequestID != entries[0].ID {
 		t.Errorf("request id %q, want the entry id %q", final.RequestID, entries[0].ID)
 	}
@@ -305,6 +392,50 @@ func TestIdempotencyUnderConcurrentRetries(t *testing.T) {
 	resp, body = e.Do("POST", "/api/v1/deployments", e.Admin, dt.Request(), "Idempotency-Key", "build-1234")
 	if resp.StatusCode != 202 || dt.JSON[deployments.Deployment](t, body).ID == ids[0] {
 		t.Errorf("another API key's idempotency key: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestRequestIDInFirstAnswer: the first 202 carries request_id (the
+// queue entry the request was published as), with an Idempotency-Key and
+// without, and every replay of the key shows the same one at once.
+func TestRequestIDInFirstAnswer(t *testing.T) {
+	e := dt.Start(t, dt.Options{NoInfra: true})
+	entryOf := func(jobID string) string {
+		entries, err := e.Redis.XRange(context.Background(), e.Streams.Queue, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, en := range entries {
+			if m, err := messages.DecodeAnsibleDeployMessage([]byte(en.Values["data"].(string))); err == nil && m.JobID == jobID {
+				return en.ID
+			}
+		}
+		return ""
+	}
+	for _, key := range []string{"build-77", ""} {
+		var hdr []string
+		if key != "" {
+			hdr = []string{"Idempotency-Key", key}
+		}
+		req := dt.Request()
+		req["correlation_id"] = "first-answer-" + key
+		resp, body := e.Do("POST", "/api/v1/deployments", e.CI, req, hdr...)
+		first := dt.JSON[deployments.Deployment](t, body)
+		if resp.StatusCode != 202 || first.RequestID == "" || first.RequestID != entryOf(first.JobID) {
+			t.Fatalf("key %q: first answer %d, request_id %q, want the queue entry %q: %s", key, resp.StatusCode,
+				first.RequestID, entryOf(first.JobID), body)
+		}
+		dt.CheckSchema(t, "Deployment", body)
+		if key == "" {
+			continue
+		}
+		for i := range 3 {
+			resp, body := e.Do("POST", "/api/v1/deployments", e.CI, req, hdr...)
+			replay := dt.JSON[deployments.Deployment](t, body)
+			if resp.Header.Get("Idempotent-Replayed") != "true" || replay.ID != first.ID || replay.RequestID != first.RequestID {
+				t.Errorf("replay %d: id %s request_id %q, first %s %q", i+1, replay.ID, replay.RequestID, first.ID, first.RequestID)
+			}
+		}
 	}
 }
 

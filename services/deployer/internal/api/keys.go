@@ -2,10 +2,10 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"regexp"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -27,54 +27,14 @@ func netipParse(s string) (string, error) {
 	return a.String(), nil
 }
 
-// KeyView is an API key as the API shows it (never its secret).
-type KeyView struct {
-	ID        string   `json:"id"`
-	Name      string   `json:"name"`
-	Prefix    string   `json:"prefix"`
-	Scopes    []string `json:"scopes"`
-	RateLimit int      `json:"rate_limit,omitempty"`
-	// Projects are the projects the key acts for; empty when FleetWide.
-	Projects []string `json:"projects"`
-	// FleetWide keys act for every project.
-	FleetWide bool `json:"fleet_wide"`
-	// LegacyFleetWide marks a key made before keys were bound to projects,
-	// fleet-wide until it is narrowed.
-	LegacyFleetWide bool       `json:"legacy_fleet_wide,omitempty"`
-	CreatedAt       time.Time  `json:"created_at"`
-	LastUsedAt      *time.Time `json:"last_used_at,omitempty"`
-	RevokedAt       *time.Time `json:"revoked_at,omitempty"`
-}
-
-func viewKey(k *auth.Key) KeyView {
-	v := KeyView{ID: k.ID, Name: k.Name, Prefix: k.Prefix, RateLimit: k.RateLimit, CreatedAt: k.CreatedAt,
-		Projects: append([]string{}, k.Projects...), FleetWide: k.FleetWide, LegacyFleetWide: k.Legacy}
-	for _, s := range k.Scopes {
-		v.Scopes = append(v.Scopes, string(s))
-	}
-	if !k.LastUsedAt.IsZero() {
-		t := k.LastUsedAt
-		v.LastUsedAt = &t
-	}
-	if !k.RevokedAt.IsZero() {
-		t := k.RevokedAt
-		v.RevokedAt = &t
-	}
-	return v
-}
-
-// CreatedKey is the answer to a key creation: the only time the key (and
-// its webhook secret) are shown.
-type CreatedKey struct {
-	KeyView
-	Key           string `json:"key"`
-	WebhookSecret string `json:"webhook_secret,omitempty"`
-}
+// viewKey is k as the API shows it (auth.KeyView, the shape `deployer
+// keys --json` prints too).
+func (a *API) viewKey(k *auth.Key) auth.KeyView { return auth.View(k, a.cfg.Rates) }
 
 type createKeyRequest struct {
 	Name      string   `json:"name"`
 	Scopes    []string `json:"scopes"`
-	RateLimit int      `json:"rate_limit,omitempty"`
+	RateLimit *int     `json:"rate_limit,omitempty"` // nil: the default
 	Projects  []string `json:"projects,omitempty"`
 	FleetWide bool     `json:"fleet_wide,omitempty"`
 }
@@ -97,14 +57,19 @@ func (a *API) createKey(w http.ResponseWriter, r *http.Request) {
 			fields = append(fields, FieldProblem{Field: "projects", Message: berr.Error()})
 		}
 	}
-	if req.RateLimit < 0 || req.RateLimit > 100000 {
-		fields = append(fields, FieldProblem{Field: "rate_limit", Message: "must be between 1 and 100000 requests per second (0 or absent: the default)"})
+	rate := 0
+	if req.RateLimit != nil {
+		rate = *req.RateLimit
+		if rate < 1 || rate > auth.MaxRate {
+			fields = append(fields, FieldProblem{Field: "rate_limit",
+				Message: fmt.Sprintf("must be between 1 and %d requests per second; leave rate_limit out for the deployer's default", auth.MaxRate)})
+		}
 	}
 	if len(fields) > 0 {
 		writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, "the key request is invalid: see errors", fields...)
 		return
 	}
-	k, secret, err := a.deps.Keys.Create(r.Context(), auth.NewKey{Name: req.Name, Scopes: scopes, RateLimit: req.RateLimit,
+	k, secret, err := a.deps.Keys.Create(r.Context(), auth.NewKey{Name: req.Name, Scopes: scopes, RateLimit: rate,
 		Projects: req.Projects, FleetWide: req.FleetWide})
 	if errors.Is(err, auth.ErrNameTaken) {
 		writeProblem(w, r, http.StatusConflict, ProbConflict, "a live key already has this name; revoke it first or choose another",
@@ -115,7 +80,7 @@ func (a *API) createKey(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "create key", err)
 		return
 	}
-	out := CreatedKey{KeyView: viewKey(k), Key: secret}
+	out := auth.CreatedKey{KeyView: a.viewKey(k), Key: secret}
 	if a.deps.WebhookSecret != nil {
 		out.WebhookSecret = a.deps.WebhookSecret(k.ID)
 	}
@@ -131,11 +96,11 @@ func (a *API) listKeys(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "list keys", err)
 		return
 	}
-	items := make([]KeyView, len(keys))
+	out := auth.KeyList{Items: make([]auth.KeyView, len(keys))}
 	for i, k := range keys {
-		items[i] = viewKey(k)
+		out.Items[i] = a.viewKey(k)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": items})
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (a *API) getKey(w http.ResponseWriter, r *http.Request) {
@@ -148,7 +113,7 @@ func (a *API) getKey(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "read key", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, viewKey(k))
+	writeJSON(w, http.StatusOK, a.viewKey(k))
 }
 
 func (a *API) revokeKey(w http.ResponseWriter, r *http.Request) {
@@ -170,9 +135,9 @@ func (a *API) revokeKey(w http.ResponseWriter, r *http.Request) {
 		a.deps.Forget(k.ID)
 	}
 	a.log.Info().Str("request_id", requestID(r.Context())).Str("revoked_key", k.Name).Str("revoked_key_id", k.ID).Msg("API key revoked")
-	writeJSON(w, http.StatusOK, viewKey(k))
+	writeJSON(w, http.StatusOK, a.viewKey(k))
 }
 
 func (a *API) me(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, viewKey(authedKey(r.Context())))
+	writeJSON(w, http.StatusOK, a.viewKey(authedKey(r.Context())))
 }

@@ -159,7 +159,7 @@ func (a *API) authenticate(scope auth.Scope) func(http.Handler) http.Handler {
 					writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable, "cannot check API keys right now")
 					return
 				}
-				if a.limited(w, r, "authfail:"+remoteIP(r), a.cfg.AuthFailureRate) {
+				if a.limited(w, r, "authfail:"+remoteIP(r), a.cfg.AuthFailureRate, authFailuresSpent) {
 					return
 				}
 				w.Header().Set("WWW-Authenticate", `Bearer realm="autoprov", error="invalid_token"`)
@@ -178,7 +178,7 @@ func (a *API) authenticate(scope auth.Scope) func(http.Handler) http.Handler {
 					"this API key does not have the scope "+string(scope))
 				return
 			}
-			if a.limited(w, r, "key:"+key.ID, key.RateLimit) {
+			if a.limited(w, r, "key:"+key.ID, key.RateLimit, keyBudgetSpent) {
 				return
 			}
 			next.ServeHTTP(w, r)
@@ -186,9 +186,25 @@ func (a *API) authenticate(scope auth.Scope) func(http.Handler) http.Handler {
 	}
 }
 
-// limited takes a request from bucket's budget and writes a 429 when it is
-// spent. Limiter failures let the request through (and are logged).
-func (a *API) limited(w http.ResponseWriter, r *http.Request, bucket string, rate int) bool {
+// The details of the two 429s: a key's budget, and the failed
+// authentications of a client address (no valid key was sent).
+const (
+	keyBudgetSpent    = "the rate limit of this API key is spent; retry after the Retry-After delay"
+	authFailuresSpent = "too many requests with a missing, unknown or revoked API key from this address; " +
+		"retry after the Retry-After delay with a valid key (`deployer keys create` makes one)"
+)
+
+// limited takes a request from bucket's budget and writes a 429 with
+// detail when it is spent. Limiter failures let the request through (and
+// are logged).
+//
+// The headers follow the IETF draft "RateLimit header fields for HTTP":
+// RateLimit-Limit is the quota RateLimit-Remaining counts against (the
+// budget's burst: what a full budget holds), RateLimit-Remaining what is
+// left of it now, RateLimit-Reset the seconds until it is full again, and
+// RateLimit-Policy the quota and the window over which it refills
+// ("100;w=2": 100 requests per 2 seconds for a rate of 50/s, burst 100).
+func (a *API) limited(w http.ResponseWriter, r *http.Request, bucket string, rate int, detail string) bool {
 	if a.deps.Limiter == nil {
 		return false
 	}
@@ -199,14 +215,16 @@ func (a *API) limited(w http.ResponseWriter, r *http.Request, bucket string, rat
 	}
 	h := w.Header()
 	h.Set("RateLimit-Limit", strconv.Itoa(d.Limit))
-	h.Set("RateLimit-Remaining", strconv.Itoa(max(d.Remaining, 0)))
+	h.Set("RateLimit-Remaining", strconv.Itoa(min(max(d.Remaining, 0), d.Limit)))
 	h.Set("RateLimit-Reset", strconv.Itoa(int((d.ResetAfter+time.Second-1)/time.Second)))
+	if d.Rate > 0 {
+		h.Set("RateLimit-Policy", strconv.Itoa(d.Limit)+";w="+strconv.Itoa((d.Limit+d.Rate-1)/d.Rate))
+	}
 	if d.Allowed {
 		return false
 	}
 	h.Set("Retry-After", strconv.Itoa(max(1, int((d.RetryAfter+time.Second-1)/time.Second))))
-	writeProblem(w, r, http.StatusTooManyRequests, ProbRateLimited,
-		"the rate limit of this API key is spent; retry after the Retry-After delay")
+	writeProblem(w, r, http.StatusTooManyRequests, ProbRateLimited, detail)
 	return true
 }
 

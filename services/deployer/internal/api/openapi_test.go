@@ -139,3 +139,48 @@ func TestOpenAPIWebhookErrorClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAPIDescribesOrderAndTasks: the document says in which order the
+// lists with a history come and what progress.tasks holds (the answers'
+// order is checked in TestServers, TestWebhooks and TestSubmitAndGet).
+func TestOpenAPIDescribesOrderAndTasks(t *testing.T) {
+	type described struct {
+		Description string `json:"description"`
+	}
+	var doc struct {
+		Components struct {
+			Schemas struct {
+				ServerDetail struct {
+					Properties struct {
+						History described `json:"history"`
+						Runs    described `json:"runs"`
+					} `json:"properties"`
+				} `json:"ServerDetail"`
+				Delivery struct {
+					Properties struct {
+						History described `json:"history"`
+					} `json:"properties"`
+				} `json:"Delivery"`
+				Progress struct {
+					Properties struct {
+						Tasks described `json:"tasks"`
+					} `json:"properties"`
+				} `json:"Progress"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(api.OpenAPIDocument(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	s := doc.Components.Schemas
+	for name, c := range map[string]struct{ got, want string }{
+		"ServerDetail.history": {s.ServerDetail.Properties.History.Description, "newest first"},
+		"ServerDetail.runs":    {s.ServerDetail.Properties.Runs.Description, "newest first"},
+		"Delivery.history":     {s.Delivery.Properties.History.Description, "oldest first"},
+		"Progress.tasks":       {s.Progress.Properties.Tasks.Description, "per host"},
+	} {
+		if !strings.Contains(c.got, c.want) {
+			t.Errorf("%s: description %q does not say %q", name, c.got, c.want)
+		}
+	}
+}

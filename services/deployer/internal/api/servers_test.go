@@ -58,6 +58,17 @@ func TestServers(t *testing.T) {
 	if resp, body := e.Do("POST", "/api/v1/servers/web-1/resume", e.Admin, nil); resp.StatusCode != 200 || dt.JSON[api.ServerView](t, body).Paused {
 		t.Errorf("resume: %d %s", resp.StatusCode, body)
 	}
+	// history is newest first, as the OpenAPI document says.
+	_, body = e.Do("GET", "/api/v1/servers/web-1", e.Admin, nil)
+	detail = dt.JSON[api.ServerDetail](t, body)
+	if len(detail.History) < 2 || detail.History[0].Event != "resumed" || detail.History[1].Event != "paused" {
+		t.Errorf("history after pause, resume: %+v, want newest first", detail.History)
+	}
+	for i := 1; i < len(detail.History); i++ {
+		if detail.History[i].At.After(detail.History[i-1].At) {
+			t.Errorf("history[%d] is later than history[%d]: %+v", i, i-1, detail.History)
+		}
+	}
 	for _, c := range []struct {
 		method, path string
 		body         any

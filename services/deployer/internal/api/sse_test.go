@@ -75,6 +75,45 @@ func TestEvents(t *testing.T) {
 		}
 	})
 
+	t.Run("an EventSource reconnecting after the real end gets 204, not a second end", func(t *testing.T) {
+		d := submit("steps")
+		// What a browser does: follow, and when the stream closes
+		// reconnect with the last id until answered 204.
+		evs, connects := e.FollowAsEventSource(t, d.Links.Events, e.CI, 5)
+		want, err := e.Redis.XRange(context.Background(), messages.ProgressStream(messages.JobKindDeploy, d.JobID), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		finished := 0
+		for _, ev := range evs {
+			if ev.Event == "run_finished" {
+				finished++
+			}
+		}
+		if finished != 1 || len(evs) != len(want) || connects != 2 {
+			t.Fatalf("an EventSource got %d events (the stream has %d), %d run_finished, in %d connections; want each event once and 2 connections: %+v",
+				len(evs), len(want), finished, connects, evs)
+		}
+		real := evs[len(evs)-1]
+		if real.ID != want[len(want)-1].ID || strings.Contains(real.Data, `"synthetic"`) {
+			t.Errorf("last event %+v, want the stream's run_finished %s", real, want[len(want)-1].ID)
+		}
+		// Directly: the real end's id, and any later id, answer 204.
+		for _, id := range []string{real.ID, "99999999999999-0"} {
+			s := e.OpenSSE(t, d.Links.Events, e.CI, id)
+			if s.Resp.StatusCode != 204 {
+				t.Errorf("reconnect with %s after the end: %d, want 204; events %+v", id, s.Resp.StatusCode, s.All())
+			}
+		}
+		// A client that dropped before the end gets the rest, ending with
+		// the real run_finished, and the stream closes.
+		s := e.OpenSSE(t, d.Links.Events, e.CI, evs[1].ID)
+		rest := s.All()
+		if len(rest) != len(evs)-2 || rest[len(rest)-1].ID != real.ID || rest[0].ID != evs[2].ID {
+			t.Errorf("resume from the 2nd event after the end: got %+v, want the %d events after it", rest, len(evs)-2)
+		}
+	})
+
 	t.Run("a slow client does not slow a fast one", func(t *testing.T) {
 		d := submit("many")
 		// The slow client reads its headers and then nothing at all.

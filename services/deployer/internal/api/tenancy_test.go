@@ -285,11 +285,11 @@ func TestKeyProjects(t *testing.T) {
 				}
 				return
 			}
-			created := dt.JSON[api.CreatedKey](t, body)
+			created := dt.JSON[auth.CreatedKey](t, body)
 			dt.CheckSchema(t, "CreatedKey", body)
 			_, me := e.Do("GET", "/api/v1/me", created.Key, nil)
 			dt.CheckSchema(t, "Key", me)
-			for _, v := range []api.KeyView{created.KeyView, dt.JSON[api.KeyView](t, me)} {
+			for _, v := range []auth.KeyView{created.KeyView, dt.JSON[auth.KeyView](t, me)} {
 				if !slices.Equal(v.Projects, tt.projects) || v.FleetWide != tt.fleetWide || v.LegacyFleetWide {
 					t.Errorf("key %+v, want projects %v, fleet-wide %v", v, tt.projects, tt.fleetWide)
 				}
@@ -298,7 +298,7 @@ func TestKeyProjects(t *testing.T) {
 	}
 	// A bound key works for its projects at once.
 	_, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "b-only", "scopes": []string{"deployments:write"}, "projects": []string{projectB}})
-	created := dt.JSON[api.CreatedKey](t, body)
+	created := dt.JSON[auth.CreatedKey](t, body)
 	req := dt.Request()
 	if resp, _ := e.Do("POST", "/api/v1/deployments", created.Key, req); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("B's key submits for A: %d", resp.StatusCode)

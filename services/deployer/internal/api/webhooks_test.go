@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	dt "github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
@@ -169,5 +170,41 @@ func TestWebhookRefusedAtDelivery(t *testing.T) {
 	}
 	if recv.count() != 0 {
 		t.Errorf("the loopback receiver got %d requests", recv.count())
+	}
+}
+
+// TestWebhookLocalhost: docs/webhooks.md's rules for localhost, walked
+// through the API. Without an allow-list a callback to localhost is
+// refused at submit with a 422 naming options.callback_url and
+// WEBHOOK_ALLOW_CIDRS; allowed, the name is resolved at the attempt and
+// the local receiver gets the webhook.
+func TestWebhookLocalhost(t *testing.T) {
+	recv := newReceiver(t)
+	callback := strings.Replace(recv.srv.URL, "127.0.0.1", "localhost", 1) + "/hook"
+	req := dt.Request()
+	req["options"] = map[string]any{"callback_url": callback}
+
+	e := dt.Start(t, dt.Options{NoInfra: true})
+	resp, body := e.Do("POST", "/api/v1/deployments", e.CI, req)
+	p := dt.JSON[api.Problem](t, body)
+	if resp.StatusCode != 422 || len(p.Errors) != 1 || p.Errors[0].Field != "options.callback_url" ||
+		!strings.Contains(p.Errors[0].Message, "WEBHOOK_ALLOW_CIDRS") || strings.Contains(string(body), "localhost:") {
+		t.Fatalf("localhost callback without an allow-list: %d %s", resp.StatusCode, body)
+	}
+	e.Stop()
+
+	e = dt.Start(t, dt.Options{Env: map[string]string{"WEBHOOK_ALLOW_CIDRS": "127.0.0.1,::1"}})
+	resp, body = e.Do("POST", "/api/v1/deployments", e.CI, req)
+	if resp.StatusCode != 202 {
+		t.Fatalf("localhost callback allowed by WEBHOOK_ALLOW_CIDRS: %d %s", resp.StatusCode, body)
+	}
+	d := dt.JSON[deployments.Deployment](t, body)
+	testenv.WaitFor(t, 30*time.Second, "the webhook at the localhost receiver", func() bool {
+		_, body := e.Do("GET", d.Links.Webhooks, e.CI, nil)
+		l := dt.JSON[deliveries](t, body)
+		return len(l.Items) == 1 && l.Items[0].State == webhooks.StateDelivered
+	})
+	if recv.count() != 1 {
+		t.Errorf("the receiver got %d requests, want 1", recv.count())
 	}
 }

@@ -75,7 +75,7 @@ type APIConfig struct {
 	MaxBody         int64         `env:"API_MAX_BODY" envDefault:"65536" desc:"largest request body accepted, in bytes"`
 	MaxWait         time.Duration `env:"API_MAX_WAIT" envDefault:"10m" desc:"longest ?wait= a request may ask for"`
 	RateLimit       int           `env:"API_RATE_LIMIT" envDefault:"50" desc:"requests per second per API key (shared by every replica, through Redis); a key's own limit wins"`
-	RateBurst       int           `env:"API_RATE_BURST" envDefault:"100" desc:"burst of requests per API key above the rate"`
+	RateBurst       int           `env:"API_RATE_BURST" envDefault:"100" desc:"requests a key's full budget holds (its burst; RateLimit-Limit); keys with their own rate get twice it"`
 	AuthFailureRate int           `env:"API_AUTH_FAILURE_RATE" envDefault:"10" desc:"failed authentications per second allowed per client address"`
 	KeyCacheTTL     time.Duration `env:"API_KEY_CACHE_TTL" envDefault:"5s" desc:"how long a checked API key is cached (a revocation reaches other replicas within it; 0 disables)"`
 	SSEHeartbeat    time.Duration `env:"API_SSE_HEARTBEAT" envDefault:"15s" desc:"interval of keep-alive comments on quiet event streams"`

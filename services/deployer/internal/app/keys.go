@@ -50,5 +50,5 @@ func Keys(ctx context.Context, args []string, getenv func(string) string, stdout
 	if signingKey != nil {
 		secret = func(id string) string { return webhooks.DeriveSecret(signingKey, id) }
 	}
-	return auth.CLI(ctx, args, auth.NewStore(db), secret, stdout)
+	return auth.CLI(ctx, args, auth.NewStore(db), secret, auth.RateDefaults{Rate: cfg.API.RateLimit, Burst: cfg.API.RateBurst}, stdout)
 }

@@ -124,6 +124,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	p.API, err = api.New(api.Config{
 		TLS:  apiTLS,
 		Addr: cfg.API.Addr, MaxBody: cfg.API.MaxBody, MaxWait: cfg.API.MaxWait, AuthFailureRate: cfg.API.AuthFailureRate,
+		Rates:         auth.RateDefaults{Rate: cfg.API.RateLimit, Burst: cfg.API.RateBurst},
 		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{

@@ -25,6 +25,11 @@ Projects: a key with deployments scopes submits and sees the deployments of
 its projects only (--project, repeated or comma-separated project ids);
 --fleet-wide makes an operator's key that sees every project. Admin keys and
 keys with servers scopes act on the whole fleet: they are fleet-wide.
+--rate N gives the key its own limit of N requests per second (burst 2N);
+without it the key follows API_RATE_LIMIT and API_RATE_BURST.
+--json prints keys as the API shows them (GET /api/v1/keys): snake_case,
+rate_limit, rate_burst and default_rate, null last_used_at and revoked_at
+for a key never used or revoked.
 The key is printed once, when it is created: only its hash is stored.
 `
 
@@ -54,8 +59,10 @@ func describeBinding(k *Key) string {
 }
 
 // CLI runs the `deployer keys` subcommands against store. webhookSecret
-// derives a key's webhook secret (nil when webhooks are disabled).
-func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(string) string, stdout io.Writer) error {
+// derives a key's webhook secret (nil when webhooks are disabled); rates
+// are the deployer's default rate limit, shown for keys without their
+// own. --json prints keys as the API shows them (KeyView).
+func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(string) string, rates RateDefaults, stdout io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, CLIUsage)
 		if len(args) == 0 {
@@ -70,7 +77,7 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 	case "create":
 		name := fs.String("name", "", "name of the key")
 		scopes := fs.String("scopes", "", "comma-separated scopes")
-		rate := fs.Int("rate", 0, "requests per second (0: the default)")
+		rate := fs.Int("rate", 0, "requests per second (omitted: the default)")
 		var projects projectList
 		fs.Var(&projects, "project", "a project the key acts for (repeatable)")
 		fleetWide := fs.Bool("fleet-wide", false, "the key sees every project")
@@ -79,6 +86,10 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		}
 		if fs.NArg() > 0 {
 			return fmt.Errorf("keys create: unexpected argument (see --help)")
+		}
+		if flagSet(fs, "rate") && (*rate < 1 || *rate > MaxRate) {
+			return fmt.Errorf("keys create: --rate must be between 1 and %d requests per second; "+
+				"omit --rate for the deployer's default (API_RATE_LIMIT, now %d/s)", MaxRate, rates.Rate)
 		}
 		sc, err := ParseScopes([]string{*scopes})
 		if err != nil {
@@ -99,11 +110,7 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 			whsec = webhookSecret(k.ID)
 		}
 		if *asJSON {
-			return json.NewEncoder(stdout).Encode(map[string]any{
-				"id": k.ID, "name": k.Name, "prefix": k.Prefix, "scopes": k.Scopes, "key": secret,
-				"projects": nonNil(k.Projects), "fleet_wide": k.FleetWide,
-				"webhook_secret": whsec, "created_at": k.CreatedAt,
-			})
+			return json.NewEncoder(stdout).Encode(CreatedKey{KeyView: View(k, rates), Key: secret, WebhookSecret: whsec})
 		}
 		fmt.Fprintf(stdout, "API key %q created (id %s, scopes %s, projects %s)\n\n  %s\n\n", k.Name, k.ID,
 			joinScopes(k.Scopes), describeBinding(k), secret)
@@ -121,15 +128,20 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(stdout).Encode(keys)
+			out := KeyList{Items: make([]KeyView, len(keys))}
+			for i, k := range keys {
+				out.Items[i] = View(k, rates)
+			}
+			return json.NewEncoder(stdout).Encode(out)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tNAME\tPREFIX\tSCOPES\tPROJECTS\tRATE\tCREATED\tLAST USED\tREVOKED")
 		var legacy []string
 		for _, k := range keys {
-			rate := "default"
-			if k.RateLimit > 0 {
-				rate = fmt.Sprintf("%d/s", k.RateLimit)
+			v := View(k, rates)
+			rate := fmt.Sprintf("%d/s", v.RateLimit)
+			if v.DefaultRate {
+				rate += " (default)"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Prefix, joinScopes(k.Scopes),
 				describeBinding(k), rate, when(k.CreatedAt), when(k.LastUsedAt), when(k.RevokedAt))
@@ -193,6 +205,13 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		return nil
 	}
 	return fmt.Errorf("keys: unknown subcommand %q (create, list, set-projects, revoke)", truncate(strings.TrimSpace(args[0]), 20))
+}
+
+// flagSet reports whether the flag name was given.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func when(t time.Time) string {

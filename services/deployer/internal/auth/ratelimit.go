@@ -29,8 +29,7 @@ import (
 type Limiter struct {
 	rl       *redis_rate.Limiter
 	prefix   string
-	rate     int
-	burst    int
+	defaults RateDefaults
 	leaseFor time.Duration
 	now      func() time.Time
 
@@ -65,38 +64,53 @@ const RateKeyPrefix = "deployer:"
 
 // NewLimiter returns a limiter allowing rate requests per second with
 // bursts of burst, per key unless the key has its own rate (then its burst
-// is twice its rate). Its Redis keys start with "rate:" and prefix.
+// is twice its rate: see RateDefaults.For). Its Redis keys start with
+// "rate:" and prefix.
 func NewLimiter(rdb redis.UniversalClient, prefix string, rate, burst int) *Limiter {
-	return &Limiter{rl: redis_rate.NewLimiter(rdb), prefix: prefix, rate: rate, burst: burst,
+	return &Limiter{rl: redis_rate.NewLimiter(rdb), prefix: prefix, defaults: RateDefaults{Rate: rate, Burst: burst},
 		leaseFor: defaultLeaseFor, now: time.Now, leases: map[string]*lease{}}
 }
 
-// Decision is the outcome of Allow.
+// RateDefaults are the deployer's default rate limit (API_RATE_LIMIT,
+// API_RATE_BURST), for keys without a rate of their own.
+type RateDefaults struct {
+	Rate  int // requests per second
+	Burst int // requests a full budget holds
+}
+
+// For returns the rate and burst of a key whose own rate is own (0: the
+// defaults): a key's own rate comes with a burst of twice it.
+func (d RateDefaults) For(own int) (rate, burst int) {
+	if own <= 0 {
+		return d.Rate, d.Burst
+	}
+	return own, 2 * own
+}
+
+// Decision is the outcome of Allow. A bucket's budget holds Limit
+// requests when full, and refills at Rate requests per second; Remaining
+// counts against Limit.
 type Decision struct {
 	Allowed    bool
-	Limit      int           // requests per second
-	Remaining  int           // requests left in the burst now (approximate while a lease is used)
+	Limit      int           // the burst: requests a full budget holds
+	Rate       int           // requests per second the budget refills at
+	Remaining  int           // requests left in the budget now, at most Limit (approximate while a lease is used)
 	RetryAfter time.Duration // when not allowed: how long to wait
-	ResetAfter time.Duration // until the burst is full again
+	ResetAfter time.Duration // until the budget is full again
 }
 
 // Allow takes one request from the budget of bucket (a key id, or
 // "ip:<addr>" for failed authentications) at rate per second (0: the
 // limiter's default).
 func (l *Limiter) Allow(ctx context.Context, bucket string, rate int) (Decision, error) {
-	burst := l.burst
-	if rate <= 0 {
-		rate = l.rate
-	} else {
-		burst = 2 * rate
-	}
+	rate, burst := l.defaults.For(rate)
 	ls := l.lease(bucket)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	now := l.now()
 	if ls.tokens > 0 && now.Before(ls.expires) {
 		ls.tokens--
-		return Decision{Allowed: true, Limit: rate, Remaining: ls.remaining + ls.tokens, ResetAfter: ls.reset}, nil
+		return Decision{Allowed: true, Limit: burst, Rate: rate, Remaining: min(ls.remaining+ls.tokens, burst), ResetAfter: ls.reset}, nil
 	}
 	largest := max(1, min(maxLease, min(rate, burst)/10))
 	switch {
@@ -111,13 +125,13 @@ func (l *Limiter) Allow(ctx context.Context, bucket string, rate int) (Decision,
 	if err != nil {
 		return Decision{}, fmt.Errorf("rate limit: %w", err)
 	}
-	d := Decision{Limit: rate, Remaining: res.Remaining, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}
+	d := Decision{Limit: burst, Rate: rate, Remaining: res.Remaining, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}
 	if res.Allowed <= 0 {
 		ls.expires = time.Time{}
 		return d, nil
 	}
 	ls.tokens, ls.expires, ls.remaining, ls.reset = res.Allowed-1, now.Add(l.leaseFor), res.Remaining, res.ResetAfter
-	d.Allowed, d.Remaining = true, res.Remaining+ls.tokens
+	d.Allowed, d.Remaining = true, min(res.Remaining+ls.tokens, burst)
 	return d, nil
 }
 

@@ -60,12 +60,12 @@ func TestLimiterSmallLimitIsExact(t *testing.T) {
 		}
 	}
 	d, err := l.Allow(context.Background(), "key:k", 0)
-	if err != nil || d.Allowed || d.RetryAfter <= 0 || d.Limit != 1 {
+	if err != nil || d.Allowed || d.RetryAfter <= 0 || d.Limit != 3 || d.Rate != 1 {
 		t.Fatalf("4th request at 1/s with a burst of 3: %+v, %v", d, err)
 	}
 	// A key's own rate is its limit, with a burst of twice it.
 	d, err = l.Allow(context.Background(), "key:other", 5)
-	if err != nil || !d.Allowed || d.Limit != 5 {
+	if err != nil || !d.Allowed || d.Limit != 10 || d.Rate != 5 || d.Remaining != 9 {
 		t.Fatalf("a key with its own rate: %+v, %v", d, err)
 	}
 }

@@ -88,3 +88,33 @@ func (s *SSEStream) All() []SSEEvent {
 		out = append(out, ev)
 	}
 }
+
+// FollowAsEventSource follows path's event stream the way a browser's
+// EventSource does: whenever a stream ends it reconnects with the id of
+// the last event it got as Last-Event-ID, and it stops at a 204 (or any
+// status but 200). It returns every event received and how many
+// connections were made; it fails the test after maxConnects connections.
+func (e *Env) FollowAsEventSource(t testing.TB, path, key string, maxConnects int) (events []SSEEvent, connects int) {
+	t.Helper()
+	last := ""
+	for connects < maxConnects {
+		s := e.OpenSSE(t, path, key, last)
+		connects++
+		if s.Resp.StatusCode != http.StatusOK {
+			s.Close()
+			if s.Resp.StatusCode != http.StatusNoContent {
+				t.Errorf("reconnect with Last-Event-ID %q: status %d", last, s.Resp.StatusCode)
+			}
+			return events, connects
+		}
+		for _, ev := range s.All() {
+			events = append(events, ev)
+			if ev.ID != "" {
+				last = ev.ID
+			}
+		}
+		s.Close()
+	}
+	t.Fatalf("an EventSource client was still reconnecting after %d connections (events: %+v)", maxConnects, events)
+	return events, connects
+}

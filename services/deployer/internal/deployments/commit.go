@@ -51,7 +51,10 @@ type commitItem struct {
 	row  deploymentRow
 	data []byte // the encoded request, for the queue
 	err  error  // the store's error; publishing failures are not the submit's
-	done chan struct{}
+	// entry is the queue entry id the request was published as ("" when
+	// publishing failed: the republisher publishes it later).
+	entry string
+	done  chan struct{}
 }
 
 // deploymentRow is a deployment submitted through the API, as stored.
@@ -208,6 +211,7 @@ func (c *committer) publish(ctx context.Context, group []*commitItem) {
 	for i, it := range group {
 		if it.err == nil {
 			entries[i], published = published[0], published[1:]
+			it.entry = entries[i]
 		}
 	}
 	s.marker.markGroup(group[0].row.id, entries)

@@ -274,7 +274,7 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		_, err := q.Exec(ctx, insertDeployment, row.args("", 0)...)
 		return err
 	}
-	var existing string
+	var existing, entry string
 	published := false
 	if idempotencyKey == "" {
 		// The common case: stored and published with the submits of the
@@ -283,8 +283,9 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		if eerr != nil {
 			return nil, fmt.Errorf("encode deployment request: %w", eerr)
 		}
-		err = s.committer.commit(&commitItem{row: row, data: data})
-		published = true
+		it := &commitItem{row: row, data: data}
+		err = s.committer.commit(it)
+		entry, published = it.entry, true
 	} else {
 		hash := requestHash(&r)
 		err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -336,10 +337,13 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		return &Submission{Deployment: d, Replayed: true}, nil
 	}
 	if !published {
-		s.publish(ctx, id.String(), msg)
+		entry = s.publishKeyed(ctx, id.String(), msg)
 	}
 	s.metrics.submitted.WithLabelValues("new").Inc()
-	d := &Deployment{ID: id.String(), JobID: id.String(), Source: "api", Status: StatusQueued, Request: r,
+	// request_id is the queue entry, as a later GET (or a replay of the
+	// Idempotency-Key) shows it; "" when publishing waits for the
+	// republisher.
+	d := &Deployment{ID: id.String(), JobID: id.String(), Source: "api", Status: StatusQueued, Request: r, RequestID: entry,
 		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id.String()), apiKeyID: keyID}
 	if r.Options.CallbackURL != "" {
 		d.Request.Options.CallbackURL = webhooks.RedactURL(r.Options.CallbackURL)
@@ -347,23 +351,31 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 	return &Submission{Deployment: d}, nil
 }
 
-// publish appends the request to the queue. A failure is logged, not
-// returned: the deployment is stored, and the republisher publishes it once
-// Redis answers again.
-func (s *Service) publish(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) {
+// publishKeyed appends the request of a submit with an Idempotency-Key to
+// the queue and returns its entry id, recorded on the deployment before
+// it returns, so that a replay of the key shows the same request_id as
+// the first answer. A failure is logged, not returned (""): the
+// deployment is stored, and the republisher publishes it once Redis
+// answers again.
+func (s *Service) publishKeyed(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) string {
 	data, err := messages.Encode(msg)
 	if err != nil {
 		s.log.Error().Err(err).Str("deployment_id", id).Msg("encode deployment request")
-		return
+		return ""
 	}
 	s.own.add(id) // stored: the observer skips it, even if it reads the entry before Publish returns
-	entry, err := s.producer.Publish(context.WithoutCancel(ctx), s.cfg.Streams.Queue, data)
+	ctx = context.WithoutCancel(ctx)
+	entry, err := s.producer.Publish(ctx, s.cfg.Streams.Queue, data)
 	if err != nil {
 		s.metrics.publishFailures.Inc()
 		s.log.Warn().Err(err).Str("deployment_id", id).Msg("publish deployment: will be retried by the republisher")
-		return
+		return ""
 	}
-	s.marker.mark(id, entry)
+	if _, err := s.db.Exec(ctx, markDeployments, []string{id}, []string{entry}); err != nil {
+		s.log.Warn().Err(err).Str("deployment_id", id).Msg("mark deployment published: left to the marker")
+		s.marker.mark(id, entry)
+	}
+	return entry
 }
 
 // idempotencyTTL is IdempotencyTTL as a query argument: nil when keys do

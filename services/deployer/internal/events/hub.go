@@ -73,6 +73,10 @@ type job struct {
 	lastID  string
 	changed chan struct{} // closed when events grow
 	subs    int
+	// finalID is the id of the run's run_finished event once read (also
+	// when MaxEvents left it out of events): a client that has it has seen
+	// the end.
+	finalID string
 
 	// The last check of the job's final state, shared by its subscribers
 	// (see finalState).
@@ -173,6 +177,19 @@ func (s *Subscription) Next() ([]Event, <-chan struct{}) {
 	return evs, s.j.changed
 }
 
+// SeenEnd reports whether a client that last got the event lastEventID
+// has seen the run's end: the job's run_finished event was read and
+// lastEventID is it or a later one. The synthetic final event's id
+// (FinalID) is handled by Serve before subscribing.
+func (s *Subscription) SeenEnd(lastEventID string) bool {
+	if lastEventID == "" {
+		return false
+	}
+	s.j.mu.Lock()
+	defer s.j.mu.Unlock()
+	return s.j.finalID != "" && !idLess(lastEventID, s.j.finalID)
+}
+
 // CatchUp reads what the stream holds beyond what was read (used before
 // ending a stream, so that no event published before the job's end is
 // missed).
@@ -241,13 +258,16 @@ func (h *Hub) append(j *job, entries []redis.XMessage) {
 			continue
 		}
 		j.lastID = e.ID
-		if len(j.events) >= h.cfg.MaxEvents {
-			continue
-		}
 		data, _ := e.Values[messages.DataField].(string)
 		ev, err := messages.DecodeProgressEvent([]byte(data))
 		if err != nil {
 			h.cfg.Logger.Debug().Err(err).Str("job_id", j.id).Msg("undecodable progress event skipped")
+			continue
+		}
+		if ev.Type == messages.EventRunFinished {
+			j.finalID = e.ID
+		}
+		if len(j.events) >= h.cfg.MaxEvents {
 			continue
 		}
 		body, err := json.Marshal(jsonEvent(ev))

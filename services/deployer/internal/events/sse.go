@@ -72,6 +72,13 @@ func (h *Hub) Serve(w http.ResponseWriter, r *http.Request, req Request, cfg Str
 		return
 	}
 	defer sub.Close()
+	if sub.SeenEnd(req.LastEventID) {
+		// The client got the run's real run_finished (an EventSource
+		// reconnects when the stream closes): there is nothing more, and
+		// 204 stops it reconnecting.
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 
 	rc := http.NewResponseController(w)
 	hdr := w.Header()

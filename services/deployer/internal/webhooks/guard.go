@@ -197,8 +197,13 @@ func RedactURL(raw string) string {
 const MaxURLLen = 2048
 
 // CheckURL validates a callback URL when a request gives it: http or
-// https, a host, no credentials, no fragment, and an address literal that
-// the guard allows. Host names are checked when they are dialled.
+// https, a host, no credentials, no fragment, a port in range. Two kinds
+// of host are checked at once, without any DNS query: an address literal
+// (refused when the guard refuses the address) and localhost or a name
+// under .localhost (which always mean this machine: refused unless the
+// allow-list holds 127.0.0.1 or ::1). Any other host name is accepted
+// here and resolved and checked at each attempt (see NewClient). A
+// refusal names WEBHOOK_ALLOW_CIDRS, never the address.
 func (g *Guard) CheckURL(raw string) error {
 	if len(raw) > MaxURLLen {
 		return fmt.Errorf("must be at most %d bytes", MaxURLLen)
@@ -230,12 +235,25 @@ func (g *Guard) CheckURL(raw string) error {
 		}
 		var refused *RefusedError
 		if err := g.Check(a); errors.As(err, &refused) {
-			return fmt.Errorf("refused: %s", refused.Reason)
+			return refusedURL(refused.Reason)
 		}
-	} else if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
-		if g.Check(netip.MustParseAddr("127.0.0.1")) != nil {
-			return errors.New("refused: loopback address")
+	} else if isLocalhost(host) {
+		if g.Check(netip.MustParseAddr("127.0.0.1")) != nil && g.Check(netip.IPv6Loopback()) != nil {
+			return refusedURL("localhost is a loopback address")
 		}
 	}
 	return nil
+}
+
+// refusedURL is CheckURL's refusal of a non-public host, saying how an
+// operator allows it.
+func refusedURL(reason string) error {
+	return fmt.Errorf("refused: %s; webhooks reach such addresses only when the deployer's WEBHOOK_ALLOW_CIDRS allows them", reason)
+}
+
+// isLocalhost reports whether host (without brackets or port) is
+// localhost or a name under .localhost (RFC 6761: always loopback).
+func isLocalhost(host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	return host == "localhost" || strings.HasSuffix(host, ".localhost")
 }

@@ -75,6 +75,39 @@ func TestCheckURL(t *testing.T) {
 			t.Errorf("%.60s: %v, want ok=%v", raw, err, ok)
 		}
 	}
+	// What is refused at submit says how to allow it, never the address;
+	// localhost (and names under .localhost) count as loopback without a
+	// DNS query, other names are left to each attempt.
+	tests := []struct {
+		allow []string
+		url   string
+		ok    bool
+	}{
+		{nil, "http://localhost:8080/hook", false},
+		{nil, "http://LocalHost./hook", false},
+		{nil, "http://hooks.localhost/hook", false},
+		{nil, "http://10.0.0.5/hook", false},
+		{nil, "http://receiver.internal.test/hook", true},
+		{[]string{"127.0.0.1"}, "http://localhost:8080/hook", true},
+		{[]string{"::1"}, "http://localhost:8080/hook", true},
+		{[]string{"127.0.0.1"}, "http://[::1]:8080/hook", false},
+		{[]string{"10.0.0.0/8"}, "http://10.0.0.5/hook", true},
+		{[]string{"10.0.0.0/8"}, "http://localhost/hook", false},
+	}
+	for _, tt := range tests {
+		allow, err := webhooks.ParseCIDRs(tt.allow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = webhooks.NewGuard(allow).CheckURL(tt.url)
+		if (err == nil) != tt.ok {
+			t.Errorf("allow %v, %s: %v, want ok=%v", tt.allow, tt.url, err, tt.ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "WEBHOOK_ALLOW_CIDRS") || strings.Contains(err.Error(), "10.0.0.5") ||
+			strings.Contains(err.Error(), "8080")) {
+			t.Errorf("%s: refusal %q does not name WEBHOOK_ALLOW_CIDRS, or repeats the URL", tt.url, err)
+		}
+	}
 	if got := webhooks.RedactURL("https://hooks.example.com/services/T0/B0/secret?x=1"); got != "https://hooks.example.com/..." {
 		t.Errorf("RedactURL: %q", got)
 	}
