@@ -214,7 +214,7 @@ YAML
 	bin/notifysink -addr "$WEBHOOK_ADDR" -path "$WEBHOOK_PATH" -log "$LOGS/webhook.log" 2>>"$LOGS/webhook.err" &
 	PIDS+=($!)
 	step "local Slack webhook receiver on $WEBHOOK_ADDR (log in run/dev/logs/webhook.log)"
-	printf '%s' "http://$WEBHOOK_ADDR$WEBHOOK_PATH" >"$RUN/secrets/slack-webhook.url"
+	(umask 077 && printf '%s' "http://$WEBHOOK_ADDR$WEBHOOK_PATH" >"$RUN/secrets/slack-webhook.url")
 	COMMON_ENV+=(
 		"INVENTORY_FILES=$RUN/inventory.yml"
 		"RULES_FILE=$RUN/rules.yml"
@@ -251,7 +251,7 @@ step "settings in run/dev/autoprov.env (bin/autoprov and bin/deployer keys read 
 # Where this run's lines start in each log (they accumulate across runs).
 declare -A LOG_START
 for svc in scheduler infra deployer; do
-	LOG_START[$svc]=$(($(wc -l <"$LOGS/$svc.log" 2>/dev/null || echo 0) + 1))
+	LOG_START[$svc]=$(($({ wc -l <"$LOGS/$svc.log"; } 2>/dev/null || echo 0) + 1))
 done
 for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"

@@ -32,7 +32,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 API=$1 RUN=$2
 BASE="http://$API/api/v1"
-PENDING_CHECKS=${PENDING_CHECKS-"follow-finished sse-after-end"}
+PENDING_CHECKS=${PENDING_CHECKS-"sse-after-end"}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
@@ -77,6 +77,7 @@ while IFS= read -r line || [ -n "$line" ]; do
 		code=1
 	fi
 	name="${line%%#*}"
+	name="${name%"${name##*[![:space:]]}"}"
 	[[ "$line" != bin/autoprov\ follow* ]] || name="follow-finished: $name"
 	result "${name:0:110}" "$code" "$out"
 done <"$RUN/try-next.txt"
