@@ -28,6 +28,8 @@ build: ## build the service binaries into bin/
 	@cd pkg && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o ../bin/runguard ./ansible/cmd/runguard
 	@echo "==> go build bin/notifysink (local Slack webhook receiver for make run)"
 	@cd services/scheduler && $(GO) build -trimpath -o ../../bin/notifysink ./cmd/notifysink
+	@echo "==> go build bin/webhooksink (local receiver of the deployer's webhooks for make run)"
+	@cd services/deployer && $(GO) build -trimpath -o ../../bin/webhooksink ./cmd/webhooksink
 	@echo "==> go build bin/autoprov (the operators' command line)"
 	@cd cmd/autoprov && $(GO) build -trimpath -o ../../bin/autoprov .
 	@echo "==> go build bin/testtarget (local Debian test target for make run)"

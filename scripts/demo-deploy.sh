@@ -3,8 +3,15 @@
 # local-target is provisioned). It serves a demo project from a local git
 # repository, creates an API key (printed once), submits a deployment
 # through the HTTP API with curl, follows its events live, shows the result
-# and the log, and prints the commands a user would try next.
+# and the log, waits for the deployment's webhook at the local receiver
+# (bin/webhooksink, started by run.sh, verifying its signature), and prints
+# the commands a user would try next; they are also written to
+# RUN_DIR/try-next.txt, one a line, for scripts/try-next.sh to run.
 #
+# The git server stays up after this script (the printed commands deploy
+# again): run.sh stops it with the services (its pid in RUN_DIR/gitserve.pid).
+#
+#   WEBHOOK_URL=http://127.0.0.1:9197/hooks/deploy \
 #   scripts/demo-deploy.sh API_ADDR RUN_DIR TARGET_ADDR HOST_ADDR GIT_PORT TARGET_ROOT
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,8 +39,7 @@ mkdir -p "$GIT/acme" "$RUN/git-work"
 )
 GOWORK=off go build -o bin/gitserve scripts/gitserve/main.go
 bin/gitserve --listen "$HOST_ADDR:$GIT_PORT" --root "$GIT" >"$RUN/logs/gitserve.log" 2>&1 &
-GIT_PID=$!
-trap 'kill $GIT_PID 2>/dev/null || true' EXIT
+echo $! >"$RUN/gitserve.pid"
 # No Docker engine can run in the local target (it shares this machine's
 # kernel): the docker CLI there is the recording stand-in the Ansible tests
 # use, which serves the project over HTTP on its port.
@@ -43,15 +49,20 @@ step "an API key for the demo (printed once: only its hash is stored)"
 # An operator's key: it reads the fleet too, so it is fleet-wide (a CI key
 # would be bound to its project with --project instead).
 created=$(bin/deployer keys create --name "demo-$(date +%s)" --scopes deployments:write,servers:read --fleet-wide --json)
-KEY=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])' <<<"$created")
+KEY=$(jq -r .key <<<"$created")
 printf '\n  API key: %s\n\n' "$KEY"
+# Its webhook secret (shown once too) goes to the receiver, which verifies
+# each delivery's signature with it.
+SECRET_FILE="$RUN/secrets/webhook.secret"
+(umask 077 && jq -r .webhook_secret <<<"$created" >"$SECRET_FILE")
+grep -q '^whsec_' "$SECRET_FILE" || die "deployer keys create gave no webhook secret (is WEBHOOK_SIGNING_KEY_FILE in run/dev/autoprov.env?)"
 AUTH=(-H "Authorization: Bearer $KEY")
 
 step "POST $BASE/deployments (deploy acme/demo to local-target, $TARGET_ADDR)"
 # port is the application's port (the demo stack publishes on it); SSH goes to
 # local-target's registered ssh_port, which the request does not carry.
-body=$(printf '{"project_id":"%s","repo_full_name":"acme/demo","branch":"main","server_ip":"%s","port":8080,"modules":["web"],"options":{"timeout_seconds":900}}' \
-	"$(/usr/bin/python3 -c 'import uuid; print(uuid.uuid4())')" "$TARGET_ADDR")
+body=$(printf '{"project_id":"%s","repo_full_name":"acme/demo","branch":"main","server_ip":"%s","port":8080,"modules":["web"],"options":{"timeout_seconds":900,"callback_url":"%s"}}' \
+	"$(/usr/bin/python3 -c 'import uuid; print(uuid.uuid4())')" "$TARGET_ADDR" "$WEBHOOK_URL")
 echo "  $body"
 resp=$(curl -sS --fail-with-body "${AUTH[@]}" -H 'Content-Type: application/json' -H "Idempotency-Key: demo-$(date +%s%N)" \
 	-d "$body" "$BASE/deployments") || die "submit failed: $resp"
@@ -77,22 +88,44 @@ status=$(/usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["statu
 step "GET $BASE/deployments/$ID/log (the whole output; last lines)"
 curl -sS "${AUTH[@]}" "$BASE/deployments/$ID/log" | tail -n 8 | sed 's/^/  /'
 
-cat <<EOF2
-
-Try next (the key above has deployments:write and servers:read):
-
-  export KEY=$KEY
-  curl -s -H "Authorization: Bearer \$KEY" $BASE/deployments | /usr/bin/python3 -m json.tool
-  curl -s -H "Authorization: Bearer \$KEY" $BASE/deployments/$ID | /usr/bin/python3 -m json.tool
-  curl -sN -H "Authorization: Bearer \$KEY" $BASE/deployments/$ID/events
-  curl -s -H "Authorization: Bearer \$KEY" $BASE/deployments/$ID/log
-  curl -s -H "Authorization: Bearer \$KEY" $BASE/servers | /usr/bin/python3 -m json.tool
-  curl -s -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' \\
-       -d '$body' "$BASE/deployments?wait=5m"          # synchronous
-  curl -s -X DELETE -H "Authorization: Bearer \$KEY" $BASE/deployments/<id>   # cancel
-  bin/deployer keys list                                  # (with DATABASE_URL of run/dev)
-  curl -s $BASE/openapi.json | /usr/bin/python3 -m json.tool | less   # the whole API
-
-EOF2
 [ "$status" = succeeded ] || die "the deployment ended $status"
 step "deployment $ID succeeded"
+
+step "its webhook at the local receiver (run/dev/logs/deliveries.log; signature checked with the key's secret)"
+for i in $(seq 1 300); do
+	line=$(grep -F "\"deployment_id\":\"$ID\"" "$RUN/logs/deliveries.log" 2>/dev/null | tail -n1 || true)
+	[ -z "$line" ] || break
+	sleep 0.1
+done
+[ -n "$line" ] || die "no webhook for deployment $ID within 30 s (see run/dev/logs/deployer.log and GET $BASE/deployments/$ID/webhooks)"
+echo "  $line"
+jq -e '.signature == "valid"' <<<"$line" >/dev/null || die "the webhook's signature did not verify"
+
+# The commands to try next: printed, and kept one a line for
+# scripts/try-next.sh, which runs each (RUN_ONCE, CI) against this stack.
+# Run them from the repository's top: bin/autoprov and bin/deployer read
+# run/dev/autoprov.env from there.
+JOB=$(jq -r .job_id <<<"$final")
+cat >"$RUN/try-next.txt" <<EOF2
+export KEY=$KEY
+curl -s -H "Authorization: Bearer \$KEY" $BASE/deployments | jq .
+curl -s -H "Authorization: Bearer \$KEY" $BASE/deployments/$ID | jq .
+curl -sN -H "Authorization: Bearer \$KEY" $BASE/deployments/$ID/events           # ends with run_finished
+curl -s -H "Authorization: Bearer \$KEY" $BASE/deployments/$ID/log
+curl -s -H "Authorization: Bearer \$KEY" $BASE/deployments/$ID/webhooks | jq .  # every attempt
+curl -s -H "Authorization: Bearer \$KEY" $BASE/servers | jq .
+curl -s -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' -d '$body' "$BASE/deployments?wait=5m" | jq .   # again, synchronously
+ID2=\$(curl -s -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' -d '$body' $BASE/deployments | jq -r .id)   # one more, to cancel
+curl -s -X DELETE -H "Authorization: Bearer \$KEY" $BASE/deployments/\$ID2 | jq .   # cancel it
+bin/deployer keys list                      # settings from run/dev/autoprov.env
+bin/autoprov status                         # streams, consumers, servers (run/dev/autoprov.env)
+bin/autoprov validate                       # every service's settings and secrets, as run/dev/autoprov.env holds them
+bin/autoprov follow $JOB                    # the demo deployment's job: its events, then its result
+tail -n 3 run/dev/logs/deliveries.log       # webhooks received and verified by bin/webhooksink
+sig=\$(cat run/dev/webhooks/last.sig); t=\${sig#t=}; t=\${t%%,*}   # the last delivery's Autoprov-Signature: t=...,v1=...
+test "\$({ printf '%s.' "\$t"; cat run/dev/webhooks/last.json; } | openssl dgst -sha256 -hmac "\$(cat run/dev/secrets/webhook.secret)" -r | cut -d' ' -f1)" = "\${sig##*v1=}" && echo signature valid   # docs/webhooks.md
+curl -s $BASE/openapi.json | jq . | less    # the whole API
+EOF2
+printf '\nTry next, from %s (the key above has deployments:write and servers:read):\n\n' "$ROOT"
+sed 's/^/  /' "$RUN/try-next.txt"
+echo

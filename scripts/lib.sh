@@ -36,3 +36,28 @@ test_services() {
 	fi
 	export REDIS_URL DATABASE_URL
 }
+
+# check_play_user_reads DIR: when plays run as the unprivileged user
+# autoprov-play (root, the user exists: make run and the tests), check that
+# it can reach and read DIR (the clone's ansible/) and die naming the
+# directory in the way and what to do. A clone under a private home (/root
+# is 0700) or mktemp -d otherwise fails every play with Ansible's "the
+# playbook ... could not be found". infra makes the same check at start.
+check_play_user_reads() {
+	local dir=$1 user=autoprov-play d
+	[ "$(id -u)" -eq 0 ] && id -u "$user" >/dev/null 2>&1 || return 0
+	runuser -u "$user" -- test -r "$dir/playbooks/setup_server.yml" 2>/dev/null && return 0
+	# From / down: the first directory the user cannot search.
+	local ancestors=() path=$dir
+	while [ "$path" != / ]; do
+		path=$(dirname "$path")
+		ancestors=("$path" "${ancestors[@]}")
+	done
+	for d in "${ancestors[@]}" "$dir"; do
+		if ! runuser -u "$user" -- test -x "$d" 2>/dev/null; then
+			die "the play user $user cannot read $dir: $d is $(stat -c '%A, owner %U' "$d"), so every play would fail (\"the playbook ... could not be found\").
+  Clone the repository outside a private directory (e.g. under /srv or /opt), or open the way: chmod o+x $d"
+		fi
+	done
+	die "the play user $user cannot read $dir/playbooks/setup_server.yml: make ansible/ readable by others (chmod -R o+rX $dir)"
+}

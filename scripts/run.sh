@@ -17,14 +17,26 @@
 # created (printed once), a deployment of a demo project (served from a local
 # git repository) is made through the HTTP API, its events are followed live,
 # and the commands a user would try next are printed. The services keep
-# running until Ctrl-C.
+# running until Ctrl-C, and with them everything the run started (the
+# webhook receivers, the demo's git server, the target).
+#
+# The settings the services start with are written to run/dev/autoprov.env
+# (secrets as file paths and file: references, never values; each service
+# adds only its own Redis user, admin address and signing key): bin/autoprov
+# and `bin/deployer keys` read it by default when run from the repository's
+# top, so `bin/autoprov status`, `bin/autoprov validate` and
+# `bin/deployer keys list` reach this stack as they are. The deployer sends
+# its webhooks to a local receiver (bin/webhooksink on 127.0.0.1:9198, log
+# in run/dev/logs/deliveries.log) that verifies their signatures.
 #
 # Nothing outside run/ is changed besides installing packages, the package
 # and image cache in .cache/, and the target's network namespace (removed on
 # exit). The target needs root (namespaces, chroot); without it the services
 # run without the demo job.
 #
-#   RUN_ONCE=1 scripts/run.sh   run the main job once and exit with its status (CI)
+#   RUN_ONCE=1 scripts/run.sh   run the main job once, then scripts/try-next.sh (every printed
+#                               command, the README's and docs' examples, the newcomer's checks),
+#                               and exit with the status (CI)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
@@ -36,20 +48,24 @@ export REDIS_URL DATABASE_URL
 RUN="$ROOT/run/dev"
 LOGS="$RUN/logs"
 mkdir -p "$LOGS"
+# Plays run as the unprivileged autoprov-play user: it must be able to read
+# the clone's ansible/ (a clone under /root, or mktemp -d, is private).
+check_play_user_reads "$ROOT/ansible"
 
 # Each service logs in to Redis as the ACL user of its role
 # (deploy/redis/users.acl): it can touch only its own streams and keys. Its
 # URL, password included, reaches it in a file (REDIS_URL_FILE), not in its
 # environment.
 declare -A REDIS_USER_URL
-for svc in scheduler infra deployer; do
+for svc in admin scheduler infra deployer; do
 	REDIS_USER_URL[$svc]=$(scripts/services.sh redis-url dev "$svc")
 	(umask 077 && printf '%s\n' "${REDIS_USER_URL[$svc]}" >"$RUN/secrets/redis/$svc.url")
 done
+(umask 077 && printf '%s\n' "$DATABASE_URL" >"$RUN/secrets/postgres.url")
 
 # Ports may be moved to run two checkouts side by side, e.g.
 #   REDIS_PORT=16391 PG_PORT=15441 SCHEDULER_ADMIN_ADDR=127.0.0.1:9111 INFRA_ADMIN_ADDR=127.0.0.1:9112 \
-#   DEPLOYER_ADMIN_ADDR=127.0.0.1:9113 API_ADDR=127.0.0.1:8090 WEBHOOK_ADDR=127.0.0.1:9198 make run
+#   DEPLOYER_ADMIN_ADDR=127.0.0.1:9113 API_ADDR=127.0.0.1:8090 WEBHOOK_ADDR=127.0.0.1:9198 RECEIVER_ADDR=127.0.0.1:9196 make run
 declare -A ADMIN=([scheduler]=${SCHEDULER_ADMIN_ADDR:-127.0.0.1:9101} [infra]=${INFRA_ADMIN_ADDR:-127.0.0.1:9102}
 	[deployer]=${DEPLOYER_ADMIN_ADDR:-127.0.0.1:9103})
 API=${API_ADDR:-127.0.0.1:8080}
@@ -57,9 +73,20 @@ API=${API_ADDR:-127.0.0.1:8080}
 if [ ! -s "$RUN/webhook-signing.key" ]; then
 	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$RUN/webhook-signing.key")
 fi
-DEPLOYER_ENV=(
+# The deployer's webhooks go to a local receiver that checks their
+# signatures: on loopback, which WEBHOOK_ALLOW_CIDRS allows.
+RECEIVER_ADDR=${RECEIVER_ADDR:-127.0.0.1:9197}
+WEBHOOK_URL="http://$RECEIVER_ADDR/hooks/deploy"
+# Settings every service starts with, and what autoprov and `deployer keys`
+# read (run/dev/autoprov.env): secrets as files, never values.
+COMMON_ENV=(
+	"REDIS_URL_FILE=$RUN/secrets/redis/admin.url"
+	"DATABASE_URL_FILE=$RUN/secrets/postgres.url"
+	"SECRETS_FILE_ROOT=$RUN/secrets"
+	"PLAYBOOK_DIR=$ROOT/ansible"
 	"API_ADDR=$API"
 	"WEBHOOK_SIGNING_KEY_FILE=$RUN/webhook-signing.key"
+	"WEBHOOK_ALLOW_CIDRS=${RECEIVER_ADDR%:*}/32"
 )
 PIDS=()
 TARGET=""
@@ -72,6 +99,10 @@ cleanup() {
 	for pid in "${PIDS[@]}"; do
 		wait "$pid" 2>/dev/null || true
 	done
+	if [ -s "$RUN/gitserve.pid" ]; then
+		kill -TERM "$(cat "$RUN/gitserve.pid")" 2>/dev/null || true
+		rm -f "$RUN/gitserve.pid"
+	fi
 	[ ${#PIDS[@]} -eq 0 ] || step "services stopped (Redis and Postgres keep running; \`make stop\` stops them)"
 	if [ -n "$TARGET" ]; then
 		bin/testtarget down --dir "$TARGET" >/dev/null 2>&1 || true
@@ -101,20 +132,19 @@ for producer in scheduler-1 deployer-1; do
 	fi
 done
 SCHEDULER_ENV=(
-	"PLAYBOOK_DIR=$ROOT/ansible"
 	"REQUEST_SIGNING_KEY_ID=scheduler-1"
 	"REQUEST_SIGNING_KEY_FILE=$SIGNING_DIR/scheduler-1.key"
 )
-DEPLOYER_ENV+=(
+DEPLOYER_ENV=(
 	"REQUEST_SIGNING_KEY_ID=deployer-1"
 	"REQUEST_SIGNING_KEY_FILE=$SIGNING_DIR/deployer-1.key"
 )
-INFRA_ENV=(
-	"PLAYBOOK_DIR=$ROOT/ansible"
+INFRA_ENV=()
+COMMON_ENV+=(
 	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
 	"PLAYBOOK_FACT_CACHE=$RUN/facts"
 	"REQUEST_SIGNATURES=require"
-	"REQUEST_KEYS=scheduler-1@provisioner:queue=env:AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1,deployer-1@ansible:deploy:queue=env:AUTOPROV_SECRET_REQUEST_KEY_DEPLOYER_1"
+	"REQUEST_KEYS=scheduler-1@provisioner:queue=file:signing/scheduler-1.key,deployer-1@ansible:deploy:queue=file:signing/deployer-1.key"
 )
 
 demo=""
@@ -144,13 +174,15 @@ if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && [ -x bin/testtarget ]; th
  "system_tuning_swap_size_mb": 64, "system_tuning_swap_min_free_mb": 256,
  "project_deploy_git_base_url": "http://$host_addr:$git_port", "project_deploy_wait_timeout": 30}
 JSON
-	INFRA_ENV+=(
+	# The target's SSH key, under SECRETS_FILE_ROOT (run/dev/secrets).
+	mkdir -p "$RUN/secrets/ssh"
+	install -m 0600 "$keyfile" "$RUN/secrets/ssh/local-target.key"
+	COMMON_ENV+=(
 		# The playbooks run as the unprivileged user scripts/services.sh
 		# created: they cannot read infra's files, memory or environment.
 		"PLAYBOOK_USER=autoprov-play"
 		"PLAYBOOK_VARS_FILE=$RUN/site-vars.json"
-		"SECRETS_FILE_ROOT=$(dirname "$keyfile")"
-		"SSH_KEY_REF=file:$(basename "$keyfile")"
+		"SSH_KEY_REF=file:ssh/local-target.key"
 	)
 	# The scheduler's source: a static inventory (a fresh target each time,
 	# so the server is registered anew: no pinned host key, root login).
@@ -182,39 +214,54 @@ YAML
 	bin/notifysink -addr "$WEBHOOK_ADDR" -path "$WEBHOOK_PATH" -log "$LOGS/webhook.log" 2>>"$LOGS/webhook.err" &
 	PIDS+=($!)
 	step "local Slack webhook receiver on $WEBHOOK_ADDR (log in run/dev/logs/webhook.log)"
-	SCHEDULER_ENV+=(
+	(umask 077 && printf '%s' "http://$WEBHOOK_ADDR$WEBHOOK_PATH" >"$RUN/secrets/slack-webhook.url")
+	COMMON_ENV+=(
 		"INVENTORY_FILES=$RUN/inventory.yml"
 		"RULES_FILE=$RUN/rules.yml"
 		"TICK_INTERVAL=2s"
 		"HEALTH_INTERVAL=15s"
-		"SLACK_WEBHOOK_URL_REF=env:AUTOPROV_SECRET_SLACK_WEBHOOK"
-		"AUTOPROV_SECRET_SLACK_WEBHOOK=http://$WEBHOOK_ADDR$WEBHOOK_PATH"
+		"SLACK_WEBHOOK_URL_REF=file:slack-webhook.url"
 	)
 	demo=1
 else
 	step "not root (or no iproute2): no local target, so no demo job; the services run alone"
 fi
 
+# The deployer's webhook receiver: it verifies each delivery's signature
+# with the secrets in run/dev/secrets/webhook.secret (the demo's key's).
+: >>"$LOGS/deliveries.log"
+(umask 077 && : >>"$RUN/secrets/webhook.secret")
+bin/webhooksink -addr "$RECEIVER_ADDR" -secrets "$RUN/secrets/webhook.secret" -dir "$RUN/webhooks" \
+	-log "$LOGS/deliveries.log" 2>>"$LOGS/webhooksink.err" &
+PIDS+=($!)
+step "local receiver of the deployer's webhooks on $RECEIVER_ADDR (verifies signatures; log in run/dev/logs/deliveries.log)"
+
+# The services' shared settings, for the operators' tools too.
+{
+	echo "# Written by make run (scripts/run.sh): the settings its services start with;"
+	echo "# each adds its own REDIS_URL_FILE, ADMIN_ADDR and request signing key."
+	echo "# Secrets are files (_FILE, file: references under SECRETS_FILE_ROOT), never values."
+	echo "# bin/autoprov and \`bin/deployer keys\` read this file from the repository's top."
+	for kv in "${COMMON_ENV[@]}"; do
+		printf "%s='%s'\n" "${kv%%=*}" "${kv#*=}"
+	done
+} >"$RUN/autoprov.env"
+step "settings in run/dev/autoprov.env (bin/autoprov and bin/deployer keys read it from here)"
+
 # Where this run's lines start in each log (they accumulate across runs).
 declare -A LOG_START
 for svc in scheduler infra deployer; do
-	LOG_START[$svc]=$(($(wc -l <"$LOGS/$svc.log" 2>/dev/null || echo 0) + 1))
+	LOG_START[$svc]=$(($({ wc -l <"$LOGS/$svc.log"; } 2>/dev/null || echo 0) + 1))
 done
 for svc in scheduler infra deployer; do
 	[ -x "bin/$svc" ] || die "bin/$svc is missing: run \`make build\`"
 	step "starting $svc (admin on ${ADMIN[$svc]}, log in run/dev/logs/$svc.log)"
-	if [ "$svc" = infra ]; then
-		# The key goes in the environment, never in argv; infra scrubs it
-		# from /proc/<pid>/environ at start.
-		AUTOPROV_SECRET_REQUEST_KEY_SCHEDULER_1=$(cat "$SIGNING_DIR/scheduler-1.key") \
-			AUTOPROV_SECRET_REQUEST_KEY_DEPLOYER_1=$(cat "$SIGNING_DIR/deployer-1.key") \
-			env -u REDIS_URL "${INFRA_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
-	elif [ "$svc" = scheduler ]; then
-		env -u REDIS_URL "${SCHEDULER_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
-	else
-		env -u REDIS_URL "${DEPLOYER_ENV[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
-	fi
+	declare -n own="${svc^^}_ENV"
+	# The shared settings, then the service's own (its Redis user last).
+	env -u REDIS_URL -u DATABASE_URL "${COMMON_ENV[@]}" "${own[@]}" REDIS_URL_FILE="$RUN/secrets/redis/$svc.url" \
+		ADMIN_ADDR=${ADMIN[$svc]} LOG_FORMAT=json "bin/$svc" >>"$LOGS/$svc.log" 2>&1 &
 	PIDS+=($!)
+	unset -n own
 done
 
 for svc in scheduler infra deployer; do
@@ -242,7 +289,7 @@ if [ -n "$demo" ]; then
 fi
 
 if [ -n "$demo" ] && [ "$status" -eq 0 ]; then
-	scripts/demo-deploy.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
+	WEBHOOK_URL=$WEBHOOK_URL scripts/demo-deploy.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
 	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m the demo deployment did not succeed (exit %s); see run/dev/logs/\n' "$status" >&2
 fi
 
@@ -254,6 +301,12 @@ for svc in scheduler infra deployer; do
 		status=1
 	fi
 done
+
+# CI: what a newcomer would try next, against this stack (scripts/try-next.sh).
+if [ -n "${RUN_ONCE:-}" ] && [ -n "$demo" ] && [ "$status" -eq 0 ]; then
+	scripts/try-next.sh "$API" "$RUN" || status=$?
+	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m a command make run prints, or an example of the docs, failed (scripts/try-next.sh)\n' >&2
+fi
 
 if [ -n "${RUN_ONCE:-}" ]; then
 	step "RUN_ONCE set: stopping"

@@ -27,7 +27,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Packages every part of the system needs at run or test time.
 PACKAGES=(redis-server redis-sentinel redis-tools postgresql postgresql-client openssh-server openssh-client
 	ansible-core ansible ansible-lint python3-ansible-runner git iproute2 debootstrap
-	tinyproxy nftables procps curl ca-certificates python3-redis python3-msgpack
+	tinyproxy nftables procps curl ca-certificates jq openssl python3-redis python3-msgpack
 	prometheus) # promtool checks the alert rules (deploy/observability); redis-sentinel: failover tests
 
 profile_ports() {

@@ -8,6 +8,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 test_services
+# The tests' plays run as autoprov-play: it must read the clone's ansible/.
+check_play_user_reads "$ROOT/ansible"
 
 tags=""
 if docker info >/dev/null 2>&1; then

@@ -49,7 +49,7 @@ func (c *Common) Validate() error {
 	if err := readSettingFile("DATABASE_URL_FILE", c.DatabaseURLFile, &c.DatabaseURL); err != nil {
 		errs = append(errs, err)
 	}
-	if err := readSettingFile("REDIS_URL_FILE", c.Redis.URLFile, &c.Redis.URL); err != nil {
+	if err := c.Redis.ReadURLFile(); err != nil {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.Redis.Validate())
@@ -94,6 +94,18 @@ func readSettingFile(name, path string, dst *string) error {
 	}
 	*dst = v
 	return nil
+}
+
+// DatabaseURL returns the Postgres URL getenv names: DATABASE_URL, or the
+// contents of DATABASE_URL_FILE; "" when neither is set.
+func DatabaseURL(getenv func(string) string) (string, error) {
+	v := getenv("DATABASE_URL")
+	if v == "" {
+		if err := readSettingFile("DATABASE_URL_FILE", getenv("DATABASE_URL_FILE"), &v); err != nil {
+			return "", err
+		}
+	}
+	return v, nil
 }
 
 // IsLoopbackHost reports whether host (of a host:port) is a loopback

@@ -29,6 +29,12 @@ type RedisConfig struct {
 	ClusterAddrs []string `env:"CLUSTER_ADDRS" envSeparator:"," desc:"Cluster: comma-separated host:port of seed nodes (the db must be 0)"`
 }
 
+// ReadURLFile reads REDIS_URL_FILE, when set, into URL (Common.Validate
+// does; tools that load only a RedisConfig call it).
+func (c *RedisConfig) ReadURLFile() error {
+	return readSettingFile("REDIS_URL_FILE", c.URLFile, &c.URL)
+}
+
 // Validate checks the Redis settings; Load calls it through Common.
 func (c RedisConfig) Validate() error {
 	_, err := c.Options()

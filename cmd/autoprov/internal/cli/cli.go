@@ -8,11 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/joho/godotenv"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/reqsign"
@@ -45,7 +44,7 @@ const (
 
 // command line: the global flags and the commands.
 type commandLine struct {
-	EnvFile string `name:"env-file" type:"existingfile" help:"read settings (REDIS_URL, ...) from this dotenv file; variables set in the environment win (validate checks this file alone)"`
+	EnvFile string `name:"env-file" type:"existingfile" help:"read settings (REDIS_URL, ...) from this dotenv file; variables set in the environment win (validate checks this file alone). Default: $AUTOPROV_ENV_FILE, else run/dev/autoprov.env (what make run writes) when it exists in the working directory"`
 	JSON    bool   `name:"json" help:"print JSON instead of tables (for scripts)"`
 
 	Status    statusCmd    `cmd:"" aliases:"queues" help:"per stream and consumer group: length, lag, pending, consumers with idle times (stale ones marked), oldest pending age, dead letters; with DATABASE_URL also servers by status and runs in flight"`
@@ -72,12 +71,9 @@ type globals struct {
 	progressAfter time.Duration
 }
 
-// getenv reads a setting: the environment first, then the --env-file.
+// getenv reads a setting: the environment first, then the env file.
 func (g *globals) getenv(name string) string {
-	if v := g.env.Getenv(name); v != "" {
-		return v
-	}
-	return g.file[name]
+	return service.WithEnvFile(g.env.Getenv, g.file)(name)
 }
 
 // redisSettings is the part of the services' configuration autoprov uses to
@@ -137,6 +133,9 @@ func (g *globals) redis() (redis.UniversalClient, error) {
 	if err := service.Load(g.getenv, &s); err != nil {
 		return nil, err
 	}
+	if err := s.Redis.ReadURLFile(); err != nil {
+		return nil, err
+	}
 	opts, err := s.Redis.Options()
 	if err != nil {
 		return nil, err
@@ -156,9 +155,14 @@ type usageError struct{ error }
 func Run(ctx context.Context, args []string, env Env) (code int) {
 	var cl commandLine
 	exited := false
+	envFile, findErr := service.FindEnvFile("", env.Getenv)
+	desc := "The operators' command line of autoprovisioner: queues, dead letters, jobs, configuration checks."
+	if envFile != "" {
+		desc += " Settings from the environment, then " + envFile + " (--env-file or " + service.EnvFileVar + " names another)."
+	}
 	parser, err := kong.New(&cl,
 		kong.Name("autoprov"),
-		kong.Description("The operators' command line of autoprovisioner: queues, dead letters, jobs, configuration checks."),
+		kong.Description(desc),
 		kong.Writers(env.Stdout, env.Stderr),
 		kong.Exit(func(c int) { exited = true; code = c }),
 		kong.UsageOnError(),
@@ -175,9 +179,16 @@ func Run(ctx context.Context, args []string, env Env) (code int) {
 		fmt.Fprintf(env.Stderr, "autoprov: %v (see --help)\n", err)
 		return ExitUsage
 	}
-	g := &globals{ctx: ctx, env: env, envFile: cl.EnvFile, json: cl.JSON}
 	if cl.EnvFile != "" {
-		if g.file, err = readEnvFile(cl.EnvFile); err != nil {
+		envFile, findErr = cl.EnvFile, nil
+	}
+	if findErr != nil {
+		fmt.Fprintf(env.Stderr, "autoprov: %v\n", findErr)
+		return ExitUsage
+	}
+	g := &globals{ctx: ctx, env: env, envFile: envFile, json: cl.JSON}
+	if envFile != "" {
+		if g.file, err = service.ReadEnvFile(envFile); err != nil {
 			fmt.Fprintf(env.Stderr, "autoprov: %v\n", err)
 			return ExitUsage
 		}
@@ -195,8 +206,27 @@ func Run(ctx context.Context, args []string, env Env) (code int) {
 		fmt.Fprintf(env.Stderr, "autoprov: %v\n", err)
 		return ExitUsage
 	}
-	fmt.Fprintf(env.Stderr, "autoprov: %v\n", err)
+	fmt.Fprintf(env.Stderr, "autoprov: %v%s\n", err, redisAuthHint(err, envFile))
 	return exitUnknown
+}
+
+// redisAuthHint says which setting to fix when Redis refused the
+// credentials (NOAUTH, WRONGPASS) or a command (NOPERM): "" otherwise.
+func redisAuthHint(err error, envFile string) string {
+	msg := err.Error()
+	from := "REDIS_URL or REDIS_URL_FILE in the environment"
+	if envFile != "" {
+		from += " or in " + envFile
+	}
+	switch {
+	case strings.Contains(msg, "NOAUTH"), strings.Contains(msg, "WRONGPASS"):
+		return "\n  Redis wants a user and password: fix " + from + " (redis://USER:PASSWORD@HOST:PORT/DB); " +
+			"against make run's stack, run from the repository (it reads " + service.DefaultEnvFile + ") or pass --env-file"
+	case strings.Contains(msg, "NOPERM"):
+		return "\n  the Redis user of " + from + " may not run this command: use a user whose ACL allows it (make run's admin user, in " +
+			service.DefaultEnvFile + ")"
+	}
+	return ""
 }
 
 // problemsFound is returned by a command that printed the problems it
@@ -204,18 +234,3 @@ func Run(ctx context.Context, args []string, env Env) (code int) {
 type problemsFound struct{ n int }
 
 func (p *problemsFound) Error() string { return fmt.Sprintf("%d problems found", p.n) }
-
-// readEnvFile reads a dotenv file (KEY=value lines, as docker compose's
-// env_file and systemd's EnvironmentFile hold them).
-func readEnvFile(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("env file: %w", err)
-	}
-	defer f.Close()
-	m, err := godotenv.Parse(f)
-	if err != nil {
-		return nil, fmt.Errorf("env file %s: %w", path, err)
-	}
-	return m, nil
-}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
@@ -89,7 +90,11 @@ func (c *statusCmd) Run(g *globals) error {
 	}
 	note := staleNote(g.ctx, rdb)
 	var fs *fleetStatus
-	if dsn := g.getenv("DATABASE_URL"); dsn != "" && !c.NoFleet {
+	dsn, err := service.DatabaseURL(g.getenv) // DATABASE_URL or _FILE
+	if err != nil {
+		return err
+	}
+	if dsn != "" && !c.NoFleet {
 		if fs, err = fleet(g.ctx, dsn); err != nil {
 			return err
 		}

@@ -17,13 +17,34 @@ import (
 // otherwise (see service.ExitCode).
 func KeysMain(args []string) {
 	ctx, stop := service.WithShutdownSignals(context.Background(), nil)
-	err := Keys(ctx, args, os.Getenv, os.Stdout)
+	getenv, envFile, err := keysEnv(os.Getenv)
+	if err == nil {
+		err = Keys(ctx, args, getenv, os.Stdout)
+	}
 	stop()
 	code := service.ExitCode(err)
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "%s keys: %v\n", Name, err)
+		if envFile != "" {
+			fmt.Fprintf(os.Stderr, "%s keys: settings from the environment, then %s (%s names another)\n", Name, envFile, service.EnvFileVar)
+		}
 	}
 	os.Exit(code)
+}
+
+// keysEnv is the settings `deployer keys` reads: the environment, then the
+// operators' env file when there is one (service.FindEnvFile: make run's
+// run/dev/autoprov.env, or AUTOPROV_ENV_FILE), whose path it returns.
+func keysEnv(getenv func(string) string) (func(string) string, string, error) {
+	path, err := service.FindEnvFile("", getenv)
+	if err != nil || path == "" {
+		return getenv, "", err
+	}
+	file, err := service.ReadEnvFile(path)
+	if err != nil {
+		return getenv, path, err
+	}
+	return service.WithEnvFile(getenv, file), path, nil
 }
 
 // Keys loads the configuration from getenv and runs the keys command

@@ -154,6 +154,8 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.Playbook.RunAs(); err != nil {
 		errs = append(errs, err)
+	} else if err := c.Playbook.checkPlayUserReads(); err != nil {
+		errs = append(errs, err)
 	}
 	if _, err := c.Playbook.Limits(); err != nil {
 		errs = append(errs, &service.FieldError{Var: "PLAYBOOK_TIMEOUTS", Err: err})
