@@ -504,18 +504,20 @@ func TestCancel(t *testing.T) {
 		return dt.JSON[deployments.Deployment](t, body).Status == deployments.StatusRunning
 	})
 	// The cancelled one was read by infra, which published its stored
-	// result without running it.
+	// result without running it (infra takes both requests at once, so the
+	// held one may run before that result is out: wait for it).
+	testenv.WaitFor(t, 30*time.Second, "infra to publish the cancelled result of the queued deployment", func() bool {
+		results, _ := e.Redis.XRange(context.Background(), e.Streams.Results, "-", "+").Result()
+		for _, r := range results {
+			res, err := messages.DecodeAnsibleDeployResult([]byte(r.Values["data"].(string)))
+			if err == nil && res.JobID == queued.JobID && res.Status == messages.StatusCancelled {
+				return true
+			}
+		}
+		return false
+	})
 	if n := e.Infra.Started(queued.JobID); n != 0 {
 		t.Errorf("the cancelled queued deployment ran %d times", n)
-	}
-	results, _ := e.Redis.XRange(context.Background(), e.Streams.Results, "-", "+").Result()
-	found := false
-	for _, r := range results {
-		res, err := messages.DecodeAnsibleDeployResult([]byte(r.Values["data"].(string)))
-		found = found || (err == nil && res.JobID == queued.JobID && res.Status == messages.StatusCancelled)
-	}
-	if !found {
-		t.Error("infra did not publish the cancelled result of the queued deployment")
 	}
 
 	resp, body = e.Do("DELETE", running.Links.Self, e.CI, nil)
