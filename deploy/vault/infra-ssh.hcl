@@ -1,6 +1,6 @@
 # Vault policy of the infra service's own token (VAULT_TOKEN, VAULT_TOKEN_FILE
 # or the AppRole of VAULT_ROLE_ID): the fleet's SSH private keys, named by
-# SSH_KEY_REF (vault:secret/infra/ssh#private_key in the README) and by the
+# SSH_KEY_REF (vault:secret/infra/ssh#private_key in docs/configuration.md) and by the
 # servers' ssh_key_ref. Nothing a request names is ever read with this token:
 # requests use the token of infra-projects.hcl.
 #

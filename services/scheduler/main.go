@@ -17,7 +17,7 @@ import (
 // defaultMemoryLimit is the Go runtime's soft memory limit unless
 // GOMEMLIMIT says otherwise: a tick over a large fleet makes short-lived
 // garbage, and the limit makes the collector return it instead of letting
-// the heap double (see README, Performance).
+// the heap double (see docs/performance.md).
 const defaultMemoryLimit = 128 << 20
 
 func main() {

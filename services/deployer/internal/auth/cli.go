@@ -155,7 +155,7 @@ func CLI(ctx context.Context, args []string, store *Store, webhookSecret func(st
 		if len(legacy) > 0 {
 			fmt.Fprintf(stdout, "\nWARNING: %d live key(s) predate project binding and act for every project: %s.\n"+
 				"Narrow each with `deployer keys set-projects NAME --project ID` (or --fleet-wide to keep it so knowingly),\n"+
-				"or revoke it and create a new one with --project (README, \"Security\").\n", len(legacy), strings.Join(legacy, ", "))
+				"or revoke it and create a new one with --project (docs/deployer.md, \"API keys belong to projects\").\n", len(legacy), strings.Join(legacy, ", "))
 		}
 		return nil
 	case "set-projects":

@@ -6,7 +6,7 @@
 // "manual" and need none. The Manager runs every detector, merges their
 // listings and hands each source's share to fleet.Sync.
 //
-// Merge rules (documented in the README):
+// Merge rules (documented in docs/scheduler.md):
 //
 //   - A server is identified by its handle. When several sources list the
 //     same handle, or the same address and SSH port under different handles,
