@@ -97,7 +97,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if err != nil {
 		return nil, err
 	}
-	p.Hub = events.NewHub(d.Redis, events.HubConfig{Logger: log})
+	p.Hub = events.NewHub(stream.NewJobs(d.Redis), events.HubConfig{Logger: log})
 
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	p.Results, err = stream.NewConsumer(d.Redis, stream.Config{
