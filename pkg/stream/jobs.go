@@ -78,16 +78,22 @@ func (j *Jobs) ServerTime(ctx context.Context) (time.Time, error) {
 	return j.rdb.Time(ctx).Result()
 }
 
-// Events returns up to count of the job's progress events after entry id
-// after ("" or "0-0" for the first), in order; none when the job has no
-// progress stream.
+// Events returns up to count (all when count is 0 or less) of the job's
+// progress events after entry id after ("" or "0-0" for the first), in
+// order; none when the job has no progress stream.
 func (j *Jobs) Events(ctx context.Context, kind messages.JobKind, jobID, after string, count int64) ([]JobEvent, error) {
 	s := messages.ProgressStream(kind, jobID)
 	from := "-"
 	if after != "" {
 		from = "(" + after
 	}
-	xs, err := j.rdb.XRangeN(ctx, s, from, "+", count).Result()
+	var xs []redis.XMessage
+	var err error
+	if count > 0 {
+		xs, err = j.rdb.XRangeN(ctx, s, from, "+", count).Result()
+	} else {
+		xs, err = j.rdb.XRange(ctx, s, from, "+").Result()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("xrange %s: %w", s, err)
 	}

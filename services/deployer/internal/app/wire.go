@@ -93,7 +93,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		return nil, err
 	}
 	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{Sign: sign})
-	p.Deployments, err = deployments.New(d.DB, d.Redis, producer, p.Notifier, dcfg, log, d.Metrics)
+	p.Deployments, err = deployments.New(d.DB, stream.NewJobs(d.Redis), producer, p.Notifier, dcfg, log, d.Metrics)
 	if err != nil {
 		return nil, err
 	}
