@@ -11,6 +11,13 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
+// Client is the Redis handle the runtime is opened with (a *redis.Client,
+// *redis.ClusterClient or failover client, as pkg/service connects it).
+// Code outside this package names it as stream.Client and hands it to the
+// runtime's constructors, so that only this package (with pkg/service and
+// pkg/testenv) imports go-redis; scripts/checkdeps.sh enforces that.
+type Client = redis.UniversalClient
+
 // Jobs is the door to what Redis holds about jobs beside their queues: each
 // job's progress stream (messages.ProgressStream) and its cancel key
 // (messages.CancelKey). Every reader of a job's progress (the deployer's
