@@ -12,6 +12,10 @@
 //     what operators' tools build on.
 //   - KeyWatcher tells a process when keys come to exist (a job's cancel
 //     key), checking all of them in one round trip per interval.
+//   - Jobs reads jobs' progress streams (a job followed to its
+//     run_finished, many jobs read together for a fan-out, with a polling
+//     form on Redis Cluster) and writes their cancel keys: every reader of
+//     progress and writer of cancel requests goes through it.
 //
 // # Delivery model
 //

@@ -7,9 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
 // resultGrace is how long follow waits for a job's result after its
@@ -34,10 +33,10 @@ func (e *runEnd) over() bool { return e != nil && !time.Now().Before(e.wait) }
 // endOf returns the runEnd of event ev, entry id of the job's progress
 // stream: the wait for the result lasts resultGrace from when the event was
 // written, by Redis's clock (an event written long ago waits no more).
-func endOf(ctx context.Context, rdb redis.UniversalClient, id string, ev *messages.ProgressEvent) *runEnd {
+func endOf(ctx context.Context, jobs *stream.Jobs, id string, ev *messages.ProgressEvent) *runEnd {
 	wait := resultGrace
 	ms, err := strconv.ParseInt(strings.SplitN(id, "-", 2)[0], 10, 64)
-	if now, terr := rdb.Time(ctx).Result(); err == nil && terr == nil {
+	if now, terr := jobs.ServerTime(ctx); err == nil && terr == nil {
 		wait -= now.Sub(time.UnixMilli(ms))
 	}
 	return &runEnd{ev: ev, wait: time.Now().Add(max(wait, 0))}

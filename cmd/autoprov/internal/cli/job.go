@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -166,7 +165,7 @@ func (c *followCmd) Run(g *globals) error {
 			return err
 		}
 		if res != nil {
-			printEvents(g, rdb, messages.ProgressStream(k, c.JobID))
+			printEvents(g, stream.NewJobs(rdb), k, c.JobID)
 			return finish(g, res)
 		}
 		from[k] = last
@@ -187,15 +186,16 @@ func (c *cancelCmd) Run(g *globals) error {
 		return err
 	}
 	defer rdb.Close()
-	kinds, err := c.cancelKinds(g.ctx, rdb)
+	jobs := stream.NewJobs(rdb)
+	kinds, err := c.cancelKinds(g.ctx, jobs)
 	if err != nil {
 		return err
 	}
 	keys := make([]string, 0, len(kinds))
 	for _, k := range kinds {
-		key := messages.CancelKey(k, c.JobID)
-		if err := rdb.Set(g.ctx, key, time.Now().UTC().Format(time.RFC3339), c.TTL).Err(); err != nil {
-			return fmt.Errorf("set %s: %w", key, err)
+		key, err := jobs.Cancel(g.ctx, k, c.JobID, time.Now().UTC().Format(time.RFC3339), c.TTL)
+		if err != nil {
+			return err
 		}
 		keys = append(keys, key)
 	}
@@ -211,18 +211,18 @@ func (c *cancelCmd) Run(g *globals) error {
 // --kind; else the kind of the job's progress stream when exactly one
 // exists (the job has started); else every kind (a queued job's kind is
 // not known here, and a job id is never used by two kinds).
-func (c *cancelCmd) cancelKinds(ctx context.Context, rdb redis.UniversalClient) ([]messages.JobKind, error) {
+func (c *cancelCmd) cancelKinds(ctx context.Context, jobs *stream.Jobs) ([]messages.JobKind, error) {
 	kinds := c.kinds()
 	if len(kinds) == 1 {
 		return kinds, nil
 	}
 	var started []messages.JobKind
 	for _, k := range kinds {
-		n, err := rdb.Exists(ctx, messages.ProgressStream(k, c.JobID)).Result()
+		ok, err := jobs.Started(ctx, k, c.JobID)
 		if err != nil {
 			return nil, fmt.Errorf("look up job %s: %w", c.JobID, err)
 		}
-		if n > 0 {
+		if ok {
 			started = append(started, k)
 		}
 	}
@@ -264,61 +264,56 @@ func finish(g *globals, r *jobResult) error {
 // follow prints the job's progress events and waits for its result, for
 // each kind in from (the job's kind, or every kind when it is not known):
 // the kind's progress stream from its start, its results stream after the
-// id in from. A job whose run_finished event is read but whose result does
-// not show within resultGrace of that event (consumed and trimmed from its
-// stream already) ends with the event's status (see runEnd).
+// id in from, read together (stream.Jobs.Read). A job whose run_finished
+// event is read but whose result does not show within resultGrace of that
+// event (consumed and trimmed from its stream already) ends with the
+// event's status (see runEnd).
 func follow(g *globals, rdb redis.UniversalClient, jobID string, from map[messages.JobKind]string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(g.ctx, timeout)
 	defer cancel()
-	positions := map[string]string{}
-	events := map[string]string{} // results stream -> the same kind's progress stream
+	jobs := stream.NewJobs(rdb)
+	var cursors []stream.Cursor
+	kinds := map[string]messages.JobKind{} // progress and results streams -> their kind
+	progress := map[messages.JobKind]int{} // kind -> the index of its progress stream's cursor
 	for k, id := range from {
 		ev := messages.ProgressStream(k, jobID)
-		positions[ev], positions[resultsStream(k)] = "0-0", id
-		events[resultsStream(k)] = ev
-	}
-	var order []string
-	for s := range positions {
-		order = append(order, s)
+		progress[k] = len(cursors)
+		cursors = append(cursors, stream.Cursor{Stream: ev, ID: "0-0"}, stream.Cursor{Stream: resultsStream(k), ID: id})
+		kinds[ev], kinds[resultsStream(k)] = k, k
 	}
 	var end *runEnd // the job's run_finished event, once read
 	for {
 		if end.over() {
 			return finishFromEvent(g, jobID, end.ev)
 		}
-		args := make([]string, 0, 2*len(order))
-		args = append(args, order...)
-		for _, s := range order {
-			args = append(args, positions[s])
+		if ctx.Err() != nil {
+			return fmt.Errorf("job %s: no result within %s", jobID, timeout)
 		}
-		got, err := rdb.XRead(ctx, &redis.XReadArgs{Streams: args, Count: 100, Block: time.Second}).Result()
+		got, err := jobs.Read(ctx, cursors, stream.ReadArgs{Count: 100, Block: time.Second})
 		switch {
-		case errors.Is(err, redis.Nil):
-			continue
 		case ctx.Err() != nil:
 			return fmt.Errorf("job %s: no result within %s", jobID, timeout)
 		case err != nil:
 			return fmt.Errorf("read job %s: %w", jobID, err)
 		}
-		for _, st := range got {
-			for _, m := range st.Messages {
-				positions[st.Stream] = m.ID
-				data := (&stream.Message{Values: m.Values}).Data()
-				ev, isResults := events[st.Stream]
-				if !isResults {
-					if e, err := messages.DecodeProgressEvent(data); err == nil {
+		for i, msgs := range got {
+			for _, m := range msgs {
+				cursors[i].ID = m.ID
+				k := kinds[m.Stream]
+				if i == progress[k] {
+					if e, err := messages.DecodeProgressEvent(m.Data()); err == nil {
 						showEvent(g, e)
 						if e.Type == messages.EventRunFinished {
-							end = endOf(ctx, rdb, m.ID, e)
+							end = endOf(ctx, jobs, m.ID, e)
 						}
 					}
 					continue
 				}
-				if r := resultOf(st.Stream, data, jobID); r != nil {
+				if r := resultOf(m.Stream, m.Data(), jobID); r != nil {
 					// The job's events were all written before its result,
 					// but this reply may list them after it (or hold only
 					// part of them): print the rest first.
-					showEventsAfter(g, rdb, ev, positions[ev])
+					showEventsAfter(g, jobs, k, jobID, cursors[progress[k]].ID)
 					return finish(g, r)
 				}
 			}
@@ -326,22 +321,21 @@ func follow(g *globals, rdb redis.UniversalClient, jobID string, from map[messag
 	}
 }
 
-// printEvents prints the events a job left on its progress stream events
-// (for a job already over).
-func printEvents(g *globals, rdb redis.UniversalClient, events string) {
-	showEventsAfter(g, rdb, events, "0-0")
+// printEvents prints the events a job of kind k left on its progress
+// stream (for a job already over).
+func printEvents(g *globals, jobs *stream.Jobs, k messages.JobKind, jobID string) {
+	showEventsAfter(g, jobs, k, jobID, "0-0")
 }
 
-// showEventsAfter prints the progress events of stream events after entry
-// id after.
-func showEventsAfter(g *globals, rdb redis.UniversalClient, events, after string) {
-	msgs, err := rdb.XRange(g.ctx, events, "("+after, "+").Result()
+// showEventsAfter prints the job's progress events after entry id after.
+func showEventsAfter(g *globals, jobs *stream.Jobs, k messages.JobKind, jobID, after string) {
+	evs, err := jobs.Events(g.ctx, k, jobID, after, 0)
 	if err != nil {
 		return
 	}
-	for _, m := range msgs {
-		if e, err := messages.DecodeProgressEvent((&stream.Message{Values: m.Values}).Data()); err == nil {
-			showEvent(g, e)
+	for _, e := range evs {
+		if e.Event != nil {
+			showEvent(g, e.Event)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
@@ -17,7 +16,7 @@ import (
 // the deployer can neither acknowledge nor hold back infra's requests, and
 // a stopped deployer never keeps infra from trimming the queue.
 type observer struct {
-	rdb    redis.UniversalClient
+	rdb    stream.Client
 	stream string
 	svc    *deployments.Service
 	log    zerolog.Logger

@@ -93,11 +93,11 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		return nil, err
 	}
 	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{Sign: sign})
-	p.Deployments, err = deployments.New(d.DB, d.Redis, producer, p.Notifier, dcfg, log, d.Metrics)
+	p.Deployments, err = deployments.New(d.DB, stream.NewJobs(d.Redis), producer, p.Notifier, dcfg, log, d.Metrics)
 	if err != nil {
 		return nil, err
 	}
-	p.Hub = events.NewHub(d.Redis, events.HubConfig{Logger: log})
+	p.Hub = events.NewHub(stream.NewJobs(d.Redis), events.HubConfig{Logger: log})
 
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	p.Results, err = stream.NewConsumer(d.Redis, stream.Config{

@@ -219,7 +219,7 @@ func newTestService(t *testing.T) (*Service, *pgxpool.Pool, *redis.Client, Strea
 	t.Helper()
 	db, rdb := testenv.Pool(t), testenv.Redis(t)
 	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
-	s, err := New(db, rdb, stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
+	s, err := New(db, stream.NewJobs(rdb), stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
 		Config{Streams: streams}, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)

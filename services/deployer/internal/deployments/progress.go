@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
 // Progress summarises a running (or finished) job from its progress events.
@@ -44,8 +43,8 @@ type TaskCounts struct {
 const maxProgressEvents = 20_000
 
 // readProgress summarises the job's event stream; nil when it has none.
-func readProgress(ctx context.Context, rdb redis.UniversalClient, jobID string) (*Progress, error) {
-	entries, err := rdb.XRangeN(ctx, messages.ProgressStream(messages.JobKindDeploy, jobID), "-", "+", maxProgressEvents).Result()
+func readProgress(ctx context.Context, jobs *stream.Jobs, jobID string) (*Progress, error) {
+	entries, err := jobs.Events(ctx, messages.JobKindDeploy, jobID, "", maxProgressEvents)
 	if err != nil {
 		return nil, fmt.Errorf("read progress of %s: %w", jobID, err)
 	}
@@ -54,12 +53,10 @@ func readProgress(ctx context.Context, rdb redis.UniversalClient, jobID string) 
 	}
 	p := &Progress{}
 	for _, e := range entries {
-		data, _ := e.Values[messages.DataField].(string)
-		ev, err := messages.DecodeProgressEvent([]byte(data))
-		if err != nil {
+		if e.Event == nil {
 			continue // informative only: skip what cannot be read
 		}
-		p.add(ev)
+		p.add(e.Event)
 	}
 	p.summarise()
 	return p, nil

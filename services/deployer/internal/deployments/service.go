@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -72,7 +71,7 @@ type Config struct {
 // Service is the deployments' domain logic.
 type Service struct {
 	db       *pgxpool.Pool
-	rdb      redis.UniversalClient
+	jobs     *stream.Jobs // the jobs' progress streams and cancel keys
 	producer *stream.Producer
 	notifier *Notifier
 	cfg      Config
@@ -87,7 +86,7 @@ type Service struct {
 }
 
 // New returns a Service.
-func New(db *pgxpool.Pool, rdb redis.UniversalClient, producer *stream.Producer, notifier *Notifier,
+func New(db *pgxpool.Pool, jobs *stream.Jobs, producer *stream.Producer, notifier *Notifier,
 	cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Service, error) {
 	if cfg.Streams == (Streams{}) {
 		cfg.Streams = DefaultStreams()
@@ -105,7 +104,7 @@ func New(db *pgxpool.Pool, rdb redis.UniversalClient, producer *stream.Producer,
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{db: db, rdb: rdb, producer: producer, notifier: notifier, cfg: cfg,
+	s := &Service{db: db, jobs: jobs, producer: producer, notifier: notifier, cfg: cfg,
 		log: log.With().Str("component", "deployments").Logger(), now: time.Now, metrics: m}
 	s.marker = newPublishMarker(db, s.log)
 	s.own = newRecentSet(100_000)
@@ -446,7 +445,7 @@ func (s *Service) GetWithProgress(ctx context.Context, v Visibility, id string) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := readProgress(ctx, s.rdb, d.JobID)
+	p, err := readProgress(ctx, s.jobs, d.JobID)
 	if err != nil {
 		s.log.Warn().Err(err).Str("deployment_id", id).Msg("read progress")
 	}
@@ -592,8 +591,8 @@ func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deploym
 		}
 		return d, 0, ErrFinished
 	}
-	if err := s.rdb.Set(ctx, messages.CancelKey(messages.JobKindDeploy, d.JobID), "deployer", s.cfg.CancelTTL).Err(); err != nil {
-		return nil, 0, fmt.Errorf("set cancel key: %w", err)
+	if _, err := s.jobs.Cancel(ctx, messages.JobKindDeploy, d.JobID, "deployer", s.cfg.CancelTTL); err != nil {
+		return nil, 0, fmt.Errorf("request cancel: %w", err)
 	}
 	// Only a deployment still without its result records the request: one
 	// that finished meanwhile answers as finished.

@@ -23,7 +23,7 @@ func TestSubmitCarriesTraceContext(t *testing.T) {
 	db, rdb := testenv.Pool(t), testenv.Redis(t)
 	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
 	rec := tracetest.NewSpanRecorder()
-	s, err := New(db, rdb, stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
+	s, err := New(db, stream.NewJobs(rdb), stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
 		Config{Streams: streams, Tracing: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))}, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 )
@@ -44,7 +45,7 @@ func TestDeployerUserReachesOnlyDeploys(t *testing.T) {
 	publish(messages.JobKindDeploy, deploy, 1, messages.EventRunStarted)
 	publish(messages.JobKindProvision, provision, 1, messages.EventRunStarted)
 
-	hub := events.NewHub(rc["deployer"], events.HubConfig{Block: 50 * time.Millisecond})
+	hub := events.NewHub(stream.NewJobs(rc["deployer"]), events.HubConfig{Block: 50 * time.Millisecond})
 	done := make(chan error, 1)
 	go func() { done <- hub.Run(ctx) }()
 	sub, err := hub.Subscribe(ctx, deploy, "")

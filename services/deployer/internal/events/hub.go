@@ -6,10 +6,11 @@
 // up the reader or the other clients, and a client that reconnects with
 // Last-Event-ID resumes after the last event it got.
 //
-// On Redis Cluster the job streams live in different hash slots, which one
-// XREAD cannot span (CROSSSLOT): there the Hub polls instead, every
-// HubConfig.Poll, with one non-blocking XREAD per followed job sent as a
-// pipeline (which the cluster client splits by node).
+// The reads go through stream.Jobs (ReadJobs): on Redis Cluster the job
+// streams live in different hash slots, which one XREAD cannot span
+// (CROSSSLOT), and there it polls instead, every HubConfig.Poll, with one
+// non-blocking XREAD per followed job sent as a pipeline (which the
+// cluster client splits by node).
 package events
 
 import (
@@ -20,10 +21,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
 // Event is one progress event as sent to clients.
@@ -53,19 +54,17 @@ type HubConfig struct {
 
 // Hub follows the event streams of the jobs that have subscribers.
 type Hub struct {
-	rdb     redis.UniversalClient
-	cfg     HubConfig
-	cluster bool // streams in different slots: poll (see the package documentation)
+	jobs *stream.Jobs
+	cfg  HubConfig
 
-	mu   sync.Mutex
-	jobs map[string]*job
-	kick chan struct{}
+	mu       sync.Mutex
+	followed map[string]*job
+	kick     chan struct{}
 }
 
 // job is the in-memory log of one followed job.
 type job struct {
-	id     string
-	stream string
+	id string
 
 	mu      sync.Mutex
 	loaded  bool
@@ -106,8 +105,8 @@ func (j *job) finalState(ctx context.Context, notBefore time.Time, check FinalFu
 	return status, done, nil
 }
 
-// NewHub returns a Hub reading through rdb.
-func NewHub(rdb redis.UniversalClient, cfg HubConfig) *Hub {
+// NewHub returns a Hub reading the jobs' progress through jobs.
+func NewHub(jobs *stream.Jobs, cfg HubConfig) *Hub {
 	if cfg.Block <= 0 {
 		cfg.Block = 250 * time.Millisecond
 	}
@@ -117,8 +116,7 @@ func NewHub(rdb redis.UniversalClient, cfg HubConfig) *Hub {
 	if cfg.Poll <= 0 {
 		cfg.Poll = 100 * time.Millisecond
 	}
-	_, cluster := rdb.(*redis.ClusterClient)
-	return &Hub{rdb: rdb, cfg: cfg, cluster: cluster, jobs: map[string]*job{}, kick: make(chan struct{}, 1)}
+	return &Hub{jobs: jobs, cfg: cfg, followed: map[string]*job{}, kick: make(chan struct{}, 1)}
 }
 
 // Subscription follows one job.
@@ -133,10 +131,10 @@ type Subscription struct {
 // start). It loads the job's history before returning.
 func (h *Hub) Subscribe(ctx context.Context, jobID, lastEventID string) (*Subscription, error) {
 	h.mu.Lock()
-	j := h.jobs[jobID]
+	j := h.followed[jobID]
 	if j == nil {
-		j = &job{id: jobID, stream: messages.ProgressStream(messages.JobKindDeploy, jobID), changed: make(chan struct{}), lastID: "0-0"}
-		h.jobs[jobID] = j
+		j = &job{id: jobID, changed: make(chan struct{}), lastID: "0-0"}
+		h.followed[jobID] = j
 	}
 	j.subs++
 	h.mu.Unlock()
@@ -162,7 +160,7 @@ func (s *Subscription) Close() {
 		defer s.h.mu.Unlock()
 		s.j.subs--
 		if s.j.subs == 0 {
-			delete(s.h.jobs, s.j.id)
+			delete(s.h.followed, s.j.id)
 		}
 	})
 }
@@ -230,23 +228,23 @@ func (h *Hub) load(ctx context.Context, j *job) error {
 // readRange appends the entries after the job's last id.
 func (h *Hub) readRange(ctx context.Context, j *job) error {
 	j.mu.Lock()
-	from := "(" + j.lastID
+	from := j.lastID
 	j.mu.Unlock()
 	for {
-		entries, err := h.rdb.XRangeN(ctx, j.stream, from, "+", 1000).Result()
+		evs, err := h.jobs.Events(ctx, messages.JobKindDeploy, j.id, from, 1000)
 		if err != nil {
 			return err
 		}
-		h.append(j, entries)
-		if len(entries) < 1000 {
+		h.append(j, evs)
+		if len(evs) < 1000 {
 			return nil
 		}
-		from = "(" + entries[len(entries)-1].ID
+		from = evs[len(evs)-1].ID
 	}
 }
 
 // append adds entries (skipping any already read) and wakes subscribers.
-func (h *Hub) append(j *job, entries []redis.XMessage) {
+func (h *Hub) append(j *job, entries []stream.JobEvent) {
 	if len(entries) == 0 {
 		return
 	}
@@ -258,10 +256,9 @@ func (h *Hub) append(j *job, entries []redis.XMessage) {
 			continue
 		}
 		j.lastID = e.ID
-		data, _ := e.Values[messages.DataField].(string)
-		ev, err := messages.DecodeProgressEvent([]byte(data))
-		if err != nil {
-			h.cfg.Logger.Debug().Err(err).Str("job_id", j.id).Msg("undecodable progress event skipped")
+		ev := e.Event
+		if ev == nil {
+			h.cfg.Logger.Debug().Err(e.Err).Str("job_id", j.id).Msg("undecodable progress event skipped")
 			continue
 		}
 		if ev.Type == messages.EventRunFinished {
@@ -289,7 +286,7 @@ func (h *Hub) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		h.mu.Lock()
 		var jobs []*job
-		for _, j := range h.jobs {
+		for _, j := range h.followed {
 			j.mu.Lock()
 			if j.loaded {
 				jobs = append(jobs, j)
@@ -306,13 +303,7 @@ func (h *Hub) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		var err error
-		if h.cluster {
-			err = h.poll(ctx, jobs)
-		} else {
-			err = h.read(ctx, jobs)
-		}
-		if err != nil {
+		if err := h.read(ctx, jobs); err != nil {
 			if ctx.Err() != nil {
 				continue
 			}
@@ -330,76 +321,27 @@ func (h *Hub) Run(ctx context.Context) error {
 }
 
 // read waits up to Block for new entries of the jobs' streams, with one
-// XREAD for all of them.
+// XREAD for all of them (on Redis Cluster: polls, see the package
+// documentation; a new subscription cuts the wait short).
 func (h *Hub) read(ctx context.Context, jobs []*job) error {
-	args := make([]string, 0, 2*len(jobs))
-	for _, j := range jobs {
-		args = append(args, j.stream)
-	}
-	for _, j := range jobs {
-		j.mu.Lock()
-		args = append(args, j.lastID)
-		j.mu.Unlock()
-	}
-	res, err := h.rdb.XRead(ctx, &redis.XReadArgs{Streams: args, Count: 1000, Block: h.cfg.Block}).Result()
-	if err == redis.Nil {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	byStream := make(map[string]*job, len(jobs))
-	for _, j := range jobs {
-		byStream[j.stream] = j
-	}
-	for _, s := range res {
-		if j := byStream[s.Stream]; j != nil {
-			h.append(j, s.Messages)
-		}
-	}
-	return nil
-}
-
-// poll reads the new entries of the jobs' streams with one non-blocking
-// XREAD each, in one pipeline, and waits for Poll when none came (a new
-// subscription cuts the wait short).
-func (h *Hub) poll(ctx context.Context, jobs []*job) error {
-	pipe := h.rdb.Pipeline()
-	cmds := make([]*redis.XStreamSliceCmd, len(jobs))
+	cursors := make([]stream.JobCursor, len(jobs))
 	for i, j := range jobs {
 		j.mu.Lock()
-		last := j.lastID
+		cursors[i] = stream.JobCursor{Kind: messages.JobKindDeploy, JobID: j.id, ID: j.lastID}
 		j.mu.Unlock()
-		cmds[i] = pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{j.stream, last}, Count: 1000, Block: -1})
 	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && err != redis.Nil {
-		return err
+	res, err := h.jobs.ReadJobs(ctx, cursors, stream.ReadArgs{Count: 1000, Block: h.cfg.Block, Poll: h.cfg.Poll, Wake: h.kick})
+	for i, evs := range res {
+		h.append(jobs[i], evs)
 	}
-	got := false
-	for i, c := range cmds {
-		for _, s := range c.Val() {
-			if len(s.Messages) > 0 {
-				got = true
-				h.append(jobs[i], s.Messages)
-			}
-		}
-	}
-	if !got {
-		select {
-		case <-ctx.Done():
-		case <-h.kick:
-		case <-time.After(h.cfg.Poll):
-		}
-	}
-	return nil
+	return err
 }
 
 // Followed returns how many jobs the hub follows (for metrics).
 func (h *Hub) Followed() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.jobs)
+	return len(h.followed)
 }
 
 // idLess compares stream entry ids.

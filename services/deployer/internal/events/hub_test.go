@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 )
@@ -116,7 +117,7 @@ func TestHubOnRedisCluster(t *testing.T) {
 		publish(id, 1, messages.EventRunStarted) // history, read at Subscribe
 	}
 
-	hub := events.NewHub(rdb, events.HubConfig{Poll: 20 * time.Millisecond})
+	hub := events.NewHub(stream.NewJobs(rdb), events.HubConfig{Poll: 20 * time.Millisecond})
 	done := make(chan error, 1)
 	go func() { done <- hub.Run(ctx) }()
 	subs := make([]*events.Subscription, len(jobs))
