@@ -186,17 +186,7 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 	}
 	n := 0
 	for _, d := range items {
-		var callback string
-		if err := s.db.QueryRow(ctx, `SELECT COALESCE(callback_url, '') FROM deployments WHERE id = $1`, d.ID).Scan(&callback); err != nil {
-			return n, err
-		}
-		r := d.Request
-		msg := &messages.AnsibleDeployMessage{
-			RequestMeta: messages.RequestMeta{SchemaVersion: messages.SchemaVersion, JobID: d.JobID,
-				CorrelationID: r.CorrelationID, CreatedAt: messages.FormatTime(d.CreatedAt)},
-			ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP, Port: r.Port,
-			Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef, TimeoutSeconds: r.Options.TimeoutSeconds,
-		}
+		msg := deployMessage(&d.Request, d.JobID, d.CreatedAt)
 		s.own.add(d.JobID) // stored: the observer skips it
 		entry, err := s.republishOne(ctx, d.ID, msg)
 		if err != nil {
@@ -206,6 +196,23 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 		n++
 	}
 	return n, nil
+}
+
+// deployMessage is the queue request of deployment jobID, asked for with
+// r at at. It is the one builder of the request: the submit path builds
+// it from the client's request (then normalised by toMessage, and stored
+// as normalised), the republisher from the stored deployment, so that a
+// republished request is the submitted one, apart from its trace context.
+func deployMessage(r *Request, jobID string, at time.Time) *messages.AnsibleDeployMessage {
+	return &messages.AnsibleDeployMessage{
+		RequestMeta: messages.RequestMeta{
+			SchemaVersion: messages.SchemaVersion, JobID: jobID, CorrelationID: r.CorrelationID,
+			CreatedAt: messages.FormatTime(at),
+		},
+		ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP,
+		Port: r.Port, Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef,
+		TimeoutSeconds: r.Options.TimeoutSeconds,
+	}
 }
 
 // republishOne publishes a stored deployment's request inside a producer
