@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 
+	fleetpkg "github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
@@ -25,44 +26,32 @@ type runStatus struct {
 	RunningSec float64 `json:"running_seconds"`
 }
 
-// fleet reads the fleet's state from the database DATABASE_URL names.
+// fleet reads the fleet's state from the database DATABASE_URL names,
+// through pkg/fleet (the fleet's one reader and writer): the servers by
+// status (statuses with none left out) and the runs in flight.
 func fleet(ctx context.Context, dsn string) (*fleetStatus, error) {
 	pool, err := store.Open(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	fs := &fleetStatus{Servers: map[string]int64{}, Runs: []runStatus{}}
-	rows, err := pool.Query(ctx, `SELECT status, count(*) FROM servers GROUP BY status ORDER BY status`)
+	fl := fleetpkg.New(pool, fleetpkg.Options{})
+	counts, err := fl.Count(ctx, fleetpkg.Filter{})
 	if err != nil {
-		return nil, fmt.Errorf("servers by status: %w", err)
+		return nil, err
 	}
-	for rows.Next() {
-		var s string
-		var n int64
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, err
+	fs := &fleetStatus{Servers: make(map[string]int64, len(counts)), Runs: []runStatus{}}
+	for st, n := range counts {
+		if n > 0 {
+			fs.Servers[st] = int64(n)
 		}
-		fs.Servers[s] = n
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("servers by status: %w", err)
-	}
-	rows, err = pool.Query(ctx, `SELECT job_id, kind, target, coalesce(playbook, ''), coalesce(owner, ''), attempt,
-		extract(epoch FROM now() - coalesce(started_at, created_at))::float8
-		FROM runs WHERE state = 'running' ORDER BY coalesce(started_at, created_at)`)
+	runs, err := fl.InFlight(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("runs in flight: %w", err)
+		return nil, err
 	}
-	for rows.Next() {
-		var r runStatus
-		if err := rows.Scan(&r.JobID, &r.Kind, &r.Target, &r.Playbook, &r.Owner, &r.Attempt, &r.RunningSec); err != nil {
-			return nil, err
-		}
-		fs.Runs = append(fs.Runs, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("runs in flight: %w", err)
+	for _, r := range runs {
+		fs.Runs = append(fs.Runs, runStatus(r))
 	}
 	return fs, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/outbox"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
@@ -145,7 +146,8 @@ type RepublisherConfig struct {
 // Run runs the publish marker and the republisher until ctx is done. The
 // republisher publishes stored deployments that were never marked
 // published (Redis was down at submit, or the process died right after
-// storing one).
+// storing one), in passes of the store-then-publish loop the scheduler's
+// outbox relay shares (pkg/outbox).
 func (s *Service) Run(ctx context.Context, cfg RepublisherConfig) error {
 	if cfg.After <= 0 {
 		cfg.After = time.Minute
@@ -156,27 +158,36 @@ func (s *Service) Run(ctx context.Context, cfg RepublisherConfig) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.marker.run(ctx) })
 	defer wg.Wait()
-	t := time.NewTicker(cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if n, err := s.republish(ctx, cfg.After); err != nil && ctx.Err() == nil {
-			s.log.Warn().Err(err).Msg("republish deployments")
-		} else if n > 0 {
+	pass := outbox.RelayFunc(func(ctx context.Context, limit int) (int, error) {
+		n, err := s.republishBatch(ctx, cfg.After, limit)
+		if n > 0 {
+			// The marks are written before the next pass looks again, so
+			// that it does not publish these a second time.
+			s.marker.flush(context.WithoutCancel(ctx))
 			s.log.Info().Int("deployments", n).Msg("republished deployments that were not published")
 		}
-	}
+		return n, err
+	})
+	return outbox.Run(ctx, pass, outbox.Config{Name: "republisher", Batch: republishBatchSize, Interval: cfg.Interval,
+		Logger: s.log.With().Str("component", "republisher").Logger()})
 }
 
+// republishBatchSize is the most deployments a pass of the republisher
+// publishes.
+const republishBatchSize = 500
+
+// republish publishes up to republishBatchSize stored deployments older
+// than after that were never published, and hands their marks to the
+// marker.
 func (s *Service) republish(ctx context.Context, after time.Duration) (int, error) {
+	return s.republishBatch(ctx, after, republishBatchSize)
+}
+
+func (s *Service) republishBatch(ctx context.Context, after time.Duration, limit int) (int, error) {
 	rows, err := s.db.Query(ctx, selectDeployment+`
 		WHERE d.published_at IS NULL AND d.source = 'api' AND d.status = 'queued' AND d.created_at < now() - $1::interval
 			AND g.id IS NULL
-		ORDER BY d.created_at LIMIT 500`, after)
+		ORDER BY d.created_at LIMIT $2`, after, limit)
 	if err != nil {
 		return 0, err
 	}
@@ -186,17 +197,7 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 	}
 	n := 0
 	for _, d := range items {
-		var callback string
-		if err := s.db.QueryRow(ctx, `SELECT COALESCE(callback_url, '') FROM deployments WHERE id = $1`, d.ID).Scan(&callback); err != nil {
-			return n, err
-		}
-		r := d.Request
-		msg := &messages.AnsibleDeployMessage{
-			RequestMeta: messages.RequestMeta{SchemaVersion: messages.SchemaVersion, JobID: d.JobID,
-				CorrelationID: r.CorrelationID, CreatedAt: messages.FormatTime(d.CreatedAt)},
-			ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP, Port: r.Port,
-			Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef, TimeoutSeconds: r.Options.TimeoutSeconds,
-		}
+		msg := deployMessage(&d.Request, d.JobID, d.CreatedAt)
 		s.own.add(d.JobID) // stored: the observer skips it
 		entry, err := s.republishOne(ctx, d.ID, msg)
 		if err != nil {
@@ -206,6 +207,23 @@ func (s *Service) republish(ctx context.Context, after time.Duration) (int, erro
 		n++
 	}
 	return n, nil
+}
+
+// deployMessage is the queue request of deployment jobID, asked for with
+// r at at. It is the one builder of the request: the submit path builds
+// it from the client's request (then normalised by toMessage, and stored
+// as normalised), the republisher from the stored deployment, so that a
+// republished request is the submitted one, apart from its trace context.
+func deployMessage(r *Request, jobID string, at time.Time) *messages.AnsibleDeployMessage {
+	return &messages.AnsibleDeployMessage{
+		RequestMeta: messages.RequestMeta{
+			SchemaVersion: messages.SchemaVersion, JobID: jobID, CorrelationID: r.CorrelationID,
+			CreatedAt: messages.FormatTime(at),
+		},
+		ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP,
+		Port: r.Port, Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef,
+		TimeoutSeconds: r.Options.TimeoutSeconds,
+	}
 }
 
 // republishOne publishes a stored deployment's request inside a producer

@@ -9,6 +9,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 // storeUnpublished stores a deployment created age ago and never
@@ -143,5 +144,53 @@ func TestRepublishGroupCrash(t *testing.T) {
 	}
 	if n, err := s.republish(ctx, time.Minute); err != nil || n != 0 {
 		t.Errorf("second pass: %d, %v; want 0", n, err)
+	}
+}
+
+// TestRunRepublishesOnce: the republisher's loop (pkg/outbox) publishes
+// each lost deployment once over many passes: its marks are written before
+// the next pass looks again.
+func TestRunRepublishesOnce(t *testing.T) {
+	t.Parallel()
+	s, db, rdb, streams := newTestService(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	lost := map[string]bool{}
+	for range 3 {
+		lost[storeUnpublished(t, s, 2*time.Minute)] = true
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, RepublisherConfig{After: time.Minute, Interval: 10 * time.Millisecond}) }()
+	testenv.WaitFor(t, 30*time.Second, "the lost deployments marked published", func() bool {
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM deployments WHERE published_at IS NOT NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == len(lost)
+	})
+	time.Sleep(100 * time.Millisecond) // ten more passes
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	entries, err := rdb.XRange(context.Background(), streams.Queue, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, e := range entries {
+		data, _ := e.Values[stream.DataField].(string)
+		m, err := messages.DecodeAnsibleDeployMessage([]byte(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[m.JobID]++
+	}
+	for id := range lost {
+		if seen[id] != 1 {
+			t.Errorf("deployment %s published %d times, want once", id, seen[id])
+		}
+	}
+	if len(entries) != len(lost) {
+		t.Errorf("%d entries on the queue, want %d", len(entries), len(lost))
 	}
 }

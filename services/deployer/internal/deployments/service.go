@@ -141,15 +141,7 @@ var ErrIdempotencyMismatch = errors.New("this Idempotency-Key was used with a di
 // (ErrForbiddenProject) and secret references outside the project's
 // templates, and returns the message to publish.
 func (s *Service) toMessage(r *Request, v Visibility, jobID string, at time.Time) (*messages.AnsibleDeployMessage, error) {
-	m := &messages.AnsibleDeployMessage{
-		RequestMeta: messages.RequestMeta{
-			SchemaVersion: messages.SchemaVersion, JobID: jobID, CorrelationID: r.CorrelationID,
-			CreatedAt: messages.FormatTime(at),
-		},
-		ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP,
-		Port: r.Port, Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef,
-		TimeoutSeconds: r.Options.TimeoutSeconds,
-	}
+	m := deployMessage(r, jobID, at)
 	var fields []FieldError
 	data, err := messages.Encode(m)
 	if err == nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/outbox"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
@@ -38,14 +39,17 @@ type RelayConfig struct {
 }
 
 // Relay publishes the outbox to Redis (fleet.Relay) until it is empty, then
-// waits for a wake-up or the poll interval. Every replica may run one: rows
-// are claimed with SKIP LOCKED.
+// waits for a wake-up or the poll interval (the loop of pkg/outbox, which
+// the deployer's republisher shares). Every replica may run one: rows are
+// claimed with SKIP LOCKED.
 type Relay struct {
 	fleet *fleet.Store
 	pub   Publisher
 	cfg   RelayConfig
 	log   zerolog.Logger
 	wake  chan struct{}
+	// lastPrune is when Run last pruned the outbox (only Run's loop uses it).
+	lastPrune time.Time
 
 	published prometheus.Counter
 	backlog   prometheus.Gauge
@@ -148,63 +152,42 @@ func (r *Relay) traced(ctx context.Context, stream string, payload []byte) ([]by
 	return data, span
 }
 
-// Drain publishes until the outbox is empty and returns how many entries
-// it published.
-func (r *Relay) Drain(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		n, err := r.fleet.Relay(ctx, r.cfg.Batch, "relay", r.publish)
-		total += n
-		r.published.Add(float64(n))
-		if err != nil {
-			return total, err
-		}
-		if n < r.cfg.Batch {
-			return total, nil
-		}
+// loop is the shared store-then-publish loop's configuration of r.
+func (r *Relay) loop() outbox.Config {
+	return outbox.Config{
+		Name: "relay", Batch: r.cfg.Batch, Interval: r.cfg.Interval, Wake: r.wake, Logger: r.log,
+		Published:  func(n int) { r.published.Add(float64(n)) },
+		AfterDrain: r.afterDrain,
 	}
 }
 
-// Run relays until ctx is done.
+// relayBatch is one pass: fleet.Relay claims, publishes and marks up to
+// limit outbox entries in one transaction.
+func (r *Relay) relayBatch(ctx context.Context, limit int) (int, error) {
+	return r.fleet.Relay(ctx, limit, "relay", r.publish)
+}
+
+// Drain publishes until the outbox is empty and returns how many entries
+// it published.
+func (r *Relay) Drain(ctx context.Context) (int, error) {
+	return outbox.Drain(ctx, outbox.RelayFunc(r.relayBatch), r.loop())
+}
+
+// Run relays until ctx is done (pkg/outbox runs the loop).
 func (r *Relay) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	lastPrune := time.Time{}
-	failing := false
-	for {
-		n, err := r.Drain(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			if !failing {
-				r.log.Error().Err(err).Msg("relay failed: the outbox keeps the messages, retrying")
-			}
-			failing = true
-		case err == nil:
-			if failing {
-				r.log.Info().Msg("relay recovered")
-			}
-			failing = false
-			if n > 0 {
-				r.log.Debug().Int("published", n).Msg("outbox relayed")
-			}
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if backlog, age, err := r.fleet.OutboxBacklog(ctx); err == nil {
-			r.backlog.Set(float64(backlog))
-			r.age.Set(age.Seconds())
-		}
-		if time.Since(lastPrune) > time.Hour {
-			if _, err := r.fleet.PruneOutbox(ctx, r.cfg.Retention); err == nil {
-				lastPrune = time.Now()
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.wake:
-		case <-t.C:
+	return outbox.Run(ctx, outbox.RelayFunc(r.relayBatch), r.loop())
+}
+
+// afterDrain updates the backlog metrics and prunes published entries at
+// most once an hour.
+func (r *Relay) afterDrain(ctx context.Context) {
+	if backlog, age, err := r.fleet.OutboxBacklog(ctx); err == nil {
+		r.backlog.Set(float64(backlog))
+		r.age.Set(age.Seconds())
+	}
+	if time.Since(r.lastPrune) > time.Hour {
+		if _, err := r.fleet.PruneOutbox(ctx, r.cfg.Retention); err == nil {
+			r.lastPrune = time.Now()
 		}
 	}
 }
