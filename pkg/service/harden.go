@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"slices"
 
-	"github.com/autoprovisioner/autoprovisioner/pkg/harden"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service/internal/harden"
 )
 
 // ScrubTag on a configuration field says what Main removes from the

@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/autoprovisioner/autoprovisioner/pkg/harden"
+	"github.com/autoprovisioner/autoprovisioner/pkg/service/internal/harden"
 )
 
 // Program describes a service binary for Main and Run: its name, its
