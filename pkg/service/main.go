@@ -119,7 +119,7 @@ func run[C Config](ctx context.Context, p Program[C], args []string, getenv func
 // removed from the process's environment block, which re-executes the
 // binary once (the new image reads them back before it loads the
 // configuration again), and the process is made non-dumpable with a core
-// file size limit of 0 (see pkg/harden).
+// file size limit of 0 (see internal/harden).
 func Main[C Config](p Program[C]) {
 	if err := harden.Restore(); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", p.Name, err)
