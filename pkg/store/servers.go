@@ -57,20 +57,24 @@ type Server struct {
 	Version int64
 }
 
-const serverColumns = `handle, address, ssh_port, ssh_user, status, labels, source,
+// ServerColumns are the columns of a Server, in the order ScanServer
+// reads them. Package fleet reads the same row with its own columns after
+// these, through ScanServer: one piece of code reads a server.
+const ServerColumns = `handle, address, ssh_port, ssh_user, status, labels, source,
 	COALESCE(provider_id, ''), COALESCE(ssh_key_ref, ''), COALESCE(host_key, ''), host_key_pinned_at,
 	attempts, COALESCE(last_error, ''), COALESCE(last_job_id, ''), COALESCE(notified_status, ''),
 	created_at, updated_at, status_changed_at, version`
 
-func scanServer(row pgx.Row) (*Server, error) {
-	var s Server
+// ScanServer reads a row of ServerColumns into s, then the row's further
+// columns into extra (scan targets of the caller's own columns).
+func ScanServer(row pgx.Row, s *Server, extra ...any) error {
 	var pinnedAt *time.Time
-	err := row.Scan(&s.Handle, &s.Address, &s.SSHPort, &s.SSHUser, &s.Status, &s.Labels, &s.Source,
+	dest := append([]any{&s.Handle, &s.Address, &s.SSHPort, &s.SSHUser, &s.Status, &s.Labels, &s.Source,
 		&s.ProviderID, &s.SSHKeyRef, &s.HostKey, &pinnedAt,
 		&s.Attempts, &s.LastError, &s.LastJobID, &s.NotifiedStatus,
-		&s.CreatedAt, &s.UpdatedAt, &s.StatusChangedAt, &s.Version)
-	if err != nil {
-		return nil, err
+		&s.CreatedAt, &s.UpdatedAt, &s.StatusChangedAt, &s.Version}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return err
 	}
 	if pinnedAt != nil {
 		s.HostKeyPinnedAt = *pinnedAt
@@ -78,12 +82,20 @@ func scanServer(row pgx.Row) (*Server, error) {
 	if s.Labels == nil {
 		s.Labels = map[string]string{}
 	}
+	return nil
+}
+
+func scanServer(row pgx.Row) (*Server, error) {
+	var s Server
+	if err := ScanServer(row, &s); err != nil {
+		return nil, err
+	}
 	return &s, nil
 }
 
 // GetServer reads the server with handle; ErrServerNotFound when there is none.
 func GetServer(ctx context.Context, q Querier, handle string) (*Server, error) {
-	s, err := scanServer(q.QueryRow(ctx, `SELECT `+serverColumns+` FROM servers WHERE handle = $1`, handle))
+	s, err := scanServer(q.QueryRow(ctx, `SELECT `+ServerColumns+` FROM servers WHERE handle = $1`, handle))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("read server %s: %w", handle, ErrServerNotFound)
 	}
@@ -118,7 +130,7 @@ func FindServerByAddress(ctx context.Context, q Querier, address string) (*Serve
 	if err != nil {
 		return nil, fmt.Errorf("find server by address: %w", err)
 	}
-	rows, err := q.Query(ctx, `SELECT `+serverColumns+` FROM servers WHERE address = $1 ORDER BY handle`, canonical)
+	rows, err := q.Query(ctx, `SELECT `+ServerColumns+` FROM servers WHERE address = $1 ORDER BY handle`, canonical)
 	if err != nil {
 		return nil, fmt.Errorf("find server by address %s: %w", canonical, err)
 	}
