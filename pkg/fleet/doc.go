@@ -7,9 +7,12 @@
 //
 //	NEW -> QUEUED -> PROVISIONING -> READY | FAILED | UNREACHABLE
 //
-// plus ORPHANED (its source no longer lists it). Every change is a
-// compare-and-set on servers.version and writes a row to server_history
-// (event, from, to, when, why, job id, by whom) in the same transaction.
+// plus ORPHANED (its source no longer lists it). This package is the only
+// code that changes a server's status, attempts and last error. Every
+// change is a compare-and-set on servers.version and writes its row to
+// server_history (event, from, to, when, why, job id, by whom) in the same
+// transaction; a status change is recorded once, by whoever made it, and
+// never as X -> X.
 //
 // Who moves which state:
 //
@@ -19,12 +22,17 @@
 //     no QUEUED server exists without its message;
 //   - the outbox relay (Relay): QUEUED -> PROVISIONING once the message is
 //     in Redis (the job is in infra's hands);
-//   - the results consumer (ApplyResult): PROVISIONING (or QUEUED) ->
-//     READY, FAILED or UNREACHABLE for the job the server waits for
-//     (pending_job_id), deduplicated by job id; infra records runs and may
-//     itself mark a server UNREACHABLE or record its outcome (it writes
-//     last_job_id); ApplyResult recognises an outcome infra already wrote
-//     and only completes the bookkeeping;
+//   - infra (StartProvisioning, RecordRun): PROVISIONING when its run
+//     starts, then READY, FAILED or UNREACHABLE (attempts, last error) in
+//     the transaction that stores the run's result; a deploy that finds a
+//     server down marks it UNREACHABLE. So infra alone, without a
+//     scheduler (agents publishing to it directly), leaves servers right;
+//   - the results consumer (ApplyResult): for the job the server waits for
+//     (pending_job_id), deduplicated by job id, the scheduler's bookkeeping
+//     of the transition infra made (wait cleared, retry and backoff,
+//     notification), with no second transition and no history row; it
+//     makes the transition itself only when infra did not (a result
+//     published without a run);
 //   - the detectors (Sync): create servers (NEW), update what their source
 //     says, ORPHANED when the source drops a server and back when it
 //     returns; a failing source is never synced, so it orphans nothing;

@@ -562,15 +562,6 @@ func TestApplyResultUnreachableRejectedOrphaned(t *testing.T) {
 		t.Errorf("result on an orphaned server: %+v", srv)
 	}
 
-	// Infra already recorded the outcome (status, attempts, last_job_id):
-	// the attempt is not counted twice.
-	ji := queueOne(t, s, "i")
-	if _, err := b.db.Exec(ctx, `UPDATE servers SET status = 'FAILED', attempts = attempts + 1, last_job_id = $1 WHERE handle = 'i'`, ji); err != nil {
-		t.Fatal(err)
-	}
-	if o, srv, _ := s.ApplyResult(ctx, fleet.Result{Handle: "i", JobID: ji, Status: messages.StatusFailed, Error: "x"}, "results", policy); o != fleet.Applied || srv.Attempts != 1 || srv.PendingJobID != "" {
-		t.Errorf("outcome written by infra first: %s %+v", o, srv)
-	}
 }
 
 func TestTransition(t *testing.T) {

@@ -45,14 +45,27 @@ func write(ctx context.Context, q store.Querier, srv *Server) (*Server, error) {
 	return out, nil
 }
 
-// change runs fn on the server, read and locked in a transaction, and
-// commits what fn did. fn changes srv and returns the history rows to
-// write (none leaves the server as it is); the server is written by
-// compare-and-set when it changed. The transaction holds the row lock, so
-// other writers (infra's compare-and-set) wait and then see a new version.
+// change runs fn on the server, read and locked in a transaction on the
+// Store's pool; see changeIn.
 func (s *Store) change(ctx context.Context, handle string, fn func(tx pgx.Tx, srv *Server) ([]History, error)) (*Server, error) {
+	return s.changeIn(ctx, s.db, handle, fn)
+}
+
+// beginner starts a transaction: a pool, or a transaction (a savepoint).
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// changeIn is the one transition of a server: it runs fn on the server,
+// read and locked in a transaction of db, and commits what fn did. fn
+// changes srv and returns the history rows to write; the server is written
+// by compare-and-set on its version when a column changed, with the rows
+// in the same transaction. The transaction holds the row lock, so other
+// writers wait and then see a new version. db may be a caller's
+// transaction (infra's, storing a run's result with it).
+func (s *Store) changeIn(ctx context.Context, db beginner, handle string, fn func(tx pgx.Tx, srv *Server) ([]History, error)) (*Server, error) {
 	var out *Server
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		srv, err := getServer(ctx, tx, handle, true)
 		if err != nil {
 			return err
@@ -63,9 +76,6 @@ func (s *Store) change(ctx context.Context, handle string, fn func(tx pgx.Tx, sr
 			return err
 		}
 		out = srv
-		if len(hist) == 0 {
-			return nil
-		}
 		if changed(&before, srv) {
 			if out, err = write(ctx, tx, srv); err != nil {
 				return err

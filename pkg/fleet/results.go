@@ -63,18 +63,23 @@ func StatusFor(st messages.Status) string {
 	return StatusFailed
 }
 
-// ApplyResult records a job's result on its server, deduplicated by job
-// id: the job the server waits for moves it to READY (attempts reset),
-// FAILED (attempts + 1; retried after policy.Backoff while attempts <
-// policy.Limit, else retries exhausted and notified) or UNREACHABLE
-// (checked again after the cool-down); a rejected or cancelled job fails
-// with no automatic retry. A result applied before changes nothing; a
-// result of another job is recorded in history and ignored. An ORPHANED
-// server stays ORPHANED and remembers the outcome for its return.
+// ApplyResult completes the scheduler's part of a job's result, once per
+// job id. For the job the server waits for it clears the wait and plans
+// what comes next: READY and UNREACHABLE are notified (UNREACHABLE checked
+// again after the cool-down); a FAILED server is retried after
+// policy.Backoff while its attempts < policy.Limit, else its retries are
+// exhausted and it is notified; a rejected or cancelled job fails with no
+// automatic retry. An ORPHANED server stays ORPHANED and remembers the
+// outcome for its return.
 //
-// Infra may have written the outcome already (it sets the status and
-// last_job_id with the run row); ApplyResult then does not count the
-// attempt twice.
+// The transition itself (status, attempts, last error, its history row) is
+// made once, by whoever learns the outcome first: infra, when it stored
+// the run's result (RecordRun), and then ApplyResult adds no history row;
+// else (a result infra published without a run, such as a refused target)
+// ApplyResult makes it, by actor. A result applied before changes nothing;
+// a result of a job the server does not wait for is recorded in history
+// and ignored, unless infra recorded it (agents publishing to infra
+// directly): the server is then right already.
 func (s *Store) ApplyResult(ctx context.Context, r Result, actor string, policy RetryPolicy) (Outcome, *Server, error) {
 	if err := checkActor(actor); err != nil {
 		return "", nil, err
@@ -86,20 +91,20 @@ func (s *Store) ApplyResult(ctx context.Context, r Result, actor string, policy 
 	var outcome Outcome
 	srv, err := s.change(ctx, r.Handle, func(tx pgx.Tx, srv *Server) ([]History, error) {
 		to := StatusFor(r.Status)
-		reason := string(r.Status)
-		if r.Error != "" {
-			reason += ": " + r.Error
+		var recorded bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM server_history
+			WHERE job_id = $1 AND event = 'result' AND handle = $2)`, r.JobID, srv.Handle).Scan(&recorded); err != nil {
+			return nil, fmt.Errorf("look up result of job %s: %w", r.JobID, err)
 		}
-		if r.Summary != "" {
-			reason += " (" + r.Summary + ")"
+		// A run whose outcome left the status as it was has no row; its
+		// last job and status say infra recorded it.
+		current := srv.Status
+		if current == StatusOrphaned {
+			current = srv.OrphanedFrom
 		}
+		recorded = recorded || (srv.LastJobID == r.JobID && current == to)
 		if srv.PendingJobID != r.JobID {
-			var seen bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM server_history
-				WHERE job_id = $1 AND event = 'result' AND handle = $2)`, r.JobID, srv.Handle).Scan(&seen); err != nil {
-				return nil, fmt.Errorf("look up result of job %s: %w", r.JobID, err)
-			}
-			if seen {
+			if recorded {
 				outcome = Duplicate
 				return nil, nil
 			}
@@ -109,52 +114,45 @@ func (s *Store) ApplyResult(ctx context.Context, r Result, actor string, policy 
 				why += " (it waits for " + srv.PendingJobID + ")"
 			}
 			return []History{{Event: EventStaleResult, From: srv.Status, To: srv.Status,
-				Reason: why + ": " + reason, JobID: r.JobID, Actor: actor}}, nil
+				Reason: why + ": " + resultReason(r), JobID: r.JobID, Actor: actor}}, nil
 		}
 		outcome = Applied
-		from := srv.Status
-		infraWrote := srv.LastJobID == r.JobID && srv.Status == to
+		var hist []History
+		if !recorded {
+			hist = settle(srv, r, true, actor)
+		}
 		srv.PendingJobID, srv.PendingAction, srv.QueuedAt = "", "", time.Time{}
-		srv.LastJobID = r.JobID
-		srv.LastError = r.Error
 		srv.NextAttemptAt = time.Time{}
 		srv.RetriesExhausted = false
 		now := s.now()
+		var note string
 		switch to {
-		case StatusReady:
-			srv.Attempts = 0
 		case StatusUnreachable:
-			if !infraWrote {
-				srv.Attempts++
-			}
 			srv.NextAttemptAt = now.Add(policy.UnreachableCooldown)
 		case StatusFailed:
-			if !infraWrote {
-				srv.Attempts++
-			}
 			retryable := r.Status == messages.StatusFailed
 			if !retryable || srv.Attempts >= policy.Limit {
 				srv.RetriesExhausted = true
 				if retryable {
-					reason += fmt.Sprintf(" [retries exhausted: %d of %d]", srv.Attempts, policy.Limit)
+					note = fmt.Sprintf(" [retries exhausted: %d of %d]", srv.Attempts, policy.Limit)
 				} else {
-					reason += " [not retried automatically]"
+					note = " [not retried automatically]"
 				}
 			} else if policy.Backoff != nil {
 				wait := policy.Backoff(srv.Attempts)
 				srv.NextAttemptAt = now.Add(wait)
-				reason += fmt.Sprintf(" [retry %d of %d in %s]", srv.Attempts, policy.Limit-1, wait.Round(time.Second))
+				note = fmt.Sprintf(" [retry %d of %d in %s]", srv.Attempts, policy.Limit-1, wait.Round(time.Second))
 			}
 		}
-		if srv.Status == StatusOrphaned {
-			srv.OrphanedFrom = to
-			return []History{{Event: EventResult, From: from, To: from, Reason: reason + " (server is ORPHANED)", JobID: r.JobID, Actor: actor}}, nil
+		for i := range hist {
+			hist[i].Reason += note
 		}
-		srv.Status = to
-		if err := s.maybeNotify(ctx, tx, srv); err != nil {
-			return nil, err
+		if srv.Status != StatusOrphaned {
+			if err := s.maybeNotify(ctx, tx, srv); err != nil {
+				return nil, err
+			}
 		}
-		return []History{{Event: EventResult, From: from, To: to, Reason: reason, JobID: r.JobID, Actor: actor}}, nil
+		return hist, nil
 	})
 	if err != nil {
 		return "", nil, err

@@ -69,8 +69,10 @@ var (
 	ErrNotAllowed = errors.New("operation not allowed in the server's state")
 )
 
-// Server is a server as the fleet sees it: the servers row with the
-// scheduler's columns.
+// Server is a server as the fleet sees it: the servers row (store.Server,
+// what infra and the deployer read) with the scheduler's columns. It is the
+// one type whose status, attempts and last error change, through this
+// package.
 type Server struct {
 	store.Server
 	// Paused servers are left out of the reconcile loop and health checks.
@@ -100,22 +102,18 @@ type Server struct {
 	SourceHash string
 }
 
-const serverColumns = `handle, address, ssh_port, ssh_user, status, labels, source,
-	COALESCE(provider_id, ''), COALESCE(ssh_key_ref, ''), COALESCE(host_key, ''), host_key_pinned_at,
-	attempts, COALESCE(last_error, ''), COALESCE(last_job_id, ''), COALESCE(notified_status, ''),
-	created_at, updated_at, status_changed_at, version,
+const serverColumns = store.ServerColumns + `,
 	paused, COALESCE(requested_action, ''), COALESCE(requested_by, ''), requested_at,
 	COALESCE(pending_job_id, ''), COALESCE(pending_action, ''), queued_at, next_attempt_at,
 	retries_exhausted, last_recovery_at, last_seen_at, COALESCE(orphaned_from, ''), COALESCE(source_hash, '')`
 
+// scanServer reads a row of serverColumns: the servers row as pkg/store
+// reads it (store.ScanServer), then the scheduler's columns.
 func scanServer(row pgx.Row) (*Server, error) {
 	var s Server
-	var pinnedAt, reqAt, queuedAt, nextAt, recAt, seenAt *time.Time
+	var reqAt, queuedAt, nextAt, recAt, seenAt *time.Time
 	var reqAction, pendAction string
-	err := row.Scan(&s.Handle, &s.Address, &s.SSHPort, &s.SSHUser, &s.Status, &s.Labels, &s.Source,
-		&s.ProviderID, &s.SSHKeyRef, &s.HostKey, &pinnedAt,
-		&s.Attempts, &s.LastError, &s.LastJobID, &s.NotifiedStatus,
-		&s.CreatedAt, &s.UpdatedAt, &s.StatusChangedAt, &s.Version,
+	err := store.ScanServer(row, &s.Server,
 		&s.Paused, &reqAction, &s.RequestedBy, &reqAt,
 		&s.PendingJobID, &pendAction, &queuedAt, &nextAt,
 		&s.RetriesExhausted, &recAt, &seenAt, &s.OrphanedFrom, &s.SourceHash)
@@ -126,14 +124,11 @@ func scanServer(row pgx.Row) (*Server, error) {
 	for _, p := range []struct {
 		src *time.Time
 		dst *time.Time
-	}{{pinnedAt, &s.HostKeyPinnedAt}, {reqAt, &s.RequestedAt}, {queuedAt, &s.QueuedAt},
+	}{{reqAt, &s.RequestedAt}, {queuedAt, &s.QueuedAt},
 		{nextAt, &s.NextAttemptAt}, {recAt, &s.LastRecoveryAt}, {seenAt, &s.LastSeenAt}} {
 		if p.src != nil {
 			*p.dst = *p.src
 		}
-	}
-	if s.Labels == nil {
-		s.Labels = map[string]string{}
 	}
 	return &s, nil
 }

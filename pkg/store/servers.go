@@ -52,25 +52,29 @@ type Server struct {
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
 	StatusChangedAt time.Time
-	// Version increases on every update; UpdateServerStatus compares and
-	// sets on it.
+	// Version increases on every update; package fleet, the one writer
+	// of status, attempts and last error, compares and sets on it.
 	Version int64
 }
 
-const serverColumns = `handle, address, ssh_port, ssh_user, status, labels, source,
+// ServerColumns are the columns of a Server, in the order ScanServer
+// reads them. Package fleet reads the same row with its own columns after
+// these, through ScanServer: one piece of code reads a server.
+const ServerColumns = `handle, address, ssh_port, ssh_user, status, labels, source,
 	COALESCE(provider_id, ''), COALESCE(ssh_key_ref, ''), COALESCE(host_key, ''), host_key_pinned_at,
 	attempts, COALESCE(last_error, ''), COALESCE(last_job_id, ''), COALESCE(notified_status, ''),
 	created_at, updated_at, status_changed_at, version`
 
-func scanServer(row pgx.Row) (*Server, error) {
-	var s Server
+// ScanServer reads a row of ServerColumns into s, then the row's further
+// columns into extra (scan targets of the caller's own columns).
+func ScanServer(row pgx.Row, s *Server, extra ...any) error {
 	var pinnedAt *time.Time
-	err := row.Scan(&s.Handle, &s.Address, &s.SSHPort, &s.SSHUser, &s.Status, &s.Labels, &s.Source,
+	dest := append([]any{&s.Handle, &s.Address, &s.SSHPort, &s.SSHUser, &s.Status, &s.Labels, &s.Source,
 		&s.ProviderID, &s.SSHKeyRef, &s.HostKey, &pinnedAt,
 		&s.Attempts, &s.LastError, &s.LastJobID, &s.NotifiedStatus,
-		&s.CreatedAt, &s.UpdatedAt, &s.StatusChangedAt, &s.Version)
-	if err != nil {
-		return nil, err
+		&s.CreatedAt, &s.UpdatedAt, &s.StatusChangedAt, &s.Version}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return err
 	}
 	if pinnedAt != nil {
 		s.HostKeyPinnedAt = *pinnedAt
@@ -78,12 +82,20 @@ func scanServer(row pgx.Row) (*Server, error) {
 	if s.Labels == nil {
 		s.Labels = map[string]string{}
 	}
+	return nil
+}
+
+func scanServer(row pgx.Row) (*Server, error) {
+	var s Server
+	if err := ScanServer(row, &s); err != nil {
+		return nil, err
+	}
 	return &s, nil
 }
 
 // GetServer reads the server with handle; ErrServerNotFound when there is none.
 func GetServer(ctx context.Context, q Querier, handle string) (*Server, error) {
-	s, err := scanServer(q.QueryRow(ctx, `SELECT `+serverColumns+` FROM servers WHERE handle = $1`, handle))
+	s, err := scanServer(q.QueryRow(ctx, `SELECT `+ServerColumns+` FROM servers WHERE handle = $1`, handle))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("read server %s: %w", handle, ErrServerNotFound)
 	}
@@ -118,7 +130,7 @@ func FindServerByAddress(ctx context.Context, q Querier, address string) (*Serve
 	if err != nil {
 		return nil, fmt.Errorf("find server by address: %w", err)
 	}
-	rows, err := q.Query(ctx, `SELECT `+serverColumns+` FROM servers WHERE address = $1 ORDER BY handle`, canonical)
+	rows, err := q.Query(ctx, `SELECT `+ServerColumns+` FROM servers WHERE address = $1 ORDER BY handle`, canonical)
 	if err != nil {
 		return nil, fmt.Errorf("find server by address %s: %w", canonical, err)
 	}
@@ -154,36 +166,6 @@ func SSHKeyRefs(ctx context.Context, q Querier) ([]string, error) {
 	return refs, nil
 }
 
-// UpdateServerStatus sets the status of the server with handle if its
-// version is still fromVersion (compare and set) and returns the new
-// version. lastError nil clears last_error; jobID "" keeps last_job_id.
-// ErrVersionConflict when the row changed since it was read (re-read and
-// decide again, or use TransitionServer); ErrServerNotFound when it is gone.
-func UpdateServerStatus(ctx context.Context, q Querier, handle string, fromVersion int64, status string, lastError *string, jobID string) (int64, error) {
-	s, err := casServerStatus(ctx, q, handle, fromVersion, status, lastError, jobID)
-	if err != nil {
-		return 0, err
-	}
-	return s.Version, nil
-}
-
-func casServerStatus(ctx context.Context, q Querier, handle string, fromVersion int64, status string, lastError *string, jobID string) (*Server, error) {
-	s, err := scanServer(q.QueryRow(ctx, `
-		UPDATE servers SET status = $3, last_error = $4, last_job_id = COALESCE(NULLIF($5, ''), last_job_id)
-		WHERE handle = $1 AND version = $2
-		RETURNING `+serverColumns, handle, fromVersion, status, lastError, jobID))
-	if err == nil {
-		return s, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("set server %s status %s: %w", handle, status, err)
-	}
-	if err := serverExists(ctx, q, handle); err != nil {
-		return nil, fmt.Errorf("set server %s status %s: %w", handle, status, err)
-	}
-	return nil, fmt.Errorf("set server %s status %s from version %d: %w", handle, status, fromVersion, ErrVersionConflict)
-}
-
 // serverExists returns nil when the server exists, ErrServerNotFound when
 // it does not.
 func serverExists(ctx context.Context, q Querier, handle string) error {
@@ -195,67 +177,6 @@ func serverExists(ctx context.Context, q Querier, handle string) error {
 		return ErrServerNotFound
 	}
 	return nil
-}
-
-// transitionTries bounds TransitionServer's read-decide-write loop.
-const transitionTries = 5
-
-// TransitionFunc decides a server's next status from its current row (a
-// copy it may not keep). ok false leaves the server unchanged.
-type TransitionFunc func(s *Server) (newStatus string, lastErr *string, ok bool)
-
-// TransitionServer reads the server, asks decide for its next status and
-// writes it with UpdateServerStatus; when someone else changed the row in
-// between it reads again and asks decide again, at most a few times (then
-// ErrVersionConflict). It returns the server as written, or as read when
-// decide declined (changed false). jobID "" keeps last_job_id. A change of
-// status is recorded in server_history (event "transition", actor
-// HistoryActor) by the same statement.
-func TransitionServer(ctx context.Context, q Querier, handle, jobID string, decide TransitionFunc) (s *Server, changed bool, err error) {
-	for range transitionTries {
-		cur, err := GetServer(ctx, q, handle)
-		if err != nil {
-			return nil, false, err
-		}
-		view := *cur
-		view.Labels = make(map[string]string, len(cur.Labels))
-		for k, v := range cur.Labels {
-			view.Labels[k] = v
-		}
-		status, lastErr, ok := decide(&view)
-		if !ok {
-			return cur, false, nil
-		}
-		next, err := casServerStatusLogged(ctx, q, cur, status, lastErr, jobID)
-		if errors.Is(err, ErrVersionConflict) {
-			continue
-		}
-		if err != nil {
-			return nil, false, err
-		}
-		return next, true, nil
-	}
-	return nil, false, fmt.Errorf("transition server %s: gave up after %d tries: %w", handle, transitionTries, ErrVersionConflict)
-}
-
-// IncrementAttempts adds one to the server's attempts and returns the new
-// count and row version.
-func IncrementAttempts(ctx context.Context, q Querier, handle string) (attempts int, version int64, err error) {
-	err = q.QueryRow(ctx, `UPDATE servers SET attempts = attempts + 1 WHERE handle = $1 RETURNING attempts, version`, handle).
-		Scan(&attempts, &version)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, 0, fmt.Errorf("increment attempts of server %s: %w", handle, ErrServerNotFound)
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("increment attempts of server %s: %w", handle, err)
-	}
-	return attempts, version, nil
-}
-
-// ResetAttempts sets the server's attempts back to zero (after a success).
-func ResetAttempts(ctx context.Context, q Querier, handle string) error {
-	return execOnServer(ctx, q, handle, "reset attempts of",
-		`UPDATE servers SET attempts = 0 WHERE handle = $1 AND attempts <> 0`)
 }
 
 // SetServerAddress records the server's address as its provider reports it,

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,168 +92,11 @@ func TestFindServerByAddress(t *testing.T) {
 	}
 }
 
-func TestUpdateServerStatusCompareAndSet(t *testing.T) {
+func TestAddressAndSSHUser(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	addServer(t, pool, "web-1", "192.0.2.10")
 
-	msg := "ssh: connection refused"
-	v, err := store.UpdateServerStatus(ctx, pool, "web-1", 1, store.ServerUnreachable, &msg, "job-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v != 2 {
-		t.Fatalf("new version = %d, want 2", v)
-	}
-	// A writer that read version 1 lost the race.
-	if _, err := store.UpdateServerStatus(ctx, pool, "web-1", 1, store.ServerReady, nil, "job-2"); !errors.Is(err, store.ErrVersionConflict) {
-		t.Fatalf("stale version: err = %v, want ErrVersionConflict", err)
-	}
-	s, err := store.GetServer(ctx, pool, "web-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Status != store.ServerUnreachable || s.LastError != msg || s.LastJobID != "job-1" || s.Version != 2 {
-		t.Fatalf("after CAS: %+v", s)
-	}
-	// nil lastError clears it; "" job id keeps the last one.
-	if v, err = store.UpdateServerStatus(ctx, pool, "web-1", 2, store.ServerReady, nil, ""); err != nil || v != 3 {
-		t.Fatalf("update: v=%d err=%v", v, err)
-	}
-	if s, err = store.GetServer(ctx, pool, "web-1"); err != nil {
-		t.Fatal(err)
-	}
-	if s.Status != store.ServerReady || s.LastError != "" || s.LastJobID != "job-1" || s.StatusChangedAt.Before(s.CreatedAt) {
-		t.Fatalf("after clearing: %+v", s)
-	}
-	if _, err := store.UpdateServerStatus(ctx, pool, "nope", 1, store.ServerReady, nil, ""); !errors.Is(err, store.ErrServerNotFound) {
-		t.Fatalf("missing server: err = %v, want ErrServerNotFound", err)
-	}
-	// The schema refuses an unknown status.
-	if _, err := store.UpdateServerStatus(ctx, pool, "web-1", 3, "BOGUS", nil, ""); err == nil || errors.Is(err, store.ErrVersionConflict) {
-		t.Fatalf("bogus status: err = %v", err)
-	}
-
-	// The queries work inside a caller's transaction too.
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := store.UpdateServerStatus(ctx, tx, "web-1", 3, store.ServerFailed, nil, "job-tx"); err != nil {
-		t.Fatal(err)
-	}
-	if s, err := store.GetServer(ctx, tx, "web-1"); err != nil || s.Status != store.ServerFailed {
-		t.Fatalf("inside the transaction: %+v %v", s, err)
-	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s, err := store.GetServer(ctx, pool, "web-1"); err != nil || s.Status != store.ServerReady || s.Version != 3 {
-		t.Fatalf("after rollback: %+v %v", s, err)
-	}
-}
-
-func TestTransitionServerRetriesAfterConflict(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.Pool(t)
-	addServer(t, pool, "web-1", "192.0.2.10")
-
-	var seen []string
-	s, changed, err := store.TransitionServer(ctx, pool, "web-1", "job-7", func(s *store.Server) (string, *string, bool) {
-		seen = append(seen, s.Status)
-		if len(seen) == 1 {
-			// Another instance moves the server between our read and write.
-			if _, err := pool.Exec(ctx, `UPDATE servers SET status = 'QUEUED' WHERE handle = 'web-1'`); err != nil {
-				t.Error(err)
-			}
-		}
-		if s.Status == store.ServerQueued {
-			return store.ServerProvisioning, nil, true
-		}
-		return store.ServerQueued, nil, true
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !changed || s.Status != store.ServerProvisioning || s.LastJobID != "job-7" || s.Version != 3 {
-		t.Fatalf("transition: changed=%v server=%+v", changed, s)
-	}
-	if len(seen) != 2 || seen[0] != store.ServerNew || seen[1] != store.ServerQueued {
-		t.Fatalf("decide saw %v, want [NEW QUEUED] (re-read after the conflict)", seen)
-	}
-
-	// Declining leaves the row alone.
-	s, changed, err = store.TransitionServer(ctx, pool, "web-1", "job-8", func(*store.Server) (string, *string, bool) { return "", nil, false })
-	if err != nil || changed || s.Version != 3 {
-		t.Fatalf("declined: changed=%v err=%v server=%+v", changed, err, s)
-	}
-
-	// A row that changes under every attempt makes it give up.
-	calls := 0
-	_, _, err = store.TransitionServer(ctx, pool, "web-1", "", func(*store.Server) (string, *string, bool) {
-		calls++
-		if _, err := pool.Exec(ctx, `UPDATE servers SET attempts = attempts + 1 WHERE handle = 'web-1'`); err != nil {
-			t.Error(err)
-		}
-		return store.ServerReady, nil, true
-	})
-	if !errors.Is(err, store.ErrVersionConflict) || calls < 2 {
-		t.Fatalf("endless conflict: err=%v after %d calls", err, calls)
-	}
-	if _, _, err := store.TransitionServer(ctx, pool, "nope", "", nil); !errors.Is(err, store.ErrServerNotFound) {
-		t.Fatalf("missing server: err = %v", err)
-	}
-}
-
-// Several instances race to claim a NEW server: exactly one moves it.
-func TestTransitionServerConcurrentClaims(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.Pool(t)
-	addServer(t, pool, "web-1", "192.0.2.10")
-
-	const n = 6
-	var winners atomic.Int32
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			_, changed, err := store.TransitionServer(ctx, pool, "web-1", fmt.Sprintf("job-%d", i), func(s *store.Server) (string, *string, bool) {
-				if s.Status != store.ServerNew {
-					return "", nil, false
-				}
-				return store.ServerQueued, nil, true
-			})
-			if err != nil {
-				t.Error(err)
-			}
-			if changed {
-				winners.Add(1)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if w := winners.Load(); w != 1 {
-		t.Fatalf("%d instances claimed the server, want exactly 1", w)
-	}
-}
-
-func TestAttemptsAndAddress(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.Pool(t)
-	addServer(t, pool, "web-1", "192.0.2.10")
-
-	for want := 1; want <= 2; want++ {
-		n, v, err := store.IncrementAttempts(ctx, pool, "web-1")
-		if err != nil || n != want || v != int64(want+1) {
-			t.Fatalf("increment: attempts=%d version=%d err=%v", n, v, err)
-		}
-	}
-	if err := store.ResetAttempts(ctx, pool, "web-1"); err != nil {
-		t.Fatal(err)
-	}
 	changed, err := store.SetServerAddress(ctx, pool, "web-1", "192.0.2.99")
 	if err != nil || !changed {
 		t.Fatalf("set address: changed=%v err=%v", changed, err)
@@ -263,17 +105,14 @@ func TestAttemptsAndAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Attempts != 0 || s.Address != "192.0.2.99" || s.Version != 5 {
+	if s.Address != "192.0.2.99" || s.Version != 2 {
 		t.Fatalf("server = %+v", s)
 	}
 	// The same address again is no change and no new version.
 	if changed, err := store.SetServerAddress(ctx, pool, "web-1", "192.0.2.99"); err != nil || changed {
 		t.Fatalf("same address: changed=%v err=%v", changed, err)
 	}
-	if err := store.ResetAttempts(ctx, pool, "web-1"); err != nil {
-		t.Fatal(err)
-	}
-	if s, err = store.GetServer(ctx, pool, "web-1"); err != nil || s.Version != 5 {
+	if s, err = store.GetServer(ctx, pool, "web-1"); err != nil || s.Version != 2 {
 		t.Fatalf("no-op updates bumped the version: %+v %v", s, err)
 	}
 	// After setup the server is reached as the deploy user.
@@ -283,12 +122,10 @@ func TestAttemptsAndAddress(t *testing.T) {
 	if changed, err := store.SetServerSSHUser(ctx, pool, "web-1", "deploy"); err != nil || changed {
 		t.Fatalf("same ssh user: changed=%v err=%v", changed, err)
 	}
-	if s, err = store.GetServer(ctx, pool, "web-1"); err != nil || s.SSHUser != "deploy" || s.Version != 6 {
+	if s, err = store.GetServer(ctx, pool, "web-1"); err != nil || s.SSHUser != "deploy" || s.Version != 3 {
 		t.Fatalf("after ssh user change: %+v %v", s, err)
 	}
 	for name, err := range map[string]error{
-		"increment": func() error { _, _, err := store.IncrementAttempts(ctx, pool, "nope"); return err }(),
-		"reset":     store.ResetAttempts(ctx, pool, "nope"),
 		"address":   func() error { _, err := store.SetServerAddress(ctx, pool, "nope", "x"); return err }(),
 		"ssh user":  func() error { _, err := store.SetServerSSHUser(ctx, pool, "nope", "x"); return err }(),
 		"clear key": store.ClearServerHostKey(ctx, pool, "nope"),

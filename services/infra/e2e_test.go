@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
@@ -44,6 +46,11 @@ func TestProvisionSucceeds(t *testing.T) {
 	s := e.server("web-1")
 	if s.Status != store.ServerReady || s.HostKey == "" || s.Version <= before.Version || s.LastJobID != "job-ok" {
 		t.Errorf("server after run: status=%s host_key=%q version=%d last_job=%s", s.Status, s.HostKey, s.Version, s.LastJobID)
+	}
+	// No scheduler here (a request published to infra directly): infra
+	// alone leaves the server right, with one history row per change.
+	if got, want := e.history("web-1"), []string{"transition NEW->PROVISIONING by infra", "result PROVISIONING->READY by infra"}; !slices.Equal(got, want) {
+		t.Errorf("history %q, want %q", got, want)
 	}
 	if !strings.HasPrefix(s.HostKey, strings.Fields(sshd.HostKey)[0]) || !strings.Contains(s.HostKey, strings.Fields(sshd.HostKey)[1]) {
 		t.Errorf("pinned %q, the server's key is %q", s.HostKey, sshd.HostKey)
@@ -112,6 +119,9 @@ func TestFailingTaskIsReportedAndNotRetried(t *testing.T) {
 	if s.Status != store.ServerFailed || !strings.Contains(s.LastError, "setup_server.yml") || s.Attempts != 1 {
 		t.Errorf("server = status %s, last_error %q, attempts %d", s.Status, s.LastError, s.Attempts)
 	}
+	if got, want := e.history("web-1"), []string{"transition NEW->PROVISIONING by infra", "result PROVISIONING->FAILED by infra"}; !slices.Equal(got, want) {
+		t.Errorf("history %q, want %q", got, want)
+	}
 	// No automatic retry: one run, one result, nothing pending, no dead
 	// letter. Once acknowledged, the entry is never delivered again.
 	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
@@ -144,8 +154,11 @@ func TestUnreachableServerIsMarkedAndNothingRuns(t *testing.T) {
 		t.Fatalf("result = %s %+v", r.Status, r.Error)
 	}
 	s := e.server("down-1")
-	if s.Status != store.ServerUnreachable || !strings.Contains(s.LastError, "did not answer SSH") {
-		t.Errorf("server = %s %q", s.Status, s.LastError)
+	if s.Status != store.ServerUnreachable || !strings.Contains(s.LastError, "did not answer SSH") || s.Attempts != 1 {
+		t.Errorf("server = %s %q attempts %d", s.Status, s.LastError, s.Attempts)
+	}
+	if got, want := e.history("down-1"), []string{"transition NEW->PROVISIONING by infra", "result PROVISIONING->UNREACHABLE by infra"}; !slices.Equal(got, want) {
+		t.Errorf("history %q, want %q", got, want)
 	}
 	if spans := e.spans("down-1"); len(spans) != 0 {
 		t.Errorf("a play ran on an unreachable server: %+v", spans)
@@ -461,4 +474,19 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return b.String()
+}
+
+// history is the server's history, oldest first, as "event FROM->TO by actor".
+func (e *e2e) history(handle string) []string {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT event || ' ' || COALESCE(from_status, '') || '->' || to_status || ' by ' || actor
+		FROM server_history WHERE handle = $1 ORDER BY id`, handle)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
 }

@@ -44,6 +44,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
@@ -268,6 +269,15 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	h.routes.RouteFunc(messages.StreamAnsibleDeployQueue, h.handleDeploy)
 	h.cancels = stream.NewKeyWatcher(deps.Redis, stream.KeyWatcherOptions{Interval: cfg.CancelPoll, Logger: deps.Log})
 	return h, nil
+}
+
+// fleetActor is infra's name in server_history.
+const fleetActor = "infra"
+
+// fleet is the door to server state (pkg/fleet, its one writer), on the
+// handler's pool and clock.
+func (h *Handler) fleet() *fleet.Store {
+	return fleet.New(h.DB, fleet.Options{Now: h.Now})
 }
 
 // Now returns the time on the handler's clock.

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
@@ -350,59 +351,32 @@ func (j *job) outcomeLine() string {
 	return string(j.out.Status) + ": " + j.out.Error.Message
 }
 
-// recordServerOutcome moves the server to the state the outcome implies:
-// provisioning runs end READY (attempts reset) or FAILED (attempts + 1);
-// any run that found the server down marks it UNREACHABLE.
-func (j *job) recordServerOutcome(ctx context.Context, q store.Querier) error {
+// recordServerOutcome makes the transition the outcome causes, in tx (the
+// transaction storing the run), through fleet.RecordRun: provisioning runs
+// end READY (attempts reset), FAILED or UNREACHABLE (attempts + 1); a
+// deploy that found the server down marks it UNREACHABLE. An ORPHANED
+// server keeps its status. The scheduler completes its own part (retries,
+// backoff, notification) when the result reaches it, without a second
+// transition.
+func (j *job) recordServerOutcome(ctx context.Context, tx pgx.Tx) error {
 	if j.server == nil {
 		return nil
 	}
-	var lastErr *string
-	if j.out.Error != nil {
-		m := j.out.Error.Message
-		lastErr = &m
+	kind := fleet.DeployRun
+	r := fleet.Result{Handle: j.server.Handle, JobID: j.id, Status: j.out.Status}
+	if res, ok := j.result.(*messages.ProvisionerResult); ok && j.kind == kindProvision {
+		kind, r = fleet.ProvisionRun, fleet.ResultOf(res)
+	} else if j.out.Error != nil {
+		r.Error, r.ErrorKind = j.out.Error.Message, j.out.Error.Kind
 	}
-	var status string
-	switch {
-	case j.out.Status == messages.StatusUnreachable:
-		status = store.ServerUnreachable
-	case j.kind != kindProvision:
-		return nil // deploys only report servers they found down
-	case j.out.Status == messages.StatusSucceeded:
-		status = store.ServerReady
-	default:
-		status = store.ServerFailed
-	}
-	changed, err := setServerStatus(ctx, q, j.server.Handle, j.id, status, lastErr)
-	if err != nil || !changed {
+	moved, err := j.h.fleet().RecordRun(ctx, tx, r, kind, fleetActor)
+	if err != nil {
 		return err
 	}
-	if status == store.ServerUnreachable {
+	if moved && j.out.Status == messages.StatusUnreachable {
 		j.h.Metrics.unreachable.Inc()
 	}
-	switch {
-	case status == store.ServerReady:
-		return store.ResetAttempts(ctx, q, j.server.Handle)
-	case j.kind == kindProvision:
-		_, _, err = store.IncrementAttempts(ctx, q, j.server.Handle)
-		return err
-	}
 	return nil
-}
-
-// setServerStatus moves a server to status by compare-and-set, unless the
-// server is ORPHANED (its source dropped it meanwhile: that state stands).
-func setServerStatus(ctx context.Context, q store.Querier, handle, jobID, status string, lastErr *string) (bool, error) {
-	_, changed, err := store.TransitionServer(ctx, q, handle, jobID, func(s *store.Server) (string, *string, bool) {
-		if s.Status == store.ServerOrphaned {
-			return "", nil, false
-		}
-		return status, lastErr, true
-	})
-	if err != nil {
-		return false, fmt.Errorf("set server %s %s: %w", handle, status, err)
-	}
-	return changed, nil
 }
 
 // kindConflict rejects a request whose job id is already the id of a job

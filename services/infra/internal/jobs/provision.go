@@ -68,12 +68,11 @@ func (h *Handler) provisionPlaybook(m *messages.ProvisionerMessage) string {
 func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*outcome, error) {
 	// The transition reads the server afresh: it may have changed while
 	// this job waited for its lock.
-	srv, _, err := store.TransitionServer(ctx, j.h.DB, j.server.Handle, j.id, func(s *store.Server) (string, *string, bool) {
-		return store.ServerProvisioning, nil, s.Status != store.ServerOrphaned
-	})
+	fsrv, err := j.h.fleet().StartProvisioning(ctx, j.server.Handle, j.id, fleetActor)
 	if err != nil {
 		return nil, fmt.Errorf("mark server provisioning: %w", err)
 	}
+	srv := &fsrv.Server
 	j.server = srv
 	j.refreshFromProvider(ctx)
 	// The stored address (maybe new from the provider) is checked again.

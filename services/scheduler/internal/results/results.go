@@ -1,16 +1,18 @@
 // Package results consumes provisioner:results in the consumer group
-// "scheduler" and moves each server to READY, FAILED or UNREACHABLE through
-// fleet.ApplyResult: deduplicated by job id (a redelivered result changes
-// nothing), a result of a job the server no longer waits for recorded in
-// history and ignored, attempts and the error recorded, the retry budget and
-// backoff applied per the server's rules.
+// "scheduler" and completes each result through fleet.ApplyResult: infra
+// already moved the server to READY, FAILED or UNREACHABLE when it stored
+// the run (fleet.RecordRun), so the scheduler clears the wait, applies the
+// retry budget and backoff per the server's rules and queues the
+// notification; it makes the transition itself only for a result infra
+// published without a run. Deduplicated by job id (a redelivered result
+// changes nothing); a result of a job the server no longer waits for is
+// recorded in history and ignored.
 package results
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -164,13 +166,7 @@ func (h *Handler) apply(ctx context.Context, res *messages.ProvisionerResult) er
 	if plan.Settings.RetryLimit > 0 {
 		limit = plan.Settings.RetryLimit
 	}
-	r := fleet.Result{Handle: res.ServerHandle, JobID: res.JobID, Status: res.Status, Summary: Summary(res)}
-	if res.Error != nil {
-		r.Error, r.ErrorKind = res.Error.Message, res.Error.Kind
-		if r.Error == "" {
-			r.Error = string(res.Error.Kind)
-		}
-	}
+	r := fleet.ResultOf(res)
 	outcome, after, err := h.fleet.ApplyResult(ctx, r, Actor, fleet.RetryPolicy{
 		Limit: limit, Backoff: h.policy.BackoffFor, UnreachableCooldown: h.policy.UnreachableCooldown,
 	})
@@ -185,29 +181,10 @@ func (h *Handler) apply(ctx context.Context, res *messages.ProvisionerResult) er
 	if outcome != fleet.Applied {
 		ev = log.Warn()
 	}
-	ev.Str("outcome", string(outcome)).Str("server_status", after.Status).Int("attempts", after.Attempts).Msg("result read")
+	ev.Str("outcome", string(outcome)).Str("server_status", after.Status).Int("attempts", after.Attempts).
+		Bool("retries_exhausted", after.RetriesExhausted).Time("next_attempt_at", after.NextAttemptAt).Msg("result read")
 	if outcome == fleet.Applied && h.Applied != nil {
 		h.Applied()
 	}
 	return nil
-}
-
-// Summary describes a result's run for the history: each playbook with its
-// outcome (or the playbook), the failed task.
-func Summary(res *messages.ProvisionerResult) string {
-	var parts []string
-	switch {
-	case len(res.Playbooks) > 0:
-		steps := make([]string, len(res.Playbooks))
-		for i, p := range res.Playbooks {
-			steps[i] = p.Playbook + " " + string(p.Status)
-		}
-		parts = append(parts, "playbooks: "+strings.Join(steps, ", "))
-	case res.Playbook != "":
-		parts = append(parts, "playbook "+res.Playbook)
-	}
-	if ft := res.FailedTask; ft != nil && ft.Name != "" {
-		parts = append(parts, "failed task "+ft.Name)
-	}
-	return strings.Join(parts, ", ")
 }
