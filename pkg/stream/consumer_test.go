@@ -47,6 +47,11 @@ func TestSeveralConsumersNoLossNoDuplicates(t *testing.T) {
 		}
 	}
 	testenv.WaitFor(t, 10*time.Second, "all entries acknowledged", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	// The counter moves after the XACK returns: wait for it too, then check
+	// that it does not overshoot.
+	testenv.WaitFor(t, 10*time.Second, "acked_total to count every entry", func() bool {
+		return metricSum(t, reg, "autoprov_stream_acked_total", s) >= n
+	})
 	if got := metricSum(t, reg, "autoprov_stream_acked_total", s); got != n {
 		t.Fatalf("acked_total = %v, want %d", got, n)
 	}
