@@ -294,10 +294,12 @@ func TestCLI(t *testing.T) {
 		m := w.queued()["c-001"]
 		return len(m) == 2 && m[1].ForceReinstall
 	})
-	out, _, code = cli("show", "c-001")
-	if code != 0 {
-		t.Errorf("show: exit %d", code)
-	}
+	// The relay publishes, then commits the move to PROVISIONING: the
+	// message may be read before the commit.
+	testenv.WaitFor(t, 30*time.Second, "c-001 to show PROVISIONING", func() bool {
+		out, _, code = cli("show", "c-001")
+		return code == 0 && strings.Contains(out, "c-001  PROVISIONING")
+	})
 	for _, want := range []string{"c-001  PROVISIONING", "requested", "bob", "paused", "alice", "maintenance", "queued"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("show lacks %q:\n%s", want, out)
