@@ -44,7 +44,7 @@ test: ## run every test against real services (starts them when unset); ends wit
 	@scripts/test.sh
 
 .PHONY: test-unit
-test-unit: ## inner loop: go test -short, no services, no -race (seconds to a minute); never instead of make test
+test-unit: ## inner loop: go test -short, no services, no -race; never instead of make test
 	@scripts/test.sh unit
 
 .PHONY: chaos
