@@ -40,8 +40,12 @@ run: build ## run the whole system locally (installs and starts what it needs un
 	@scripts/run.sh
 
 .PHONY: test
-test: ## run every test against real services (starts them when REDIS_URL/DATABASE_URL are unset)
+test: ## run every test against real services (starts them when unset); ends with the slowest packages
 	@scripts/test.sh
+
+.PHONY: test-unit
+test-unit: ## inner loop: go test -short, no services, no -race; never instead of make test
+	@scripts/test.sh unit
 
 .PHONY: chaos
 chaos: ## fault-injection run, short form (CI): replicas, Redis and Postgres faulted at random; prints the table

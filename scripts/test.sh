@@ -2,10 +2,34 @@
 # test.sh: run every test of every module against real services.
 # When REDIS_URL and DATABASE_URL are unset, the test profile of
 # scripts/services.sh provides them (installing Debian packages if needed).
+#
+# `scripts/test.sh unit` (make test-unit) is the inner loop instead: go test
+# -short over the modules but ansible/tests, no services, no -race; every
+# test that needs Redis, Postgres, sshd or a built binary skips. Never a
+# replacement for the full run.
+#
+# The full run is one `go test -json` over every module's packages with -p
+# TEST_P (default 4: on two cores the tests mostly wait on sshd, Postgres and
+# plays), and the Ansible content's tests (ansible/tests) in a lane of their
+# own beside it; TEST_LANES=1 puts them in the one go test. The log shows
+# what a plain go test shows plus the whole output of each failed test, and
+# ends with the slowest packages and the total time (docs/testing.md).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
 cd "$ROOT"
+
+# TEST_MODULES="./pkg ./cmd/autoprov" runs only those modules (default: go.work's).
+modules=${TEST_MODULES:-$(go work edit -json | sed -n 's/.*"DiskPath": *"\(.*\)".*/\1/p')}
+slow="./ansible/tests"
+patterns() { # the go test patterns of the modules, but $1 when given
+	for m in $modules; do [ "$m" = "${1:-}" ] || echo "$m/..."; done
+}
+
+if [ "${1:-}" = unit ]; then
+	step "go test -short (no services; make test runs everything)"
+	exec go test -short -count=1 $(patterns "$slow")
+fi
 
 test_services
 # The tests' plays run as autoprov-play: it must read the clone's ansible/.
@@ -17,31 +41,41 @@ if docker info >/dev/null 2>&1; then
 	step "docker engine found: container-only tests enabled"
 fi
 
-modules=$(go work edit -json | sed -n 's/.*"DiskPath": *"\(.*\)".*/\1/p')
-# Two lanes: the Ansible content's tests (ansible/tests: real plays against
-# Debian targets, mostly waiting on them) run beside the other modules, one
-# module after another; TEST_LANES=1 runs everything in one lane. The slow
-# lane's output is shown when it ends, so the log stays readable.
-slow="./ansible/tests"
-lane_log=$(mktemp)
-trap 'rm -f "$lane_log"' EXIT
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+summary="$work/testsummary"
+(cd pkg && go build -o "$summary" ./testenv/cmd/testsummary)
+start=$(date +%s)
+
+# gotest NAME ARGS...: go test -json ARGS, saved in $work/NAME.json, shown
+# readable by testsummary.
+gotest() {
+	local name=$1
+	shift
+	go test $tags -race -count=1 -json "$@" 2>&1 | tee "$work/$name.json" | "$summary" stream
+}
+
 slow_pid=""
-if [ "${TEST_LANES:-2}" != 1 ] && [[ " $(echo $modules) " == *" $slow "* ]]; then
+main_patterns=$(patterns "$slow")
+if [ "${TEST_LANES:-2}" = 1 ] || [[ " $(echo $modules) " != *" $slow "* ]]; then
+	main_patterns=$(patterns)
+else
 	step "go test $slow (in its own lane: its output follows when it ends)"
-	(cd "$slow" && go test $tags -race -count=1 -timeout 25m ./...) >"$lane_log" 2>&1 &
+	gotest ansible -timeout 25m "$slow/..." >"$work/ansible.log" 2>&1 &
 	slow_pid=$!
 fi
 
 status=0
-for m in $modules; do
-	[ -n "$slow_pid" ] && [ "$m" = "$slow" ] && continue
-	step "go test $m"
-	(cd "$m" && go test $tags -race -count=1 -timeout 20m ./...) || status=1
-done
+step "go test -p ${TEST_P:-4} over the modules:" $main_patterns
+gotest main -p "${TEST_P:-4}" -timeout 20m $main_patterns || status=1
 if [ -n "$slow_pid" ]; then
 	step "waiting for go test $slow"
 	wait "$slow_pid" || status=1
 	step "go test $slow"
-	cat "$lane_log"
+	cat "$work/ansible.log"
+fi
+"$summary" table -n 15 -wall $(( $(date +%s) - start )) "$work"/*.json
+if [ -n "${TEST_JSON_DIR:-}" ]; then # keep the raw events (CI artefacts)
+	mkdir -p "$TEST_JSON_DIR" && cp "$work"/*.json "$TEST_JSON_DIR"/
 fi
 exit $status

@@ -17,8 +17,11 @@ import (
 
 // BuildBinary builds the main package in dir (e.g. "." for the module a
 // test runs in) with `go build` into t.TempDir() and returns the binary's path.
+// Under -short it skips the test: building and running binaries is not the
+// inner loop's.
 func BuildBinary(t testing.TB, dir string) string {
 	t.Helper()
+	skipShort(t, "a real binary built and run")
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,7 @@ type PostgresServer struct {
 // it on a free loopback port; it is stopped and removed when the test ends.
 func StartPostgresServer(t testing.TB) *PostgresServer {
 	t.Helper()
+	skipShort(t, "a Postgres server")
 	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
 	if len(bins) == 0 {
 		t.Fatal("initdb not found (install Debian's postgresql, or run `make test`)")

@@ -48,6 +48,7 @@ func FreePort(t testing.TB) int {
 // "--aclfile", path). It is stopped when the test ends.
 func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
+	skipShort(t, "a Redis server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not found (install Debian's redis-server, or run `make test`): %v", err)
 	}

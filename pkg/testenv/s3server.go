@@ -32,6 +32,7 @@ func (s *S3Server) Endpoint() string { return "http://" + s.Addr }
 // key and secret are accepted. It is stopped when the test ends.
 func StartS3Server(t testing.TB, bucket string) *S3Server {
 	t.Helper()
+	skipShort(t, "an S3 server")
 	bin := filepath.Join(t.TempDir(), "gofakes3")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/johannesboyne/gofakes3/cmd/gofakes3")
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -85,6 +85,7 @@ type SSHD struct {
 // message when sshd is missing (install Debian's openssh-server).
 func StartSSHD(t testing.TB, opts SSHDOptions) *SSHD {
 	t.Helper()
+	skipShort(t, "sshd")
 	if _, err := os.Stat(SSHDPath); err != nil {
 		t.Fatalf("sshd test host: %s missing (%v); install Debian's openssh-server (scripts/services.sh deps)", SSHDPath, err)
 	}

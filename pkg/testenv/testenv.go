@@ -4,9 +4,13 @@
 // DATABASE_URL: `make test` starts both from Debian packages), else from
 // testcontainers-go when a Docker engine answers, else the test fails with a
 // message saying how to provide it. Tests never skip for a missing service.
+// Under `go test -short` (`make test-unit`) every helper that gives a real
+// service (Redis, Postgres, sshd, S3) skips the test instead: the fast inner
+// loop runs only the tests that need none. Without -short nothing skips.
 //
 // Every test gets isolated resources: unique stream and group names, and a
-// fresh migrated Postgres database that is dropped when the test ends.
+// fresh migrated Postgres database (a copy of a template database migrated
+// once) that is dropped when the test ends.
 package testenv
 
 import (
@@ -30,6 +34,14 @@ import (
 
 const missingHint = "run the tests through `make test` (it starts Redis and Postgres), set %s, or provide a Docker engine for testcontainers"
 
+// skipShort skips the test under -short: it needs a real service (what).
+func skipShort(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs %s: skipped under -short (make test-unit); make test runs it", what)
+	}
+}
+
 // Unique returns prefix followed by a random suffix, for stream, group and
 // database names that no other test (or test process) uses.
 func Unique(prefix string) string {
@@ -49,6 +61,7 @@ var (
 // RedisURL returns the URL of a Redis 7 server for tests.
 func RedisURL(t testing.TB) string {
 	t.Helper()
+	skipShort(t, "Redis")
 	redisOnce.Do(func() {
 		if u := os.Getenv("REDIS_URL"); u != "" {
 			redisURL = u
@@ -93,6 +106,7 @@ var (
 // maintenance database); use Postgres for a database of the test's own.
 func PostgresURL(t testing.TB) string {
 	t.Helper()
+	skipShort(t, "Postgres")
 	pgOnce.Do(func() {
 		if u := os.Getenv("DATABASE_URL"); u != "" {
 			pgURL = u
@@ -111,7 +125,8 @@ func PostgresURL(t testing.TB) string {
 }
 
 // Postgres creates a fresh database with the schema migrated, drops it when
-// the test ends, and returns its URL.
+// the test ends, and returns its URL. The database is a copy of a template
+// migrated once per schema (see migratedTemplate), so it costs milliseconds.
 func Postgres(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -123,8 +138,12 @@ func Postgres(t testing.TB) string {
 		t.Fatalf("connect to test postgres: %v", err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create test database: %v", err)
+	template, err := migratedTemplate(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := createFromTemplate(ctx, admin, name, template); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -141,14 +160,6 @@ func Postgres(t testing.TB) string {
 	})
 	dsn, err := withDatabase(base, name)
 	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := store.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := store.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	return dsn
