@@ -42,6 +42,9 @@ func TestMain(m *testing.M) {
 // their folder.
 func serviceBinaries(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the service binaries: not in -short (make test-unit)")
+	}
 	binOnce.Do(func() {
 		if binDir, binErr = os.MkdirTemp("", "autoprov-test-bin-"); binErr != nil {
 			return
