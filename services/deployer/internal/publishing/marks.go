@@ -28,6 +28,10 @@ import (
 type publishMarker struct {
 	db  *pgxpool.Pool
 	log zerolog.Logger
+	// flushing holds one write of marks at a time, so that a flush that
+	// finds no marks left still returns only once the write that took them
+	// is done (the republisher's pass relies on it, see Run).
+	flushing sync.Mutex
 
 	mu      sync.Mutex
 	ids     []string // deployments published on their own
@@ -104,6 +108,8 @@ const (
 )
 
 func (m *publishMarker) flush(ctx context.Context) {
+	m.flushing.Lock()
+	defer m.flushing.Unlock()
 	m.mu.Lock()
 	ids, entries, groups, groupEntries := m.ids, m.entries, m.groups, m.groupEntries
 	m.ids, m.entries, m.groups, m.groupEntries = nil, nil, nil, nil
