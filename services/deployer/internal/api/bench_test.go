@@ -25,7 +25,7 @@ import (
 // BenchmarkSubmit measures POST /deployments on loopback against a deployer
 // with real Postgres and Redis (each request: key check, rate limit,
 // validation, then an INSERT and an XADD shared with the submits of the
-// same moment: see the deployments package's committer: one multi-row
+// same moment: see the publishing package's committer: one multi-row
 // INSERT per group, one pipeline of XADDs, one publish mark row), in two ways:
 //
 //   - at a fixed rate (the goal's figure: BENCH_SUBMIT_RATE requests/s,

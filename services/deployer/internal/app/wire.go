@@ -16,6 +16,8 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/observer"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/publishing"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
@@ -37,7 +39,8 @@ type Parts struct {
 	Hub         *events.Hub
 	Deliverer   *webhooks.Deliverer // nil when webhooks are disabled
 	Results     *stream.Consumer
-	Observer    *observer // nil when OBSERVE_QUEUE is off
+	Publisher   *publishing.Publisher
+	Observer    *observer.Observer // nil when OBSERVE_QUEUE is off
 	Logs        runlog.Store
 	cfg         *Config
 	log         zerolog.Logger
@@ -93,7 +96,11 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		return nil, err
 	}
 	producer := stream.NewProducer(d.Redis, stream.ProducerOptions{Sign: sign})
-	p.Deployments, err = deployments.New(d.DB, stream.NewJobs(d.Redis), producer, p.Notifier, dcfg, log, d.Metrics)
+	p.Publisher, err = publishing.New(d.DB, producer, publishing.Config{Queue: streams.Queue, Tracing: d.Tracing}, log, d.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	p.Deployments, err = deployments.New(d.DB, stream.NewJobs(d.Redis), p.Publisher, p.Notifier, dcfg, log, d.Metrics)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +115,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		return nil, err
 	}
 	if cfg.Stream.ObserveQueue {
-		p.Observer = &observer{rdb: d.Redis, stream: streams.Queue, svc: p.Deployments, log: log}
+		p.Observer = observer.New(d.Redis, streams.Queue, d.DB, p.Publisher, log)
 	}
 
 	keys := auth.NewStore(d.DB)
@@ -156,7 +163,7 @@ func (p *Parts) Components() []service.Component {
 	}
 	parts = append(parts,
 		service.Component{Name: "republisher", Run: func(ctx context.Context) error {
-			return p.Deployments.Run(ctx, deployments.RepublisherConfig{After: p.cfg.Stream.Republish})
+			return p.Publisher.Run(ctx, publishing.RepublisherConfig{After: p.cfg.Stream.Republish})
 		}},
 		service.Component{Name: "results", Run: p.Results.Run},
 	)

@@ -42,22 +42,22 @@ func TestCancelRacesResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(ctx, `INSERT INTO runs (job_id, kind, stream, request_id, target, state)
-		VALUES ($1, 'deploy', 'q', '1-0', 'address:198.51.100.7', 'running')`, row.id); err != nil {
+		VALUES ($1, 'deploy', 'q', '1-0', 'address:198.51.100.7', 'running')`, row.ID); err != nil {
 		t.Fatal(err)
 	}
-	rdb.AddHook(finishOnCancelKey{jobID: row.id, finish: func() {
-		r := messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: row.id}}, "1-0")
+	rdb.AddHook(finishOnCancelKey{jobID: row.ID, finish: func() {
+		r := messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: row.ID}}, "1-0")
 		r.Status = messages.StatusSucceeded
 		if err := s.Record(ctx, r); err != nil {
 			t.Error(err)
 		}
 	}})
-	d, outcome, err := s.Cancel(ctx, AllProjects, row.id)
+	d, outcome, err := s.Cancel(ctx, AllProjects, row.ID)
 	if !errors.Is(err, ErrFinished) || d == nil || d.Status != StatusSucceeded || outcome != 0 {
 		t.Fatalf("cancel while the result arrives: %+v, %v, %v; want the finished deployment and ErrFinished", d, outcome, err)
 	}
 	var requested bool
-	if err := db.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM deployments WHERE id = $1`, row.id).Scan(&requested); err != nil || requested {
+	if err := db.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM deployments WHERE id = $1`, row.ID).Scan(&requested); err != nil || requested {
 		t.Errorf("cancel_requested_at set on a finished deployment (%v)", err)
 	}
 }

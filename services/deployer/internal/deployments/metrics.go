@@ -7,11 +7,9 @@ import (
 )
 
 type metrics struct {
-	submitted       *prometheus.CounterVec
-	results         *prometheus.CounterVec
-	cancelled       *prometheus.CounterVec
-	publishFailures prometheus.Counter
-	commitGroup     prometheus.Histogram
+	submitted *prometheus.CounterVec
+	results   *prometheus.CounterVec
+	cancelled *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -28,18 +26,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "autoprov_deployer_cancellations_total",
 			Help: "Cancellations, before the job started or requested from a running one.",
 		}, []string{"kind"}),
-		publishFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "autoprov_deployer_publish_failures_total",
-			Help: "Requests whose publication failed at submit (the republisher publishes them later).",
-		}),
-		commitGroup: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "autoprov_deployer_submit_group_size",
-			Help:    "Submits stored with one commit and published with one round trip (group commit under load).",
-			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
-		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.submitted, m.results, m.cancelled, m.publishFailures, m.commitGroup} {
+		for _, c := range []prometheus.Collector{m.submitted, m.results, m.cancelled} {
 			if err := reg.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

@@ -1,9 +1,10 @@
-// Package deployments holds the deployer's deployments: submitting one
-// (validated by the wire contract's rules, stored, published on
-// ansible:deploy:queue, with Idempotency-Key support), reading and listing
-// them with their progress, waiting for their end, cancelling them, and
-// the consumers that follow deploy:results and the requests other
-// producers put on the queue.
+// Package deployments holds the deployer's deployments: the model and
+// their store, submitting one (validated by the wire contract's rules,
+// stored and handed to a Publisher for ansible:deploy:queue, with
+// Idempotency-Key support), reading and listing them with their progress,
+// waiting for their end, cancelling them, and recording their results from
+// deploy:results. Publishing (group commit, publish marks, republisher)
+// lives in the package publishing, the queue observer in observer.
 package deployments
 
 import (
@@ -98,6 +99,10 @@ type Deployment struct {
 // APIKeyID returns the id of the key that made the deployment ("" for one
 // from another producer).
 func (d *Deployment) APIKeyID() string { return d.apiKeyID }
+
+// PublishedAt is when the deployment's request was marked published (on
+// its own or with its commit group); nil while it is not.
+func (d *Deployment) PublishedAt() *time.Time { return d.publishedAt }
 
 // Links are the deployment's related resources.
 type Links struct {
@@ -198,4 +203,22 @@ func mustJSON(v any) []byte {
 		panic(err) // only plain data types are marshalled
 	}
 	return b
+}
+
+// DeployMessage is the queue request of deployment jobID, asked for with
+// r at at. It is the one builder of the request: the submit path builds
+// it from the client's request (then normalised by toMessage, and stored
+// as normalised), the republisher (package publishing) from the stored
+// deployment, so that a republished request is the submitted one, apart
+// from its trace context.
+func DeployMessage(r *Request, jobID string, at time.Time) *messages.AnsibleDeployMessage {
+	return &messages.AnsibleDeployMessage{
+		RequestMeta: messages.RequestMeta{
+			SchemaVersion: messages.SchemaVersion, JobID: jobID, CorrelationID: r.CorrelationID,
+			CreatedAt: messages.FormatTime(at),
+		},
+		ProjectID: r.ProjectID, RepoFullName: r.RepoFullName, Branch: r.Branch, ServerIP: r.ServerIP,
+		Port: r.Port, Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef, SecretsRef: r.SecretsRef,
+		TimeoutSeconds: r.Options.TimeoutSeconds,
+	}
 }

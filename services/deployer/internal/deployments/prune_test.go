@@ -7,11 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
-	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 )
 
 // TestPrune applies the retention to a real database: finished deployments
@@ -28,16 +24,12 @@ func TestPrune(t *testing.T) {
 
 	// stored inserts rows as one commit group and marks the group
 	// published with entries (one per position).
-	stored := func(entries []string, rows ...deploymentRow) {
+	stored := func(entries []string, rows ...*Row) {
 		t.Helper()
-		var group []*commitItem
-		for _, r := range rows {
-			group = append(group, &commitItem{row: r})
-		}
-		if err := s.committer.insert(ctx, rows[0].id, group); err != nil {
+		if err := InsertGroup(ctx, db, rows[0].ID, rows); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.Exec(ctx, `INSERT INTO deployment_publish_groups (id, entries) VALUES ($1, $2)`, rows[0].id, entries); err != nil {
+		if _, err := db.Exec(ctx, `INSERT INTO deployment_publish_groups (id, entries) VALUES ($1, $2)`, rows[0].ID, entries); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -57,26 +49,26 @@ func TestPrune(t *testing.T) {
 	}
 
 	// Group a: two old finished deployments and one old one still queued.
-	a := []deploymentRow{testRow(s, "", old), testRow(s, "", old), testRow(s, "", old)}
+	a := []*Row{testRow(s, "", old), testRow(s, "", old), testRow(s, "", old)}
 	stored([]string{"1-1", "1-2", "1-3"}, a...)
-	finish(a[0].id, StatusSucceeded, old-time.Hour)
-	finish(a[1].id, StatusCancelled, old-time.Hour)
+	finish(a[0].ID, StatusSucceeded, old-time.Hour)
+	finish(a[1].ID, StatusCancelled, old-time.Hour)
 	// Group b: the second position was refused; both stored rows are old
 	// and finished.
-	b := []deploymentRow{testRow(s, "", old), testRow(s, "", old)}
+	b := []*Row{testRow(s, "", old), testRow(s, "", old)}
 	stored([]string{"2-1", "", "2-3"}, b...)
-	finish(b[0].id, StatusFailed, old-time.Hour)
-	finish(b[1].id, StatusRejected, old-time.Hour)
+	finish(b[0].ID, StatusFailed, old-time.Hour)
+	finish(b[1].ID, StatusRejected, old-time.Hour)
 	// Old, but finished within the retention; and recent.
 	late := testRow(s, "", old)
 	recent := testRow(s, "", time.Hour)
 	stored([]string{"3-1", "3-2"}, late, recent)
-	finish(late.id, StatusSucceeded, keep-time.Hour)
-	finish(recent.id, StatusSucceeded, time.Minute)
+	finish(late.ID, StatusSucceeded, keep-time.Hour)
+	finish(recent.ID, StatusSucceeded, time.Minute)
 	// A webhook delivery of a deleted deployment, with an attempt.
 	delivery := uuid.NewString()
 	if _, err := db.Exec(ctx, `INSERT INTO webhook_deliveries (id, deployment_id, event, url, body, give_up_at, state)
-		VALUES ($1, $2, 'deployment.finished', 'https://hooks.example.org/x', '{}', now(), 'delivered')`, delivery, a[0].id); err != nil {
+		VALUES ($1, $2, 'deployment.finished', 'https://hooks.example.org/x', '{}', now(), 'delivered')`, delivery, a[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(ctx, `INSERT INTO webhook_attempts (delivery_id, attempt, started_at, duration_ms, status_code)
@@ -102,11 +94,11 @@ func TestPrune(t *testing.T) {
 		table, id string
 		kept      bool
 	}{
-		{"deployments", a[0].id, false}, {"deployments", a[1].id, false}, {"deployments", a[2].id, true},
-		{"deployments", b[0].id, false}, {"deployments", b[1].id, false},
-		{"deployments", late.id, true}, {"deployments", recent.id, true},
-		{"deployment_publish_groups", a[0].id, true}, {"deployment_publish_groups", b[0].id, false},
-		{"deployment_publish_groups", late.id, true}, {"webhook_deliveries", delivery, false},
+		{"deployments", a[0].ID, false}, {"deployments", a[1].ID, false}, {"deployments", a[2].ID, true},
+		{"deployments", b[0].ID, false}, {"deployments", b[1].ID, false},
+		{"deployments", late.ID, true}, {"deployments", recent.ID, true},
+		{"deployment_publish_groups", a[0].ID, true}, {"deployment_publish_groups", b[0].ID, false},
+		{"deployment_publish_groups", late.ID, true}, {"webhook_deliveries", delivery, false},
 	} {
 		if exists(c.table, c.id) != c.kept {
 			t.Errorf("%s %s: kept %v, want %v", c.table, c.id, !c.kept, c.kept)
@@ -117,104 +109,23 @@ func TestPrune(t *testing.T) {
 		t.Errorf("%d attempts of a deleted delivery left (%v)", attempts, err)
 	}
 	// The deployment left in group a still shows the entry its group marked.
-	if d, err := s.Get(ctx, a[2].id); err != nil || d.RequestID != "1-3" || d.Status != StatusQueued {
+	if d, err := s.Get(ctx, a[2].ID); err != nil || d.RequestID != "1-3" || d.Status != StatusQueued {
 		t.Errorf("queued deployment of a pruned group: %+v, %v", d, err)
 	}
 
 	// Group a's last deployment ends long ago: it goes, and its group.
-	finish(a[2].id, StatusUnreachable, old-time.Hour)
+	finish(a[2].ID, StatusUnreachable, old-time.Hour)
 	if got, err := s.Prune(ctx, keep); err != nil || got != (Pruned{Deployments: 1, Groups: 1}) {
 		t.Errorf("second prune: %+v, %v; want one deployment and its group", got, err)
 	}
-	if exists("deployment_publish_groups", a[0].id) {
+	if exists("deployment_publish_groups", a[0].ID) {
 		t.Error("group a outlived its last deployment")
 	}
 	// Retention 0 keeps everything.
-	finish(late.id, StatusSucceeded, old)
+	finish(late.ID, StatusSucceeded, old)
 	if got, err := s.Prune(ctx, 0); err != nil || got != (Pruned{}) {
 		t.Errorf("prune with retention 0: %+v, %v; want nothing deleted", got, err)
 	}
-}
-
-// TestIdempotencyKeyTTL: an Idempotency-Key remembered longer than the
-// service's IdempotencyTTL counts as unused (a retry makes a new
-// deployment, another request with it is no mismatch), Prune deletes such
-// keys, and without a TTL a key stays as long as its deployment.
-func TestIdempotencyKeyTTL(t *testing.T) {
-	t.Parallel()
-	s, db, _, _ := newTestService(t)
-	s.cfg.IdempotencyTTL = time.Hour
-	ctx := context.Background()
-	keyID := apiKey(t, db)
-	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
-	age := func(key string, by time.Duration) {
-		t.Helper()
-		if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET created_at = created_at - $2::interval WHERE key = $1`, key, by); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	first, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1")
-	if err != nil || !again.Replayed || again.Deployment.ID != first.Deployment.ID {
-		t.Fatalf("retry within the TTL: %+v, %v; want the first deployment replayed", again, err)
-	}
-	age("retry-1", 2*time.Hour)
-	later, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1")
-	if err != nil || later.Replayed || later.Deployment.ID == first.Deployment.ID {
-		t.Fatalf("retry after the TTL: %+v, %v; want a new deployment", later, err)
-	}
-	if again, err := s.Submit(ctx, keyID, AllProjects, r, "retry-1"); err != nil || !again.Replayed || again.Deployment.ID != later.Deployment.ID {
-		t.Fatalf("retry of the renewed key: %+v, %v; want the new deployment replayed", again, err)
-	}
-	other := r
-	other.Branch = "release"
-	age("retry-1", 2*time.Hour)
-	if sub, err := s.Submit(ctx, keyID, AllProjects, other, "retry-1"); err != nil || sub.Replayed {
-		t.Fatalf("another request with an expired key: %+v, %v; want a new deployment", sub, err)
-	}
-
-	if _, err := s.Submit(ctx, keyID, AllProjects, r, "fresh"); err != nil {
-		t.Fatal(err)
-	}
-	age("retry-1", 2*time.Hour)
-	if got, err := s.Prune(ctx, 0); err != nil || got != (Pruned{IdempotencyKeys: 1}) {
-		t.Errorf("prune: %+v, %v; want the expired key deleted", got, err)
-	}
-	rows, err := db.Query(ctx, `SELECT key FROM idempotency_keys`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) != 1 || keys[0] != "fresh" {
-		t.Errorf("keys left %v, want [fresh]", keys)
-	}
-
-	// No TTL: an old key is still honoured and not pruned.
-	s.cfg.IdempotencyTTL = 0
-	age("fresh", 1000*time.Hour)
-	if sub, err := s.Submit(ctx, keyID, AllProjects, r, "fresh"); err != nil || !sub.Replayed {
-		t.Errorf("old key without a TTL: %+v, %v; want a replay", sub, err)
-	}
-	if got, err := s.Prune(ctx, 0); err != nil || got != (Pruned{}) {
-		t.Errorf("prune without a TTL: %+v, %v; want nothing", got, err)
-	}
-}
-
-// apiKey stores an API key and returns its id.
-func apiKey(t *testing.T, db *pgxpool.Pool) string {
-	t.Helper()
-	k, _, err := auth.NewStore(db).Create(context.Background(), auth.NewKey{Name: "prune", Scopes: []auth.Scope{auth.ScopeDeploymentsWrite}, FleetWide: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k.ID
 }
 
 // pairGroups stores n commit groups of two finished deployments, published
@@ -272,56 +183,6 @@ func TestPruneConcurrently(t *testing.T) {
 	if left != 0 || marks != 0 || total.Deployments != 2*groups || total.Groups != groups {
 		t.Errorf("after concurrent prunes: %d deployments and %d group marks left, %+v deleted; want none left, %d and %d deleted",
 			left, marks, total, 2*groups, groups)
-	}
-}
-
-// TestPruneKeepsRenewedIdempotencyKey: a key that Submit renews while the
-// prune waits for its row is kept (the prune re-checks the new version).
-func TestPruneKeepsRenewedIdempotencyKey(t *testing.T) {
-	t.Parallel()
-	s, db, _, _ := newTestService(t)
-	s.cfg.IdempotencyTTL = time.Hour
-	ctx := context.Background()
-	keyID := apiKey(t, db)
-	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
-	if _, err := s.Submit(ctx, keyID, AllProjects, r, "renewed"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `UPDATE idempotency_keys SET created_at = created_at - interval '2 hours'`); err != nil {
-		t.Fatal(err)
-	}
-	// A renewal in flight: the row is locked until it commits.
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() WHERE key = 'renewed'`); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan Pruned, 1)
-	go func() {
-		got, err := s.Prune(ctx, 0)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- got
-	}()
-	testenv.WaitFor(t, 30*time.Second, "the prune to wait for the renewed key's row", func() bool {
-		var waiting bool
-		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM idempotency_keys%')`).Scan(&waiting)
-		return err == nil && waiting
-	})
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := <-done; got.IdempotencyKeys != 0 {
-		t.Errorf("prune deleted %d keys, want the renewed one kept", got.IdempotencyKeys)
-	}
-	var n int
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = 'renewed'`).Scan(&n); err != nil || n != 1 {
-		t.Errorf("renewed key rows %d (%v), want 1", n, err)
 	}
 }
 

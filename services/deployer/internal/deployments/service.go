@@ -72,21 +72,32 @@ type Config struct {
 type Service struct {
 	db       *pgxpool.Pool
 	jobs     *stream.Jobs // the jobs' progress streams and cancel keys
-	producer *stream.Producer
 	notifier *Notifier
 	cfg      Config
 	log      zerolog.Logger
 	now      func() time.Time
-	marker   *publishMarker
 	metrics  *metrics
-	own      *recentSet // job ids this replica published lately (the observer skips them)
-	// committer stores and publishes submits without an Idempotency-Key in
-	// groups.
-	committer *committer
+	// publisher stores (in groups) and publishes submits (package
+	// publishing).
+	publisher Publisher
+}
+
+// Publisher puts submitted deployments on the request queue; the package
+// publishing implements it (group commit, publish marks, republisher).
+type Publisher interface {
+	// Commit stores row and publishes data, its encoded request, and
+	// returns the queue entry id ("" when publishing failed: the
+	// republisher publishes it later). An error is the store's: the
+	// deployment was not stored.
+	Commit(row *Row, data []byte) (entry string, err error)
+	// PublishStored publishes the request of deployment id, stored
+	// already, and returns its entry id, recorded as published; "" when
+	// publishing failed (logged: the republisher publishes it later).
+	PublishStored(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) string
 }
 
 // New returns a Service.
-func New(db *pgxpool.Pool, jobs *stream.Jobs, producer *stream.Producer, notifier *Notifier,
+func New(db *pgxpool.Pool, jobs *stream.Jobs, publisher Publisher, notifier *Notifier,
 	cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Service, error) {
 	if cfg.Streams == (Streams{}) {
 		cfg.Streams = DefaultStreams()
@@ -104,12 +115,8 @@ func New(db *pgxpool.Pool, jobs *stream.Jobs, producer *stream.Producer, notifie
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{db: db, jobs: jobs, producer: producer, notifier: notifier, cfg: cfg,
-		log: log.With().Str("component", "deployments").Logger(), now: time.Now, metrics: m}
-	s.marker = newPublishMarker(db, s.log)
-	s.own = newRecentSet(100_000)
-	s.committer = newCommitter(s)
-	return s, nil
+	return &Service{db: db, jobs: jobs, publisher: publisher, notifier: notifier, cfg: cfg,
+		log: log.With().Str("component", "deployments").Logger(), now: time.Now, metrics: m}, nil
 }
 
 // Notifier returns the service's notifier.
@@ -141,7 +148,7 @@ var ErrIdempotencyMismatch = errors.New("this Idempotency-Key was used with a di
 // (ErrForbiddenProject) and secret references outside the project's
 // templates, and returns the message to publish.
 func (s *Service) toMessage(r *Request, v Visibility, jobID string, at time.Time) (*messages.AnsibleDeployMessage, error) {
-	m := deployMessage(r, jobID, at)
+	m := DeployMessage(r, jobID, at)
 	var fields []FieldError
 	data, err := messages.Encode(m)
 	if err == nil {
@@ -221,15 +228,6 @@ type Submission struct {
 	Replayed bool
 }
 
-// insertDeployment stores a deployment submitted through the API (the
-// arguments of deploymentRow.args).
-const insertDeployment = `
-	INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
-		modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at,
-		publish_group, publish_pos)
-	VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
-		$12, NULLIF($13, ''), $14, $16, $17)`
-
 // Submit validates, stores and publishes a deployment made with the API
 // key keyID, which sees v: a request for another project is
 // ErrForbiddenProject, refused before anything is stored or published. With an idempotencyKey, a request repeated with the same key
@@ -251,32 +249,27 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 	// HTTP request's trace context when the client sent one; the span ends
 	// once the request is stored and published (or left to the
 	// republisher, whose copy carries a trace of its own: see
-	// republishOne).
+	// the package publishing).
 	sctx, span := tracing.StartPublish(ctx, s.cfg.Tracing, s.cfg.Streams.Queue,
 		attribute.String("autoprov.deployment_id", id.String()))
 	defer span.End()
 	msg.TraceContext = tracing.Inject(sctx)
 
-	row := deploymentRow{id: id.String(), keyID: keyID, projectID: r.ProjectID, repoFullName: r.RepoFullName,
-		branch: r.Branch, serverIP: r.ServerIP, port: r.Port, modules: r.Modules, githubTokenRef: r.GitHubTokenRef,
-		secretsRef: r.SecretsRef, correlationID: r.CorrelationID, timeoutSeconds: r.Options.TimeoutSeconds,
-		callbackURL: r.Options.CallbackURL, createdAt: now}
-	insert := func(q store.Querier) error {
-		_, err := q.Exec(ctx, insertDeployment, row.args("", 0)...)
-		return err
-	}
+	row := Row{ID: id.String(), KeyID: keyID, ProjectID: r.ProjectID, RepoFullName: r.RepoFullName,
+		Branch: r.Branch, ServerIP: r.ServerIP, Port: r.Port, Modules: r.Modules, GitHubTokenRef: r.GitHubTokenRef,
+		SecretsRef: r.SecretsRef, CorrelationID: r.CorrelationID, TimeoutSeconds: r.Options.TimeoutSeconds,
+		CallbackURL: r.Options.CallbackURL, CreatedAt: now}
 	var existing, entry string
 	published := false
 	if idempotencyKey == "" {
 		// The common case: stored and published with the submits of the
-		// same moment (see committer).
+		// same moment (see the package publishing's committer).
 		data, eerr := messages.Encode(msg)
 		if eerr != nil {
 			return nil, fmt.Errorf("encode deployment request: %w", eerr)
 		}
-		it := &commitItem{row: row, data: data}
-		err = s.committer.commit(it)
-		entry, published = it.entry, true
+		entry, err = s.publisher.Commit(&row, data)
+		published = true
 	} else {
 		hash := requestHash(&r)
 		err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -300,7 +293,7 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 			case !errors.Is(err, pgx.ErrNoRows):
 				return err
 			}
-			if err := insert(tx); err != nil {
+			if err := InsertRow(ctx, tx, &row, "", 0); err != nil {
 				return err
 			}
 			_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)
@@ -328,7 +321,7 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		return &Submission{Deployment: d, Replayed: true}, nil
 	}
 	if !published {
-		entry = s.publishKeyed(ctx, id.String(), msg)
+		entry = s.publisher.PublishStored(ctx, id.String(), msg)
 	}
 	s.metrics.submitted.WithLabelValues("new").Inc()
 	// request_id is the queue entry, as a later GET (or a replay of the
@@ -340,33 +333,6 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		d.Request.Options.CallbackURL = webhooks.RedactURL(r.Options.CallbackURL)
 	}
 	return &Submission{Deployment: d}, nil
-}
-
-// publishKeyed appends the request of a submit with an Idempotency-Key to
-// the queue and returns its entry id, recorded on the deployment before
-// it returns, so that a replay of the key shows the same request_id as
-// the first answer. A failure is logged, not returned (""): the
-// deployment is stored, and the republisher publishes it once Redis
-// answers again.
-func (s *Service) publishKeyed(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) string {
-	data, err := messages.Encode(msg)
-	if err != nil {
-		s.log.Error().Err(err).Str("deployment_id", id).Msg("encode deployment request")
-		return ""
-	}
-	s.own.add(id) // stored: the observer skips it, even if it reads the entry before Publish returns
-	ctx = context.WithoutCancel(ctx)
-	entry, err := s.producer.Publish(ctx, s.cfg.Streams.Queue, data)
-	if err != nil {
-		s.metrics.publishFailures.Inc()
-		s.log.Warn().Err(err).Str("deployment_id", id).Msg("publish deployment: will be retried by the republisher")
-		return ""
-	}
-	if _, err := s.db.Exec(ctx, markDeployments, []string{id}, []string{entry}); err != nil {
-		s.log.Warn().Err(err).Str("deployment_id", id).Msg("mark deployment published: left to the marker")
-		s.marker.mark(id, entry)
-	}
-	return entry
 }
 
 // idempotencyTTL is IdempotencyTTL as a query argument: nil when keys do

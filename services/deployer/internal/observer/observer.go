@@ -1,17 +1,75 @@
-package deployments
+// Package observer follows the request queue (ansible:deploy:queue)
+// read-only for the deployer (OBSERVE_QUEUE): a request another producer
+// put there gets a deployment while it is queued, so that it shows in the
+// API before its result. It needs only read access to the queue (XREAD,
+// no consumer group), so the deployer can neither acknowledge nor hold
+// back infra's requests, and a stopped deployer never keeps infra from
+// trimming the queue.
+package observer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/clock"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 )
 
-// ObserveFrom returns where a replica's observer of the request queue
+// Owner tells the requests this replica published itself (stored
+// already), which the observer skips: publishing.Publisher.
+type Owner interface {
+	Owns(jobID string) bool
+}
+
+// Observer follows the request queue and stores the requests of other
+// producers as deployments (source "stream").
+type Observer struct {
+	rdb    stream.Client
+	stream string
+	db     *pgxpool.Pool
+	own    Owner
+	log    zerolog.Logger
+}
+
+// New returns an Observer of queue that stores into db and skips what own
+// published.
+func New(rdb stream.Client, queue string, db *pgxpool.Pool, own Owner, log zerolog.Logger) *Observer {
+	return &Observer{rdb: rdb, stream: queue, db: db, own: own, log: log}
+}
+
+// observePause lets the observer read the queue in batches: under load it
+// makes about ten reads a second instead of one per commit group, and
+// another producer's request shows in the API at most this much later.
+const observePause = 100 * time.Millisecond
+
+// Run starts after the newest request the deployer knows and follows the
+// queue until ctx is done.
+func (o *Observer) Run(ctx context.Context) error {
+	from, err := o.From(ctx)
+	for err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		o.log.Warn().Err(err).Msg("observer: finding where to start failed; retrying")
+		_ = clock.Sleep(ctx, nil, 2*time.Second)
+		from, err = o.From(ctx)
+	}
+	t, err := stream.NewTail(o.rdb, stream.TailConfig{Stream: o.stream, From: from, Pause: observePause, Logger: o.log}, o.Batch)
+	if err != nil {
+		return err
+	}
+	o.log.Info().Str("stream", o.stream).Str("from", from).Msg("observer: following the request queue")
+	return t.Run(ctx)
+}
+
+// From returns where a replica's observer of the request queue
 // starts: after the newest request entry the deployer knows of (its own
 // or another producer's), so that requests published while every deployer
 // was stopped still show while they are queued; the start of the queue
@@ -20,11 +78,11 @@ import (
 // stream from its start too). A deployment its result created (the
 // request not read yet: no repository) does not count, so that the
 // observer still reads its request and fills in the request's fields.
-// Reading a little too far back costs nothing: ObserveBatch is idempotent.
-func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
+// Reading a little too far back costs nothing: Batch is idempotent.
+func (o *Observer) From(ctx context.Context) (string, error) {
 	var id string
 	// A deployment's entry id is its own mark or its commit group's.
-	err := s.db.QueryRow(ctx, `
+	err := o.db.QueryRow(ctx, `
 		SELECT COALESCE(d.request_id, g.entries[d.publish_pos])
 		FROM deployments d LEFT JOIN deployment_publish_groups g ON g.id = d.publish_group
 		WHERE COALESCE(d.request_id, g.entries[d.publish_pos], '') <> ''
@@ -39,7 +97,7 @@ func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
 	return id, nil
 }
 
-// ObserveBatch handles a batch of entries read from the request queue
+// Batch handles a batch of entries read from the request queue
 // (ansible:deploy:queue) by the deployer's read-only observer: a request
 // another producer put there gets a deployment (source "stream") while it
 // is queued, so it shows in the API before its result; the deployer's own
@@ -48,13 +106,13 @@ func (s *Service) ObserveFrom(ctx context.Context) (string, error) {
 // deployment). A deployment its result created first (infra can be quicker
 // than the observer's batches) gets the request's fields. The batch is
 // stored in one round trip.
-func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) error {
+func (o *Observer) Batch(ctx context.Context, msgs []*stream.Message) error {
 	var batch pgx.Batch
 	seen := make(map[string]bool, len(msgs))
 	for _, msg := range msgs {
 		// Most entries are this replica's own: recognised by their job id
 		// alone, without decoding the request.
-		if id, ok := messages.PeekString(msg.Data(), "job_id"); ok && s.own.has(id) {
+		if id, ok := messages.PeekString(msg.Data(), "job_id"); ok && o.own.Owns(id) {
 			continue
 		}
 		m, err := messages.DecodeAnsibleDeployMessage(msg.Data())
@@ -62,7 +120,7 @@ func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) erro
 			continue
 		}
 		jobID := m.JobIDOr(msg.ID)
-		if s.own.has(jobID) || seen[jobID] {
+		if o.own.Owns(jobID) || seen[jobID] {
 			continue // published by this replica (stored already), or a duplicate entry
 		}
 		seen[jobID] = true
@@ -98,7 +156,7 @@ func (s *Service) ObserveBatch(ctx context.Context, msgs []*stream.Message) erro
 		return nil
 	}
 	// One round trip for the batch, in one implicit transaction.
-	if err := s.db.SendBatch(ctx, &batch).Close(); err != nil {
+	if err := o.db.SendBatch(ctx, &batch).Close(); err != nil {
 		return fmt.Errorf("store %d observed requests: %w", batch.Len(), err)
 	}
 	return nil

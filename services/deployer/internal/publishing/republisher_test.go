@@ -1,4 +1,4 @@
-package deployments
+package publishing
 
 import (
 	"context"
@@ -10,17 +10,18 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
 
 // storeUnpublished stores a deployment created age ago and never
 // published, and returns its id (its job id too).
-func storeUnpublished(t *testing.T, s *Service, age time.Duration) string {
+func storeUnpublished(t *testing.T, s *fixture, age time.Duration) string {
 	t.Helper()
 	row := testRow(s, "", age)
-	if _, err := s.db.Exec(context.Background(), insertDeployment, row.args("", 0)...); err != nil {
+	if err := deployments.InsertRow(context.Background(), s.db, row, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	return row.id
+	return row.ID
 }
 
 // republished returns the one entry on queue, which must be the request
@@ -90,7 +91,7 @@ func TestRepublishGroupCrash(t *testing.T) {
 			row := testRow(s, "", 2*time.Minute)
 			group = append(group, &commitItem{row: row})
 		}
-		if err := s.committer.insert(ctx, group[0].row.id, group); err != nil {
+		if err := insertItems(ctx, s, group); err != nil {
 			t.Fatal(err)
 		}
 		return group
@@ -105,9 +106,9 @@ func TestRepublishGroupCrash(t *testing.T) {
 		}
 		entries = append(entries, id)
 	}
-	s.marker.markGroup(published[0].row.id, entries)
+	s.marker.markGroup(published[0].row.ID, entries)
 	s.marker.flush(ctx)
-	if _, err := db.Exec(ctx, `UPDATE deployments SET status = 'cancelled' WHERE id = $1`, lost[2].row.id); err != nil {
+	if _, err := db.Exec(ctx, `UPDATE deployments SET status = 'cancelled' WHERE id = $1`, lost[2].row.ID); err != nil {
 		t.Fatal(err)
 	}
 
@@ -130,11 +131,11 @@ func TestRepublishGroupCrash(t *testing.T) {
 		jobs[m.JobID] = e.ID
 	}
 	for i, it := range append(lost[:2:2], published...) {
-		d, err := s.Get(ctx, it.row.id)
+		d, err := s.Get(ctx, it.row.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := jobs[it.row.id]
+		want := jobs[it.row.ID]
 		if i >= 2 {
 			want = entries[i-2]
 		}

@@ -1,4 +1,4 @@
-package deployments
+package observer_test
 
 import (
 	"context"
@@ -6,9 +6,35 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/observer"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/publishing"
 )
+
+// newTestObserver returns an Observer and the deployments service it
+// stores for, on a fresh database and real Redis, with streams of their
+// own.
+func newTestObserver(t *testing.T) (*observer.Observer, *deployments.Service, *pgxpool.Pool) {
+	t.Helper()
+	db, rdb := testenv.Pool(t), testenv.Redis(t)
+	streams := deployments.Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
+	p, err := publishing.New(db, stream.NewProducer(rdb, stream.ProducerOptions{}), publishing.Config{Queue: streams.Queue}, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := deployments.New(db, stream.NewJobs(rdb), p, deployments.NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
+		deployments.Config{Streams: streams}, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return observer.New(rdb, streams.Queue, db, p, zerolog.Nop()), s, db
+}
 
 // TestResultRacesObserver: a request another producer queued is stored by
 // the observer while its result may be recorded at the same moment (infra
@@ -18,7 +44,7 @@ import (
 // only with the request).
 func TestResultRacesObserver(t *testing.T) {
 	t.Parallel()
-	s, db, _, _ := newTestService(t)
+	o, s, db := newTestObserver(t)
 	ctx := context.Background()
 	const jobs = 300
 	var wg sync.WaitGroup
@@ -35,7 +61,7 @@ func TestResultRacesObserver(t *testing.T) {
 		r := messages.NewAnsibleDeployResult(m, entry)
 		r.Status = messages.StatusSucceeded
 		wg.Go(func() {
-			if err := s.ObserveBatch(ctx, []*stream.Message{{ID: entry, Values: map[string]any{messages.DataField: string(data)}}}); err != nil {
+			if err := o.Batch(ctx, []*stream.Message{{ID: entry, Values: map[string]any{messages.DataField: string(data)}}}); err != nil {
 				t.Errorf("observe %s: %v", m.JobID, err)
 			}
 		})
@@ -71,11 +97,11 @@ func TestResultRacesObserver(t *testing.T) {
 // request is still read and fills in its fields).
 func TestObserveFrom(t *testing.T) {
 	t.Parallel()
-	s, _, _, _ := newTestService(t)
+	o, s, _ := newTestObserver(t)
 	ctx := context.Background()
 	from := func() string {
 		t.Helper()
-		id, err := s.ObserveFrom(ctx)
+		id, err := o.From(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +117,7 @@ func TestObserveFrom(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.ObserveBatch(ctx, []*stream.Message{{ID: entry, Values: map[string]any{messages.DataField: string(data)}}}); err != nil {
+		if err := o.Batch(ctx, []*stream.Message{{ID: entry, Values: map[string]any{messages.DataField: string(data)}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -114,7 +140,7 @@ func TestObserveFrom(t *testing.T) {
 		t.Fatalf("after its request was read: from %q, want 7-0", got)
 	}
 	d, err := s.Get(ctx, "result-first")
-	if err != nil || d.Request.RepoFullName != "acme/shop" || d.Status != StatusSucceeded {
+	if err != nil || d.Request.RepoFullName != "acme/shop" || d.Status != deployments.StatusSucceeded {
 		t.Errorf("deployment after its request was read: %+v, %v", d, err)
 	}
 }

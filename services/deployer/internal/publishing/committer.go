@@ -1,10 +1,11 @@
-package deployments
+package publishing
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
 
 // Group commit of submits. Every new deployment costs a committed INSERT
@@ -48,7 +49,7 @@ const (
 
 // commitItem is one submit waiting for its group.
 type commitItem struct {
-	row  deploymentRow
+	row  *deployments.Row
 	data []byte // the encoded request, for the queue
 	err  error  // the store's error; publishing failures are not the submit's
 	// entry is the queue entry id the request was published as ("" when
@@ -57,42 +58,9 @@ type commitItem struct {
 	done  chan struct{}
 }
 
-// deploymentRow is a deployment submitted through the API, as stored.
-type deploymentRow struct {
-	id             string // also its job id
-	keyID          string // "" for none
-	projectID      string
-	repoFullName   string
-	branch         string
-	serverIP       string
-	port           int
-	modules        []string
-	githubTokenRef string
-	secretsRef     string
-	correlationID  string
-	timeoutSeconds int // 0 for none
-	callbackURL    string
-	createdAt      time.Time
-}
-
-// args returns the arguments of insertDeployment; group is the id of the
-// row's commit group ("" for none) and pos its position there (from 1).
-func (r *deploymentRow) args(group string, pos int) []any {
-	var timeout, position *int
-	if r.timeoutSeconds > 0 {
-		timeout = &r.timeoutSeconds
-	}
-	var groupID *string
-	if group != "" {
-		groupID, position = &group, &pos
-	}
-	return []any{r.id, nullUUID(r.keyID), r.projectID, r.repoFullName, r.branch, r.serverIP, r.port, r.modules,
-		r.githubTokenRef, r.secretsRef, r.correlationID, timeout, r.callbackURL, r.createdAt, r.id, groupID, position}
-}
-
 // committer collects submits into groups (see the constants above).
 type committer struct {
-	s *Service
+	p *Publisher
 
 	mu      sync.Mutex
 	queue   []*commitItem
@@ -101,8 +69,8 @@ type committer struct {
 	publishing chan struct{} // one token per group being published
 }
 
-func newCommitter(s *Service) *committer {
-	return &committer{s: s, publishing: make(chan struct{}, maxPublishing)}
+func newCommitter(p *Publisher) *committer {
+	return &committer{p: p, publishing: make(chan struct{}, maxPublishing)}
 }
 
 // commit stores and publishes it with the next group and waits until that
@@ -164,14 +132,18 @@ func (c *committer) run() {
 func (c *committer) store(ctx context.Context, group []*commitItem) {
 	// The group is named after its first deployment (a fresh UUIDv7, so
 	// never another group's name).
-	groupID := group[0].row.id
-	if err := c.insert(ctx, groupID, group); err != nil {
+	groupID := group[0].row.ID
+	rows := make([]*deployments.Row, len(group))
+	for i, it := range group {
+		rows[i] = it.row
+	}
+	if err := deployments.InsertGroup(ctx, c.p.db, groupID, rows); err != nil {
 		if len(group) == 1 {
 			group[0].err = err
 			return
 		}
 		for i, it := range group {
-			_, it.err = c.s.db.Exec(ctx, insertDeployment, it.row.args(groupID, i+1)...)
+			it.err = deployments.InsertRow(ctx, c.p.db, it.row, groupID, i+1)
 		}
 	}
 }
@@ -182,7 +154,7 @@ func (c *committer) store(ctx context.Context, group []*commitItem) {
 // deployments are stored, and the republisher publishes them once Redis
 // answers again.
 func (c *committer) publish(ctx context.Context, group []*commitItem) {
-	s := c.s
+	p := c.p
 	defer func() {
 		for _, it := range group {
 			close(it.done)
@@ -194,17 +166,17 @@ func (c *committer) publish(ctx context.Context, group []*commitItem) {
 			data = append(data, it.data)
 			// Stored, so the observer must skip it: known before the XADD,
 			// which the observer may read before PublishBatch returns.
-			s.own.add(it.row.id)
+			p.own.add(it.row.ID)
 		}
 	}
 	if len(data) == 0 {
 		return
 	}
-	s.metrics.commitGroup.Observe(float64(len(data)))
-	published, err := s.producer.PublishBatch(ctx, s.cfg.Streams.Queue, data)
+	p.metrics.commitGroup.Observe(float64(len(data)))
+	published, err := p.producer.PublishBatch(ctx, p.cfg.Queue, data)
 	if err != nil {
-		s.metrics.publishFailures.Add(float64(len(data)))
-		s.log.Warn().Err(err).Int("deployments", len(data)).Msg("publish deployments: will be retried by the republisher")
+		p.metrics.publishFailures.Add(float64(len(data)))
+		p.log.Warn().Err(err).Int("deployments", len(data)).Msg("publish deployments: will be retried by the republisher")
 		return
 	}
 	entries := make([]string, len(group)) // by position; "" where not stored
@@ -214,51 +186,5 @@ func (c *committer) publish(ctx context.Context, group []*commitItem) {
 			it.entry = entries[i]
 		}
 	}
-	s.marker.markGroup(group[0].row.id, entries)
-}
-
-// insertGroup stores the deployments of a commit group, in one statement:
-// the rows come as one array per column, and WITH ORDINALITY numbers them
-// from 1 in order (their positions in the group).
-const insertGroup = `
-	INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
-		modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at,
-		publish_group, publish_pos)
-	SELECT u.id, u.id::text, 'api', NULLIF(u.key_id, '')::uuid, u.project_id, u.repo, u.branch, u.server_ip, u.port,
-		CASE WHEN u.modules = '' THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(u.modules::jsonb)) END,
-		NULLIF(u.token_ref, ''), NULLIF(u.secrets_ref, ''), NULLIF(u.correlation_id, ''), NULLIF(u.timeout, 0),
-		NULLIF(u.callback_url, ''), u.created_at, $14, u.pos
-	FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[],
-		$9::text[], $10::text[], $11::text[], $12::int[], $13::text[], $15::timestamptz[])
-		WITH ORDINALITY AS u(id, key_id, project_id, repo, branch, server_ip, port, modules,
-			token_ref, secrets_ref, correlation_id, timeout, callback_url, created_at, pos)`
-
-// insert stores the group's deployments with one statement and one
-// commit.
-func (c *committer) insert(ctx context.Context, groupID string, group []*commitItem) error {
-	if len(group) == 1 {
-		_, err := c.s.db.Exec(ctx, insertDeployment, group[0].row.args(groupID, 1)...)
-		return err
-	}
-	n := len(group)
-	ids, keys, projects, repos, branches, servers := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	ports, timeouts := make([]int, n), make([]int, n)
-	modules, tokenRefs, secretsRefs, correlations, callbacks := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	created := make([]time.Time, n)
-	for i, it := range group {
-		r := &it.row
-		ids[i], keys[i], projects[i], repos[i], branches[i], servers[i] = r.id, r.keyID, r.projectID, r.repoFullName, r.branch, r.serverIP
-		ports[i], timeouts[i] = r.port, max(r.timeoutSeconds, 0) // 0 stores NULL
-		if r.modules != nil {                                    // nil stays NULL; an empty list stays empty
-			modules[i] = string(mustJSON(r.modules))
-		}
-		tokenRefs[i], secretsRefs[i], correlations[i], callbacks[i] = r.githubTokenRef, r.secretsRef, r.correlationID, r.callbackURL
-		created[i] = r.createdAt
-	}
-	_, err := c.s.db.Exec(ctx, insertGroup, ids, keys, projects, repos, branches, servers, ports, modules,
-		tokenRefs, secretsRefs, correlations, timeouts, callbacks, groupID, created)
-	if err != nil {
-		return fmt.Errorf("store %d deployments: %w", n, err)
-	}
-	return nil
+	p.marker.markGroup(group[0].row.ID, entries)
 }

@@ -1,4 +1,4 @@
-package deployments
+package publishing
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
 
 // TestRepublishSameMessage: a deployment whose publication was lost is
@@ -23,22 +24,22 @@ func TestRepublishSameMessage(t *testing.T) {
 	keyID := apiKey(t, db)
 	for _, tc := range []struct {
 		name, idemKey string
-		req           Request
+		req           deployments.Request
 	}{
-		{"group commit, every field", "", Request{ProjectID: "9B2F4C6E-1D3A-4E5B-8C7D-0A1B2C3D4E5F", RepoFullName: "acme/shop",
+		{"group commit, every field", "", deployments.Request{ProjectID: "9B2F4C6E-1D3A-4E5B-8C7D-0A1B2C3D4E5F", RepoFullName: "acme/shop",
 			Branch: "release/2", ServerIP: "198.51.100.7", Port: 2222, Modules: []string{"nginx", "php"},
 			GitHubTokenRef: "vault:kv/data/github#token", SecretsRef: "vault:kv/data/shop#env", CorrelationID: "corr-7",
-			Options: Options{TimeoutSeconds: 600}}},
-		{"idempotency key, defaults", "key-1", Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
+			Options: deployments.Options{TimeoutSeconds: 600}}},
+		{"idempotency key, defaults", "key-1", deployments.Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
 			ServerIP: "198.51.100.8", Port: 22}},
-		{"empty module list", "", Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
+		{"empty module list", "", deployments.Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
 			ServerIP: "198.51.100.9", Port: 22, Modules: []string{}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := rdb.Del(ctx, streams.Queue).Err(); err != nil {
 				t.Fatal(err)
 			}
-			sub, err := s.Submit(ctx, keyID, AllProjects, tc.req, tc.idemKey)
+			sub, err := s.Submit(ctx, keyID, deployments.AllProjects, tc.req, tc.idemKey)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,18 +1,16 @@
-package deployments
+package publishing
 
 import (
 	"context"
 	"strings"
 	"testing"
 
-	"github.com/rs/zerolog"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
-	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
 
 // TestSubmitCarriesTraceContext: a submitted deployment is published in a
@@ -20,17 +18,11 @@ import (
 // the queue carries the span's context.
 func TestSubmitCarriesTraceContext(t *testing.T) {
 	t.Parallel()
-	db, rdb := testenv.Pool(t), testenv.Redis(t)
-	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
 	rec := tracetest.NewSpanRecorder()
-	s, err := New(db, stream.NewJobs(rdb), stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
-		Config{Streams: streams, Tracing: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))}, zerolog.Nop(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _, rdb, streams := newTestServiceWith(t, deployments.Config{Tracing: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	ctx := tracing.Extract(context.Background(), messages.TraceContext{Traceparent: parent})
-	sub, err := s.Submit(ctx, "", AllProjects, Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
+	sub, err := s.Submit(ctx, "", deployments.AllProjects, deployments.Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop",
 		ServerIP: "198.51.100.7", Port: 22}, "")
 	if err != nil {
 		t.Fatal(err)

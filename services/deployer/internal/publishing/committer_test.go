@@ -1,4 +1,4 @@
-package deployments
+package publishing
 
 import (
 	"context"
@@ -6,24 +6,13 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
-	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
-
-// testRow returns a deployment row made with API key keyID ("" for none),
-// created age ago.
-func testRow(s *Service, keyID string, age time.Duration) deploymentRow {
-	id := uuid.Must(uuid.NewV7()).String()
-	return deploymentRow{id: id, keyID: keyID, projectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", repoFullName: "acme/shop",
-		branch: "main", serverIP: "198.51.100.7", port: 22, createdAt: s.now().Add(-age)}
-}
 
 // queueEntries returns the queue's entry ids by the data they carry.
 func queueEntries(t *testing.T, rdb *redis.Client, queue string) map[string]string {
@@ -59,7 +48,7 @@ func TestCommitGroups(t *testing.T) {
 
 	item := func(keyID string) *commitItem {
 		row := testRow(s, keyID, 0)
-		return &commitItem{row: row, data: []byte("request " + row.id), done: make(chan struct{})}
+		return &commitItem{row: row, data: []byte("request " + row.ID), done: make(chan struct{})}
 	}
 	stored := func(id string) bool {
 		var n int
@@ -78,8 +67,8 @@ func TestCommitGroups(t *testing.T) {
 	for i, it := range group {
 		<-it.done
 		bad := i == 2
-		if (it.err != nil) != bad || stored(it.row.id) == bad {
-			t.Errorf("item %d (bad %v): err %v, stored %v", i, bad, it.err, stored(it.row.id))
+		if (it.err != nil) != bad || stored(it.row.ID) == bad {
+			t.Errorf("item %d (bad %v): err %v, stored %v", i, bad, it.err, stored(it.row.ID))
 		}
 	}
 	if n, _ := rdb.XLen(ctx, streams.Queue).Result(); n != 4 {
@@ -106,12 +95,12 @@ func TestCommitGroups(t *testing.T) {
 		t.Errorf("%d entries on the queue, want %d", len(entries), 4+submits)
 	}
 	for _, it := range append(slices.Delete(group, 2, 3), items...) {
-		d, err := s.Get(context.Background(), it.row.id)
+		d, err := s.Get(context.Background(), it.row.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := entries[string(it.data)]; d.RequestID != want || want == "" || d.publishedAt == nil {
-			t.Errorf("deployment %s: request id %q, published at %v; want entry %q", d.ID, d.RequestID, d.publishedAt, want)
+		if want := entries[string(it.data)]; d.RequestID != want || want == "" || d.PublishedAt() == nil {
+			t.Errorf("deployment %s: request id %q, published at %v; want entry %q", d.ID, d.RequestID, d.PublishedAt(), want)
 		}
 	}
 	var rowMarks, groups int
@@ -143,26 +132,22 @@ func TestGroupInsertStoresWhatSingleInsertStores(t *testing.T) {
 	s, db, _, _ := newTestService(t)
 	ctx := context.Background()
 	full := testRow(s, "", 0)
-	full.modules, full.githubTokenRef, full.secretsRef = []string{"app", "nginx"}, "env:GH_TOKEN", "vault:secret/data/shop"
-	full.correlationID, full.timeoutSeconds, full.callbackURL = "ci-42", 600, "https://hooks.example.org/x?token=t"
+	full.Modules, full.GitHubTokenRef, full.SecretsRef = []string{"app", "nginx"}, "env:GH_TOKEN", "vault:secret/data/shop"
+	full.CorrelationID, full.TimeoutSeconds, full.CallbackURL = "ci-42", 600, "https://hooks.example.org/x?token=t"
 	empty := testRow(s, "", 0)
-	empty.modules = []string{}
-	rows := []deploymentRow{testRow(s, "", 0), full, empty}
+	empty.Modules = []string{}
+	rows := []*deployments.Row{testRow(s, "", 0), full, empty}
 
-	var group []*commitItem
-	for _, r := range rows {
-		group = append(group, &commitItem{row: r})
-	}
-	if err := s.committer.insert(ctx, group[0].row.id, group); err != nil {
+	if err := deployments.InsertGroup(ctx, db, rows[0].ID, rows); err != nil {
 		t.Fatal(err)
 	}
 	columns := `SELECT source, status, api_key_id, project_id, repo_full_name, branch, server_ip, port, modules,
 		github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at, job_id = id::text
 		FROM deployments WHERE id = $1`
 	for i, r := range rows {
-		single := r
-		single.id = uuid.Must(uuid.NewV7()).String()
-		if _, err := db.Exec(ctx, insertDeployment, single.args("", 0)...); err != nil {
+		single := *r
+		single.ID = uuid.Must(uuid.NewV7()).String()
+		if err := deployments.InsertRow(ctx, db, &single, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		var a, b [16]any
@@ -170,10 +155,10 @@ func TestGroupInsertStoresWhatSingleInsertStores(t *testing.T) {
 		for j := range a {
 			pa[j], pb[j] = &a[j], &b[j]
 		}
-		if err := db.QueryRow(ctx, columns, r.id).Scan(pa...); err != nil {
+		if err := db.QueryRow(ctx, columns, r.ID).Scan(pa...); err != nil {
 			t.Fatal(err)
 		}
-		if err := db.QueryRow(ctx, columns, single.id).Scan(pb...); err != nil {
+		if err := db.QueryRow(ctx, columns, single.ID).Scan(pb...); err != nil {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(a, b) {
@@ -181,11 +166,11 @@ func TestGroupInsertStoresWhatSingleInsertStores(t *testing.T) {
 		}
 		var group string
 		var pos int
-		if err := db.QueryRow(ctx, `SELECT publish_group::text, publish_pos FROM deployments WHERE id = $1`, r.id).Scan(&group, &pos); err != nil {
+		if err := db.QueryRow(ctx, `SELECT publish_group::text, publish_pos FROM deployments WHERE id = $1`, r.ID).Scan(&group, &pos); err != nil {
 			t.Fatal(err)
 		}
-		if group != rows[0].id || pos != i+1 {
-			t.Errorf("row %d: group %s position %d; want %s, %d", i, group, pos, rows[0].id, i+1)
+		if group != rows[0].ID || pos != i+1 {
+			t.Errorf("row %d: group %s position %d; want %s, %d", i, group, pos, rows[0].ID, i+1)
 		}
 	}
 }
@@ -197,11 +182,11 @@ func TestSubmitFailedCommitIsNotAccepted(t *testing.T) {
 	t.Parallel()
 	s, db, rdb, streams := newTestService(t)
 	db.Close() // every statement now fails
-	r := Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
+	r := deployments.Request{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", RepoFullName: "acme/shop", ServerIP: "198.51.100.7", Port: 22}
 	var wg sync.WaitGroup
 	for range 20 { // concurrent: they fail as groups, and each submit on its own
 		wg.Go(func() {
-			sub, err := s.Submit(context.Background(), "", AllProjects, r, "")
+			sub, err := s.Submit(context.Background(), "", deployments.AllProjects, r, "")
 			if err == nil || sub != nil {
 				t.Errorf("submit with the database gone: %+v, %v; want an error", sub, err)
 			}
@@ -211,18 +196,4 @@ func TestSubmitFailedCommitIsNotAccepted(t *testing.T) {
 	if n, _ := rdb.XLen(context.Background(), streams.Queue).Result(); n != 0 {
 		t.Errorf("%d entries published for submits that were not stored", n)
 	}
-}
-
-// newTestService returns a Service on a fresh database and real Redis, with
-// streams of its own.
-func newTestService(t *testing.T) (*Service, *pgxpool.Pool, *redis.Client, Streams) {
-	t.Helper()
-	db, rdb := testenv.Pool(t), testenv.Redis(t)
-	streams := Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
-	s, err := New(db, stream.NewJobs(rdb), stream.NewProducer(rdb, stream.ProducerOptions{}), NewNotifier(rdb, testenv.Unique("n-"), zerolog.Nop()),
-		Config{Streams: streams}, zerolog.Nop(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, db, rdb, streams
 }
