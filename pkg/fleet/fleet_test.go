@@ -74,6 +74,7 @@ func events(t *testing.T, s *fleet.Store, handle string) []string {
 }
 
 func TestListCountAndShow(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "web-1", "READY", map[string]string{"role": "web", "env": "prod"})
@@ -165,6 +166,7 @@ func TestListCountAndShow(t *testing.T) {
 }
 
 func TestRequestsPauseResume(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "a", "READY", nil)
@@ -232,6 +234,7 @@ func job(c fleet.Candidate, id string) fleet.Job {
 }
 
 func TestDuePriorityAndQueue(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "failed", "FAILED", nil)
@@ -307,6 +310,7 @@ func TestDuePriorityAndQueue(t *testing.T) {
 }
 
 func TestRelay(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	for i := range 30 {
@@ -439,6 +443,7 @@ func notifications(t *testing.T, db *pgxpool.Pool, handle string) []string {
 }
 
 func TestApplyResultRetriesAndDedup(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "a", "NEW", nil)
@@ -522,6 +527,7 @@ func TestApplyResultRetriesAndDedup(t *testing.T) {
 }
 
 func TestApplyResultUnreachableRejectedOrphaned(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	policy := fleet.RetryPolicy{Limit: 5, Backoff: func(int) time.Duration { return time.Minute }, UnreachableCooldown: 10 * time.Minute}
@@ -565,6 +571,7 @@ func TestApplyResultUnreachableRejectedOrphaned(t *testing.T) {
 }
 
 func TestTransition(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "a", "READY", nil)
@@ -588,6 +595,7 @@ func TestTransition(t *testing.T) {
 }
 
 func TestSync(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "manual-1", "READY", nil)
@@ -693,6 +701,7 @@ func TestSync(t *testing.T) {
 }
 
 func TestDeliverExactlyOnce(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "before", "NEW", nil)
@@ -749,6 +758,7 @@ func TestDeliverExactlyOnce(t *testing.T) {
 }
 
 func TestStuckAndRequeue(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "lost", "NEW", nil)
@@ -793,6 +803,7 @@ func TestStuckAndRequeue(t *testing.T) {
 }
 
 func TestValidHandleMatchesThePattern(t *testing.T) {
+	t.Parallel()
 	re := regexp.MustCompile(messages.ServerHandlePattern)
 	for _, h := range []string{"a", "web-1", "A.b_c:d@e-f", "-x", ".x", "x y", "", "é", strings.Repeat("a", 128), strings.Repeat("a", 129), "a/b", "1"} {
 		d := fleet.Detected{Handle: h, Address: "x"}

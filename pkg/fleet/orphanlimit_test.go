@@ -10,6 +10,7 @@ import (
 // never orphans all of its servers at once, one at a time always works,
 // and MAX_ORPHAN_FRACTION=1 turns the guard off.
 func TestOrphanLimit(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		live int
 		f    float64

@@ -43,6 +43,7 @@ func transitions(t *testing.T, s *fleet.Store, handle string) []string {
 // bookkeeping (wait cleared, retries, backoff, notification) and adds no
 // row, never READY -> READY.
 func TestOneTransitionPerOutcome(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	policy := fleet.RetryPolicy{Limit: 2, Backoff: func(int) time.Duration { return time.Minute }, UnreachableCooldown: time.Hour}
@@ -144,6 +145,7 @@ func TestOneTransitionPerOutcome(t *testing.T) {
 // TestApplyResultWithoutInfraRecord: a result infra published without a
 // run (a refused target) is the scheduler's to apply: one row, by it.
 func TestApplyResultWithoutInfraRecord(t *testing.T) {
+	t.Parallel()
 	s, b := setup(t)
 	ctx := ctxT(t)
 	insert(t, b.db, "r", "NEW", nil)

@@ -45,6 +45,7 @@ func TestConfigFromEnvironment(t *testing.T) {
 }
 
 func TestConfigTags(t *testing.T) {
+	t.Parallel()
 	want := map[string]bool{
 		"VAULT_ADDR": true, "VAULT_TOKEN": true, "VAULT_TOKEN_FILE": true, "VAULT_ROLE_ID": true,
 		"VAULT_SECRET_ID": true, "VAULT_SECRET_ID_FILE": true, "VAULT_APPROLE_MOUNT": true,
@@ -84,6 +85,7 @@ func TestConfigTags(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	valid := func() Config {
 		return Config{EnvPrefix: DefaultEnvPrefix, Vault: VaultConfig{AppRoleMount: "approle", Timeout: time.Second}}
 	}

@@ -6,6 +6,7 @@ import (
 )
 
 func TestRedactCredentials(t *testing.T) {
+	t.Parallel()
 	const pw = "S3cr3t-pw"
 	for _, tc := range []struct{ in, want string }{
 		{"postgres://autoprov:" + pw + "@127.0.0.1:5432/autoprov?sslmode=disable", "postgres://autoprov:xxxxx@127.0.0.1:5432/autoprov?sslmode=disable"},

@@ -56,6 +56,7 @@ func roundTrip(t *testing.T, fields map[string]string) {
 }
 
 func TestRenderDotenvRoundTrip(t *testing.T) {
+	t.Parallel()
 	values := map[string]string{
 		"PLAIN":          "abc123",
 		"EMPTY":          "",
@@ -102,6 +103,7 @@ func TestRenderDotenvRoundTrip(t *testing.T) {
 
 // Random values over the characters that matter to dotenv parsers.
 func TestRenderDotenvRandom(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(7, 11))
 	const alphabet = "ab $#'\"\\\n\r\t={}()`!~é"
 	for i := range 3000 {
@@ -118,6 +120,7 @@ func TestRenderDotenvRandom(t *testing.T) {
 }
 
 func TestRenderDotenvRejects(t *testing.T) {
+	t.Parallel()
 	for _, fields := range []map[string]string{
 		{"1A": "x"},
 		{"A-B": "x"},
@@ -134,6 +137,7 @@ func TestRenderDotenvRejects(t *testing.T) {
 }
 
 func TestParseDotenvErrorHidesInput(t *testing.T) {
+	t.Parallel()
 	_, err := ParseDotenv([]byte("KEY=\"" + canary + "\nunterminated"))
 	if err == nil {
 		t.Fatal("parsed")

@@ -15,6 +15,7 @@ func mapLookup(m map[string]string) func(string) (string, bool) {
 }
 
 func TestEnvBackend(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{
 		"AUTOPROV_SECRET_DB":    canary,
 		"AUTOPROV_SECRET_EMPTY": "",
@@ -66,6 +67,7 @@ func TestEnvBackend(t *testing.T) {
 }
 
 func TestEnvPrefixValidation(t *testing.T) {
+	t.Parallel()
 	lookup := mapLookup(nil)
 	for _, p := range []string{"", "A_", "AUTO", "VAULT_", "V_", "VAULT_X_", "SECRETS_", "DATABASE_", "RE_", "1ABC_", "AB-C_"} {
 		if _, err := NewEnvBackend(p, lookup); err == nil {

@@ -13,6 +13,7 @@ import (
 // short lines and the escapes between the lines included; and one line of
 // it in a repr is masked on its own.
 func TestRedactEscapedLineBreaks(t *testing.T) {
+	t.Parallel()
 	// Quotes, a backslash, a control character, non-ASCII and a line shorter
 	// than MinSecretLength: what makes repr, ascii() and JSON differ.
 	const pw = "it's \"pw\"\\x\x01\npäss\nab1"
@@ -60,6 +61,7 @@ func TestRedactEscapedLineBreaks(t *testing.T) {
 // TestPyReprMatchesPython checks pyRepr against the real repr() and
 // ascii() of Python 3.
 func TestPyReprMatchesPython(t *testing.T) {
+	t.Parallel()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")

@@ -63,6 +63,7 @@ func setupFiles(t *testing.T) fileFixture {
 }
 
 func TestFileBackend(t *testing.T) {
+	t.Parallel()
 	f := setupFiles(t)
 	cases := []struct {
 		ref  string
@@ -124,6 +125,7 @@ func TestFileBackend(t *testing.T) {
 // Paths that ParseRef refuses must be refused by the backend as well, in
 // case a Ref is built by hand.
 func TestFileBackendRefusesDotDotEvenWithoutParseRef(t *testing.T) {
+	t.Parallel()
 	f := setupFiles(t)
 	rel, err := filepath.Rel(f.root, filepath.Join(f.outside, "secret.txt"))
 	if err != nil {
@@ -138,6 +140,7 @@ func TestFileBackendRefusesDotDotEvenWithoutParseRef(t *testing.T) {
 }
 
 func TestFileBackendNeedsAbsoluteRoot(t *testing.T) {
+	t.Parallel()
 	if _, err := NewFileBackend("relative/dir"); err == nil {
 		t.Error("relative root accepted")
 	}
@@ -198,6 +201,7 @@ func TestFileBackendRefusesNonRegularFilesBeforeOpening(t *testing.T) {
 // TestFileTooLarge: a file over MaxFileSize fails with ErrTooLarge, and a
 // resolver with MaxValueSize refuses (and wipes) a larger value.
 func TestFileTooLarge(t *testing.T) {
+	t.Parallel()
 	f := setupFiles(t)
 	ref, _ := ParseRef("file:big.bin")
 	if _, err := f.backend.Resolve(context.Background(), ref); !errors.Is(err, ErrTooLarge) {

@@ -44,6 +44,7 @@ func policyReadPaths(t *testing.T, name string) []string {
 // resolver allows by default, and no path of the service's own SSH keys is
 // readable under it.
 func TestShippedPoliciesAreSeparate(t *testing.T) {
+	t.Parallel()
 	projects := policyReadPaths(t, "infra-projects.hcl")
 	ssh := policyReadPaths(t, "infra-ssh.hcl")
 	if !slices.Equal(projects, []string{DefaultProjectVaultPaths}) {
@@ -70,6 +71,7 @@ func TestShippedPoliciesAreSeparate(t *testing.T) {
 // with ErrPermission and no request reaches Vault at all; a project path is
 // read.
 func TestProjectReferenceOutsidePolicyFailsBeforeAnyRequest(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	projects := policyReadPaths(t, "infra-projects.hcl")
 	f.srv.EnableKV("", "kv-admin")
@@ -131,6 +133,7 @@ func TestProjectReferenceOutsidePolicyFailsBeforeAnyRequest(t *testing.T) {
 // TestProjectConfigMustBeSeparate: the project backends may not share the
 // service's Vault login, file root or env prefix.
 func TestProjectConfigMustBeSeparate(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	own := Config{EnvPrefix: DefaultEnvPrefix, FileRoot: dir,
 		Vault: VaultConfig{Addr: "https://vault:8200", Token: ValueFromString("hvs.own-token"), AppRoleMount: "approle", Timeout: time.Second}}
@@ -159,6 +162,7 @@ func TestProjectConfigMustBeSeparate(t *testing.T) {
 // that exposes a variable the service reads, and such a variable is never
 // resolved even when it carries the prefix.
 func TestEnvReferencesCannotReachServiceVariables(t *testing.T) {
+	t.Parallel()
 	lookup := mapLookup(map[string]string{"AUTOPROV_SECRET_X": "x-value-1234", "APP_DB_URL": "postgres://u:p@h/d"})
 	for _, p := range []string{"TIME4VPS_", "REDIS_", "PG", "PGX_", "DATABASE_", "PROJECT_VAULT_", "PROJECT_"} {
 		if _, err := NewEnvBackend(p, lookup); err == nil {
@@ -177,6 +181,7 @@ func TestEnvReferencesCannotReachServiceVariables(t *testing.T) {
 }
 
 func TestPathAllowed(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		pattern, path string
 		want          bool

@@ -97,6 +97,7 @@ func recoverable(out, secret string) bool {
 // to_json) and double-encoded forms of a secret, written by the real
 // Python and Ansible code, are masked.
 func TestRedactPythonAndAnsibleEncodings(t *testing.T) {
+	t.Parallel()
 	for _, secret := range gapSecrets {
 		r := NewRedactor()
 		r.AddString(secret)
@@ -117,6 +118,7 @@ func TestRedactPythonAndAnsibleEncodings(t *testing.T) {
 // column, with or without indentation, with \n or \r\n) is masked whole,
 // and so is a multi-line secret printed with other indentation.
 func TestRedactLineSplitSecrets(t *testing.T) {
+	t.Parallel()
 	secret := "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
 	r := NewRedactor()
 	r.AddString(secret)
@@ -154,6 +156,7 @@ func TestRedactLineSplitSecrets(t *testing.T) {
 // secret or begin with its end; RedactTruncated masks those pieces too, so
 // that no part of a secret straddling the cut survives.
 func TestRedactTruncatedEdges(t *testing.T) {
+	t.Parallel()
 	secret := "s3cr3t-T0ken-9f8e7d6c5b4a"
 	r := NewRedactor()
 	r.AddString(secret)
@@ -188,6 +191,7 @@ func TestRedactTruncatedEdges(t *testing.T) {
 // TestWriterLineSplitAcrossWrites: a secret split by a line break and cut
 // across writes at every position is masked.
 func TestWriterLineSplitAcrossWrites(t *testing.T) {
+	t.Parallel()
 	secret := "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
 	r := NewRedactor()
 	r.AddString(secret)

@@ -121,6 +121,7 @@ func base64Leak(out string, secret []byte) bool {
 }
 
 func TestRedactEncodings(t *testing.T) {
+	t.Parallel()
 	b64 := func(enc *base64.Encoding, prefix string) func(string) string {
 		return func(s string) string { return enc.EncodeToString([]byte(prefix + s + "~tail~")) }
 	}
@@ -192,6 +193,7 @@ ab
 `
 
 func TestRedactMultiLine(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	r.AddString(pemSecret)
 	lines := strings.Split(strings.TrimSuffix(pemSecret, "\n"), "\n")
@@ -233,6 +235,7 @@ func mustJSON(s string) string {
 }
 
 func TestRedactShortSecretsNotRegistered(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	for _, s := range []string{"", "a", "ab", "abc"} {
 		if r.AddString(s) {
@@ -257,6 +260,7 @@ func TestRedactShortSecretsNotRegistered(t *testing.T) {
 }
 
 func TestRedactNoMatchReturnsInput(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	r.AddString(plainSecret)
 	in := []byte("nothing secret here")
@@ -270,6 +274,7 @@ func TestRedactNoMatchReturnsInput(t *testing.T) {
 }
 
 func TestRedactOverlappingSecrets(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	r.AddString("abcdefgh")
 	r.AddString("efghijkl")
@@ -289,6 +294,7 @@ func TestRedactOverlappingSecrets(t *testing.T) {
 }
 
 func TestRedactorChild(t *testing.T) {
+	t.Parallel()
 	parent := NewRedactor()
 	parent.AddString("parent-secret-1")
 	child := parent.Child()
@@ -316,6 +322,7 @@ func TestRedactorChild(t *testing.T) {
 }
 
 func TestRedactorRemove(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	r.AddString("token-one-1")
 	r.AddString("token-one-1")
@@ -339,6 +346,7 @@ func collapse(s string) string {
 }
 
 func TestWriterStraddlingWrites(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	r.AddString(canary)
 	r.AddString(plainSecret)
@@ -378,6 +386,7 @@ func TestWriterStraddlingWrites(t *testing.T) {
 }
 
 func TestWriterMultiLineSecretAcrossWrites(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	r.AddString(pemSecret)
 	text := "TASK [deploy key]\n" + pemSecret + "ok: [host]\n"
@@ -400,6 +409,7 @@ func TestWriterMultiLineSecretAcrossWrites(t *testing.T) {
 }
 
 func TestWriterPassesCompleteLinesAndCloses(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	r.AddString(plainSecret)
 	var out bytes.Buffer
@@ -435,6 +445,7 @@ func TestWriterPassesCompleteLinesAndCloses(t *testing.T) {
 }
 
 func TestRedactorConcurrent(t *testing.T) {
+	t.Parallel()
 	r := NewRedactor()
 	var wg sync.WaitGroup
 	for g := range 8 {

@@ -9,6 +9,7 @@ import (
 )
 
 func TestParseRef(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		in   string
 		want Ref
@@ -49,6 +50,7 @@ func TestParseRef(t *testing.T) {
 }
 
 func TestParseRefErrors(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		in, detail string
 	}{
@@ -108,6 +110,7 @@ func TestParseRefErrors(t *testing.T) {
 
 // A value pasted where a reference belongs must not come back in the error.
 func TestParseRefErrorDoesNotEchoInput(t *testing.T) {
+	t.Parallel()
 	for _, in := range []string{
 		canary,
 		"vault:secret/" + canary,

@@ -105,6 +105,7 @@ func TestResolverAllBackends(t *testing.T) {
 }
 
 func TestResolverDisabledBackends(t *testing.T) {
+	t.Parallel()
 	g := newLeakGuard(t)
 	red := NewRedactor()
 	res, err := Open(testContext(t), Config{EnvPrefix: DefaultEnvPrefix}, Deps{Logger: g.log, Redactor: red})
@@ -129,6 +130,7 @@ func TestResolverDisabledBackends(t *testing.T) {
 }
 
 func TestOpenRejectsBadConfig(t *testing.T) {
+	t.Parallel()
 	red := NewRedactor()
 	for name, cfg := range map[string]Config{
 		"no prefix":    {},

@@ -13,6 +13,7 @@ import (
 )
 
 func TestValueNeverPrints(t *testing.T) {
+	t.Parallel()
 	v := ValueFromString(canary)
 	type wrapper struct {
 		Name  string
@@ -63,6 +64,7 @@ func TestValueNeverPrints(t *testing.T) {
 }
 
 func TestValueAccessAndWipe(t *testing.T) {
+	t.Parallel()
 	buf := []byte("s3cret-value")
 	v := NewValue(buf)
 	cp := v // copies share the buffer
@@ -85,6 +87,7 @@ func TestValueAccessAndWipe(t *testing.T) {
 }
 
 func TestValueUnmarshalText(t *testing.T) {
+	t.Parallel()
 	var v Value
 	in := []byte("from-env")
 	if err := v.UnmarshalText(in); err != nil {

@@ -144,6 +144,7 @@ func (f *vaultFixture) mustResolve(t *testing.T, v *Vault, ref string) string {
 }
 
 func TestVaultTokenAuthReads(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	tok := f.srv.CreateToken("", vaulttest.TokenSpec{}) // never expires, like a root token
 	f.srv.Put("", "secret", "app", map[string]any{"token": canary, "user": "deploy"})
@@ -207,6 +208,7 @@ func TestVaultTokenAuthReads(t *testing.T) {
 }
 
 func TestVaultWholeSecretAsDotenv(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	data := map[string]any{
 		"DB_PASSWORD": canary,
@@ -257,6 +259,7 @@ func TestVaultWholeSecretAsDotenv(t *testing.T) {
 }
 
 func TestVaultPermissionDenied(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	f.srv.Put("", "secret", "allowed/app", map[string]any{"k": "allowed-value"})
 	f.srv.Put("", "secret", "denied/app", map[string]any{"k": canary})
@@ -281,6 +284,7 @@ func TestVaultPermissionDenied(t *testing.T) {
 }
 
 func TestVaultBadCredentials(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	f.addRole(vaulttest.TokenSpec{TTL: time.Hour})
 
@@ -312,6 +316,7 @@ func TestVaultBadCredentials(t *testing.T) {
 // vault-client-go's own error keeps the request with its token header: the
 // reason this package never wraps it.
 func TestVaultClientErrorHoldsTokenButOursDoesNot(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	tok := f.srv.CreateToken("", vaulttest.TokenSpec{})
 	v := f.mustVault(t, f.tokenConfig(tok))
@@ -494,6 +499,7 @@ func TestVaultReadReloginsWhenTokenExpired(t *testing.T) {
 }
 
 func TestVaultTokenFileReread(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	f.srv.Put("", "secret", "app", map[string]any{"k": canary})
 	dir := t.TempDir()
@@ -521,6 +527,7 @@ func TestVaultTokenFileReread(t *testing.T) {
 }
 
 func TestVaultSecretIDFile(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	f.addRole(vaulttest.TokenSpec{TTL: time.Minute, Renewable: false})
 	file := filepath.Join(t.TempDir(), "secret-id")
@@ -548,6 +555,7 @@ func TestVaultSecretIDFile(t *testing.T) {
 }
 
 func TestVaultNamespace(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	f.srv.CreateNamespace("team-a")
 	f.srv.Put("team-a", "secret", "app", map[string]any{"k": "team-a-value"})
@@ -568,6 +576,7 @@ func TestVaultNamespace(t *testing.T) {
 }
 
 func TestVaultUnavailable(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	v := f.mustVault(t, f.tokenConfig(f.srv.CreateToken("", vaulttest.TokenSpec{})))
 	f.srv.SetSealed(true)
@@ -589,6 +598,7 @@ func TestVaultUnavailable(t *testing.T) {
 }
 
 func TestVaultTLS(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t, vaulttest.WithTLS())
 	f.srv.Put("", "secret", "app", map[string]any{"k": canary})
 	cfg := f.tokenConfig(f.srv.CreateToken("", vaulttest.TokenSpec{}))
@@ -606,6 +616,7 @@ func TestVaultTLS(t *testing.T) {
 }
 
 func TestVaultStopWithoutStart(t *testing.T) {
+	t.Parallel()
 	f := setupVault(t)
 	v := f.mustVault(t, f.tokenConfig(f.srv.CreateToken("", vaulttest.TokenSpec{})))
 	v.Stop()

@@ -73,6 +73,7 @@ var addressCases = []struct{ in, want string }{
 }
 
 func TestCanonicalAddress(t *testing.T) {
+	t.Parallel()
 	for _, tc := range addressCases {
 		got, err := store.CanonicalAddress(tc.in)
 		switch {
@@ -94,6 +95,7 @@ func TestCanonicalAddress(t *testing.T) {
 // case, so that nothing Go writes is refused and nothing Go compares with
 // is spelled differently.
 func TestCanonicalAddressDatabaseAgrees(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	for _, tc := range addressCases {
@@ -117,6 +119,7 @@ func TestCanonicalAddressDatabaseAgrees(t *testing.T) {
 // TestServerAddressStoredCanonical: whatever spelling a writer uses, the
 // row holds the canonical address, and another spelling finds it.
 func TestServerAddressStoredCanonical(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	addServer(t, pool, "mapped", "::ffff:192.0.2.1")
@@ -180,6 +183,7 @@ func TestServerAddressStoredCanonical(t *testing.T) {
 // TestHostKeyPinnedOncePerHost: a pin taken under one spelling is found
 // under every other one, so an alias cannot pin a second key.
 func TestHostKeyPinnedOncePerHost(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	pinned, err := store.PinHostKey(ctx, pool, "192.0.2.7", 22, "ssh-ed25519 AAAAfirst")
@@ -209,6 +213,7 @@ func TestHostKeyPinnedOncePerHost(t *testing.T) {
 // older schema accepted: aliases are rewritten, duplicate pins keep the
 // first, and the run locks of both spellings become one.
 func TestMigrationCanonicalisesExistingRows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := emptyDatabase(t)
 	if err := store.MigrateUpTo(ctx, pool, 1); err != nil {
@@ -245,6 +250,7 @@ func TestMigrationCanonicalisesExistingRows(t *testing.T) {
 // TestMigrationRefusesUnusableAddresses: a row whose address is no address
 // stops the migration with a message naming it, rather than being guessed.
 func TestMigrationRefusesUnusableAddresses(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := emptyDatabase(t)
 	if err := store.MigrateUpTo(ctx, pool, 1); err != nil {

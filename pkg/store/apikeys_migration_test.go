@@ -12,6 +12,7 @@ import (
 // act for every project already) and legacy, so that `deployer keys list`
 // flags it; a key written afterwards must be bound or fleet-wide.
 func TestMigrationMarksExistingKeysFleetWide(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := emptyDatabase(t)
 	if err := store.MigrateUpTo(ctx, pool, 47); err != nil {

@@ -11,6 +11,7 @@ import (
 )
 
 func TestPinHostKeyFirstUseRace(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 

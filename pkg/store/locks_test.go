@@ -101,6 +101,7 @@ func acquire(t *testing.T, pool *pgxpool.Pool, job, target string, opts store.Lo
 }
 
 func TestLockKeys(t *testing.T) {
+	t.Parallel()
 	// Stable, prefixed, 64 bits: a job and a target of the same name differ.
 	if store.JobLockKey("x") == store.TargetLockKey("x") || store.JobLockKey("a") == store.JobLockKey("b") {
 		t.Fatal("lock keys collide")
@@ -119,6 +120,7 @@ func TestLockKeys(t *testing.T) {
 }
 
 func TestJobLockRunningElsewhere(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Pool(t)
 	ctx := context.Background()
 	a := acquire(t, pool, "job-1", "web-1", store.LockOptions{})
@@ -166,6 +168,7 @@ func TestJobLockRunningElsewhere(t *testing.T) {
 // ErrTargetBusy and holds nothing afterwards (its job lock included); once
 // the target is free, it gets both locks.
 func TestNoWaitOnBusyTarget(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Pool(t)
 	ctx := context.Background()
 	a := acquire(t, pool, "job-a", "web-1", store.LockOptions{})
@@ -192,6 +195,7 @@ func TestNoWaitOnBusyTarget(t *testing.T) {
 }
 
 func TestTargetLockSerialisesRuns(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Pool(t)
 	first := acquire(t, pool, "job-1", "web-1", store.LockOptions{})
 
@@ -247,6 +251,7 @@ func TestTargetLockSerialisesRuns(t *testing.T) {
 }
 
 func TestCancelledWaitLeavesNoLock(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Pool(t)
 	holder := acquire(t, pool, "job-1", "web-1", store.LockOptions{})
 

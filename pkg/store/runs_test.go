@@ -25,6 +25,7 @@ func startRun(t *testing.T, pool *pgxpool.Pool, jobID, owner string) (*store.Run
 }
 
 func TestStartRunNewTakeoverDone(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	addServer(t, pool, "web-1", "192.0.2.10")
@@ -102,6 +103,7 @@ func TestStartRunNewTakeoverDone(t *testing.T) {
 }
 
 func TestSaveCheckpointMerges(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	if _, started, err := store.StartRun(ctx, pool, store.RunStart{
@@ -141,6 +143,7 @@ func TestSaveCheckpointMerges(t *testing.T) {
 // gets ErrJobKindConflict and the row is left as it was, so a deploy never
 // republishes a provisioning result.
 func TestStartRunJobKindConflict(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	addServer(t, pool, "web-1", "192.0.2.10")

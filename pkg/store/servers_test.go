@@ -21,6 +21,7 @@ func addServer(t *testing.T, pool *pgxpool.Pool, handle, address string) {
 }
 
 func TestGetServer(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	_, err := pool.Exec(ctx, `INSERT INTO servers (handle, address, ssh_port, ssh_user, labels, source, provider_id, ssh_key_ref)
@@ -59,6 +60,7 @@ func TestGetServer(t *testing.T) {
 }
 
 func TestFindServerByAddress(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	addServer(t, pool, "web-1", "192.0.2.10")
@@ -93,6 +95,7 @@ func TestFindServerByAddress(t *testing.T) {
 }
 
 func TestAddressAndSSHUser(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	addServer(t, pool, "web-1", "192.0.2.10")
@@ -140,6 +143,7 @@ func TestAddressAndSSHUser(t *testing.T) {
 // Two instances pin a first-use host key at the same moment: exactly one
 // key wins and both are told which.
 func TestPinServerHostKeyRace(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	const rounds = 20

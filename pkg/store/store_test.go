@@ -10,6 +10,7 @@ import (
 )
 
 func TestMigrateConcurrentReplicas(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := testenv.Postgres(t) // already migrated once
 	// Five replicas start together against the same database: each must
@@ -56,6 +57,7 @@ func TestMigrateConcurrentReplicas(t *testing.T) {
 }
 
 func TestServerMinimalInsertTakesDefaults(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	if _, err := pool.Exec(ctx, `INSERT INTO servers (handle, address, ssh_port) VALUES ('web-1', '192.0.2.10', 2222)`); err != nil {

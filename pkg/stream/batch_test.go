@@ -29,6 +29,7 @@ func streamData(t testing.TB, rdb redis.UniversalClient, s string) []string {
 }
 
 func TestBatchPublisherKeepsOrderAndSetsExpiry(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, _ := names()
 	reg := prometheus.NewRegistry()
@@ -73,6 +74,7 @@ func TestBatchPublisherKeepsOrderAndSetsExpiry(t *testing.T) {
 }
 
 func TestBatchPublisherMaxLen(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, _ := names()
 	b := stream.NewProducer(rdb, stream.ProducerOptions{}).NewBatchPublisher(s, stream.BatchOptions{MaxLen: 100})
@@ -90,6 +92,7 @@ func TestBatchPublisherMaxLen(t *testing.T) {
 // While Redis is slow, Offer drops entries once the buffer is full, and
 // Publish waits: what Publish queued is never lost, order is kept.
 func TestBatchPublisherDropsOnlyOfferedEntries(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, _ := names()
 	// Hold the first pipeline until the test lets it go.

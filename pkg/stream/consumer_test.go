@@ -20,6 +20,7 @@ import (
 )
 
 func TestSeveralConsumersNoLossNoDuplicates(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, g := names()
 	const n = 3000
@@ -408,6 +409,7 @@ func TestLeaseLostCancelsHandlerAndAcksNothing(t *testing.T) {
 }
 
 func TestOwnPendingEntriesReRunAtStart(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, g := names()
 	ctx := context.Background()
@@ -474,6 +476,7 @@ func TestDeletedPendingEntriesAreDropped(t *testing.T) {
 }
 
 func TestGroupRecreatedAfterRedisLostData(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, g := names()
 	rec := newRecorder(2)
@@ -567,6 +570,7 @@ func TestRedisRestartLosesNothing(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	h := stream.HandlerFunc(func(context.Context, *stream.Message) error { return nil })
 	tests := []struct {
@@ -603,6 +607,7 @@ func TestConfigValidation(t *testing.T) {
 // on a quiet stream must not keep the only slot from the reader of a busy
 // one.
 func TestOneSlotServesEveryStream(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	quiet, _ := names()
 	busy, g := names()

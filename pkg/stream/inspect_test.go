@@ -17,6 +17,7 @@ import (
 )
 
 func TestInspectorStreamAndGroups(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	s, _ := names()
@@ -126,6 +127,7 @@ func deadLettered(t *testing.T, rdb redis.UniversalClient, s, g string, n int) (
 }
 
 func TestInspectorDeadLettersListShowDrop(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	s, g := names()
@@ -207,6 +209,7 @@ func TestInspectorDeadLettersListShowDrop(t *testing.T) {
 }
 
 func TestInspectorReplay(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	s, g := names()

@@ -14,6 +14,7 @@ import (
 )
 
 func TestMuxRoutesByStream(t *testing.T) {
+	t.Parallel()
 	var got []string
 	m := stream.NewMux()
 	m.RouteFunc("a", func(_ context.Context, msg *stream.Message) error {
@@ -64,6 +65,7 @@ func TestMuxRoutesByStream(t *testing.T) {
 }
 
 func TestMuxRejectsBadRoutes(t *testing.T) {
+	t.Parallel()
 	h := stream.HandlerFunc(func(context.Context, *stream.Message) error { return nil })
 	tests := []struct {
 		name  string
@@ -93,6 +95,7 @@ func TestMuxRejectsBadRoutes(t *testing.T) {
 // A consumer serving a Mux: each stream's entries reach their own handler;
 // the entry of a stream without a route is dead-lettered at once.
 func TestMuxUnderConsumer(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	a, g := names()
 	b, _ := names()

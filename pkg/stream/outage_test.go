@@ -80,6 +80,7 @@ func TestPublishOutageWaitIsBounded(t *testing.T) {
 }
 
 func TestUnreachable(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		want bool

@@ -171,6 +171,7 @@ func TestShutdownReleasesPrefetchedEntriesAtOnce(t *testing.T) {
 // Acknowledgements go out in batches, but an entry whose handler failed is
 // never among them.
 func TestBatchedAcksSkipFailedEntries(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, g := names()
 	ev := newEvents()

@@ -14,6 +14,7 @@ import (
 )
 
 func TestTrimNeverDropsWhatAGroupHasNotRead(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	s, _ := names()
@@ -88,6 +89,7 @@ func nextID(t *testing.T, id string) string {
 }
 
 func TestProducerSafetyMaxLen(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	s, _ := names()
@@ -111,6 +113,7 @@ func TestProducerSafetyMaxLen(t *testing.T) {
 // signature of its own data for its stream; a failing signer publishes
 // nothing.
 func TestProducerSignsEntries(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, _ := names()
 	ctx := context.Background()

@@ -64,6 +64,7 @@ func runTail(t *testing.T, rdb redis.UniversalClient, cfg stream.TailConfig, h s
 }
 
 func TestTailFromNowSkipsOlderEntries(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, _ := names()
 	publish(t, rdb, s, 5) // "0".."4": before the tail starts
@@ -141,6 +142,7 @@ func TestTailPauseBatchesASteadyFlow(t *testing.T) {
 }
 
 func TestTailHandsAFailedBatchOverAgain(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	s, _ := names()
 	ids := publish(t, rdb, s, 30)
@@ -168,6 +170,7 @@ func TestTailHandsAFailedBatchOverAgain(t *testing.T) {
 }
 
 func TestTailRefusesBadConfig(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	h := func(context.Context, []*stream.Message) error { return nil }
 	for _, tc := range []struct {

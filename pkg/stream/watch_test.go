@@ -14,6 +14,7 @@ import (
 )
 
 func TestKeyWatcherFiresOnceTheKeyIsSet(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
 	w := stream.NewKeyWatcher(rdb, stream.KeyWatcherOptions{Interval: 20 * time.Millisecond})
@@ -63,6 +64,7 @@ func TestKeyWatcherFiresOnceTheKeyIsSet(t *testing.T) {
 // All watched keys are checked in one round trip per interval, however many
 // jobs watch them.
 func TestKeyWatcherChecksAllKeysInOneRoundTrip(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	var mu sync.Mutex
 	var sizes []int

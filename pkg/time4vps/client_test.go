@@ -16,6 +16,7 @@ import (
 )
 
 func TestListServers(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	h.api.AddServer(time4vpstest.VPS{ID: 102, Domain: "db1.example.net", IP: "203.0.113.20", Label: "db", Type: "OpenVZ"})
 	h.api.AddServer(time4vpstest.VPS{ID: 103, Domain: "old.example.net", IP: "203.0.113.30", Status: "Suspended"})
@@ -49,6 +50,7 @@ func TestListServers(t *testing.T) {
 }
 
 func TestServerDetails(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	ctx := context.Background()
 
@@ -82,6 +84,7 @@ func TestServerDetails(t *testing.T) {
 }
 
 func TestServerNotFound(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	_, err := h.client.Server(context.Background(), 999)
 	h.errNoSecret(t, err)
@@ -103,6 +106,7 @@ func TestServerNotFound(t *testing.T) {
 }
 
 func TestOSesAndCheckOS(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	ctx := context.Background()
 
@@ -127,6 +131,7 @@ func TestOSesAndCheckOS(t *testing.T) {
 }
 
 func TestReinstall(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{TaskPolls: 3}, nil)
 	ctx := context.Background()
 	const osName = "kvm-ubuntu-24.04-gpt-x86_64"
@@ -175,6 +180,7 @@ func TestReinstall(t *testing.T) {
 }
 
 func TestReboot(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	ctx := context.Background()
 	taskID, err := h.client.Reboot(ctx, testServerID)
@@ -197,6 +203,7 @@ func TestReboot(t *testing.T) {
 // with 200 by default (what the official PHP library is written for) or with
 // any status configured.
 func TestReinstallRejected(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{http.StatusOK, http.StatusUnprocessableEntity} {
 		for _, tc := range []struct {
 			name    string
@@ -241,6 +248,7 @@ func TestReinstallRejected(t *testing.T) {
 }
 
 func TestReinstallValidatesLocally(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	ctx := context.Background()
 	if _, err := h.client.Reinstall(ctx, testServerID, time4vps.ReinstallRequest{OS: "  "}); err == nil {
@@ -255,6 +263,7 @@ func TestReinstallValidatesLocally(t *testing.T) {
 }
 
 func TestTaskInvalidID(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	_, err := h.client.Task(context.Background(), testServerID, 424242)
 	h.errNoSecret(t, err)
@@ -270,6 +279,7 @@ func TestTaskInvalidID(t *testing.T) {
 }
 
 func TestAuthFailure(t *testing.T) {
+	t.Parallel()
 	const wrong = "Wrong-Passw0rd-9d1e"
 	h := setup(t, time4vpstest.Config{}, func(c *time4vps.Config) { c.Password = wrong })
 	ctx := context.Background()
@@ -307,6 +317,7 @@ func TestAuthFailure(t *testing.T) {
 }
 
 func TestErrorBodies(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		status   int
@@ -393,6 +404,7 @@ func TestGETRetried(t *testing.T) {
 }
 
 func TestGETRetriesExhausted(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	h.api.FailNext(time4vpstest.EndpointServer, 10, http.StatusServiceUnavailable)
 	_, err := h.client.Server(context.Background(), testServerID)
@@ -407,6 +419,7 @@ func TestGETRetriesExhausted(t *testing.T) {
 }
 
 func TestRetriesDisabled(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, func(c *time4vps.Config) { c.RetryMax = -1 })
 	h.api.FailNext(time4vpstest.EndpointServer, 1, http.StatusBadGateway)
 	if _, err := h.client.Server(context.Background(), testServerID); !errors.Is(err, time4vps.ErrUnavailable) {
@@ -557,6 +570,7 @@ func TestContextCancelled(t *testing.T) {
 }
 
 func TestLogsHaveRequestFields(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, func(c *time4vps.Config) { c.URL += "/" })
 	if _, err := h.client.Server(context.Background(), testServerID); err != nil {
 		t.Fatalf("Server: %v", err)

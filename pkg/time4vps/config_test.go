@@ -21,6 +21,7 @@ import (
 )
 
 func TestConfigFromEnv(t *testing.T) {
+	t.Parallel()
 	var cfg time4vps.Config
 	err := env.ParseWithOptions(&cfg, env.Options{Environment: map[string]string{
 		"TIME4VPS_USERNAME":           "ops@example.com",
@@ -52,6 +53,7 @@ func TestConfigFromEnv(t *testing.T) {
 
 // Every field has an env name and a description for --help.
 func TestConfigTags(t *testing.T) {
+	t.Parallel()
 	typ := reflect.TypeFor[time4vps.Config]()
 	for i := range typ.NumField() {
 		f := typ.Field(i)
@@ -62,6 +64,7 @@ func TestConfigTags(t *testing.T) {
 }
 
 func TestConfigPasswordFile(t *testing.T) {
+	t.Parallel()
 	api := time4vpstest.Start(t, time4vpstest.Config{})
 	api.AddServer(time4vpstest.VPS{ID: 1, IP: "192.0.2.1"})
 	path := filepath.Join(t.TempDir(), "password")
@@ -79,6 +82,7 @@ func TestConfigPasswordFile(t *testing.T) {
 }
 
 func TestConfigInvalid(t *testing.T) {
+	t.Parallel()
 	const pw = "Invalid-Case-Passw0rd"
 	missing := filepath.Join(t.TempDir(), "missing")
 	empty := filepath.Join(t.TempDir(), "empty")
@@ -121,6 +125,7 @@ func TestConfigInvalid(t *testing.T) {
 }
 
 func TestSecretNeverPrinted(t *testing.T) {
+	t.Parallel()
 	const pw = "Printed-Passw0rd-77"
 	cfg := time4vps.Config{Username: "u@example.com", Password: pw}
 	var logs testenv.SafeBuffer

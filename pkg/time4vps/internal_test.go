@@ -12,6 +12,7 @@ import (
 )
 
 func TestFlexInt(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]FlexInt{
 		`12`: 12, `"12"`: 12, `" 7 "`: 7, `""`: 0, `null`: 0, `12.0`: 12, `"-3"`: -3,
 	} {
@@ -27,6 +28,7 @@ func TestFlexInt(t *testing.T) {
 }
 
 func TestParseErrorField(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		body string
 		want []string
@@ -53,6 +55,7 @@ func TestParseErrorField(t *testing.T) {
 }
 
 func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for in, want := range map[string]time.Duration{
 		"":   0,
@@ -70,6 +73,7 @@ func TestParseRetryAfter(t *testing.T) {
 }
 
 func TestLooksFailed(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		task Task
 		want bool
@@ -86,6 +90,7 @@ func TestLooksFailed(t *testing.T) {
 }
 
 func TestRedactor(t *testing.T) {
+	t.Parallel()
 	const user, pw = "ops@example.com", "p@ss word/+="
 	r := newRedactor(user, pw)
 	token := base64.StdEncoding.EncodeToString([]byte(user + ":" + pw))
@@ -97,6 +102,7 @@ func TestRedactor(t *testing.T) {
 }
 
 func TestAPIErrorIs(t *testing.T) {
+	t.Parallel()
 	post := &APIError{StatusCode: 502, Endpoint: "POST /server/1/reboot"}
 	get := &APIError{StatusCode: 502, Endpoint: "GET /server/1"}
 	if !post.Is(ErrOutcomeUnknown) || get.Is(ErrOutcomeUnknown) || !get.Is(ErrUnavailable) {

@@ -13,6 +13,7 @@ import (
 )
 
 func TestWaitTaskSuccess(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{TaskPolls: 4}, nil)
 	ctx := context.Background()
 	taskID, err := h.client.Reinstall(ctx, testServerID, time4vps.ReinstallRequest{OS: "centos-7-x86_64"})
@@ -59,6 +60,7 @@ func TestWaitTaskByDuration(t *testing.T) {
 }
 
 func TestWaitTaskFailure(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	ctx := context.Background()
 	h.api.FailNextTask("OS template image is missing")
@@ -91,6 +93,7 @@ func TestWaitTaskFailure(t *testing.T) {
 }
 
 func TestWaitTaskCustomFailureFunc(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil, time4vps.WithTaskFailureFunc(func(t time4vps.Task) bool {
 		return !strings.Contains(t.Results, "successfully")
 	}))
@@ -131,6 +134,7 @@ func TestWaitTaskDeadline(t *testing.T) {
 }
 
 func TestWaitTaskSurvivesTemporaryErrors(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{TaskPolls: 2}, nil)
 	ctx := context.Background()
 	taskID, err := h.client.Reboot(ctx, testServerID)
@@ -154,6 +158,7 @@ func TestWaitTaskSurvivesTemporaryErrors(t *testing.T) {
 }
 
 func TestWaitTaskStopsOnPermanentError(t *testing.T) {
+	t.Parallel()
 	h := setup(t, time4vpstest.Config{}, nil)
 	task, err := h.client.WaitTask(context.Background(), testServerID, 777)
 	if !errors.Is(err, time4vps.ErrNotFound) || task != nil {
