@@ -3,8 +3,10 @@ package authz
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
 )
 
 func TestGuardClasses(t *testing.T) {
@@ -89,5 +91,29 @@ func TestGuardCheckHostResolves(t *testing.T) {
 		if err := g.CheckHost(context.Background(), ok); err != nil {
 			t.Errorf("%s: %v", ok, err)
 		}
+	}
+}
+
+func TestCachedInterfaceAddrs(t *testing.T) {
+	calls := 0
+	list := func() ([]net.Addr, error) {
+		calls++
+		return []net.Addr{&net.IPNet{IP: net.ParseIP("192.0.2.2"), Mask: net.CIDRMask(24, 32)}}, nil
+	}
+	cached := cachedInterfaceAddrs(list, time.Hour)
+	for range 1000 {
+		if a, err := cached(); err != nil || len(a) != 1 {
+			t.Fatalf("%v, %v", a, err)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("listed the interfaces %d times for 1000 checks, want once", calls)
+	}
+	expired := cachedInterfaceAddrs(list, 0)
+	calls = 0
+	expired()
+	expired()
+	if calls != 2 {
+		t.Fatalf("listed %d times with no ttl, want 2", calls)
 	}
 }
