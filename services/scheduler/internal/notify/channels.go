@@ -53,16 +53,25 @@ func hasBlank(s string) bool {
 	return strings.ContainsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) })
 }
 
-// CheckSlackURL reports whether the secret is usable as a Slack incoming
-// webhook URL: an absolute http or https URL with a host, without
-// whitespace or control characters. The error never quotes the value.
-func CheckSlackURL(v secrets.Value) error {
-	s := v.Reveal()
+// checkPlain refuses an empty secret and one holding blanks (the checks
+// every notification secret shares). The error never quotes the value.
+func checkPlain(s string) error {
 	switch {
 	case s == "":
 		return errors.New("is empty")
 	case hasBlank(s):
 		return errBlank
+	}
+	return nil
+}
+
+// CheckSlackURL reports whether the secret is usable as a Slack incoming
+// webhook URL: an absolute http or https URL with a host, without
+// whitespace or control characters. The error never quotes the value.
+func CheckSlackURL(v secrets.Value) error {
+	s := v.Reveal()
+	if err := checkPlain(s); err != nil {
+		return err
 	}
 	u, err := url.Parse(s)
 	switch {
@@ -84,12 +93,10 @@ var telegramTokenRE = regexp.MustCompile(`^[0-9]+:[A-Za-z0-9_-]+$`)
 // token ("123456:ABC-..."). The error never quotes the value.
 func CheckTelegramToken(v secrets.Value) error {
 	s := v.Reveal()
-	switch {
-	case s == "":
-		return errors.New("is empty")
-	case hasBlank(s):
-		return errBlank
-	case !telegramTokenRE.MatchString(s):
+	if err := checkPlain(s); err != nil {
+		return err
+	}
+	if !telegramTokenRE.MatchString(s) {
 		return errors.New("does not look like a bot token (<bot id>:<secret>, as @BotFather gives it)")
 	}
 	return nil
