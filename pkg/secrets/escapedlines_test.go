@@ -64,7 +64,7 @@ func TestPyReprMatchesPython(t *testing.T) {
 	t.Parallel()
 	py, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skip("python3 not installed")
+		t.Fatalf("python3 is missing (make test installs it): %v", err)
 	}
 	for _, s := range []string{"it's \"pw\"\\x\x01\npäss\tab1\x7f\u00a0\u200b😀\r", `only 'single'`, `only "double"`} {
 		for _, fn := range []string{"repr", "ascii"} {

@@ -25,7 +25,7 @@ func TestPlayUserCannotReadPlaybookDir(t *testing.T) {
 		}
 	}
 	if playUser == "" {
-		t.Skip("no unprivileged user (autoprov-play, nobody) to run plays as")
+		t.Fatal("no unprivileged user (autoprov-play, nobody) to run plays as (make test creates autoprov-play)")
 	}
 	tmp := t.TempDir()
 	// t.TempDir makes its directories 0700: open them, as /tmp is.
@@ -48,7 +48,7 @@ func TestPlayUserCannotReadPlaybookDir(t *testing.T) {
 	// names another one.
 	for d := filepath.Dir(private); d != "/"; d = filepath.Dir(d) {
 		if st, err := os.Stat(d); err != nil || st.Mode().Perm()&0o001 == 0 {
-			t.Skipf("%s is not searchable by others: the test needs an open temporary directory", d)
+			t.Fatalf("%s is not searchable by others: the test needs an open temporary directory (set TMPDIR)", d)
 		}
 	}
 	bin := testenv.BuildBinary(t, ".")

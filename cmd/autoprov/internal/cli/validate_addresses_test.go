@@ -16,7 +16,7 @@ import (
 // scheduler's SPECIAL_ALLOW_NETWORKS (from the --env-file) through.
 func TestValidateInventoryRefusedAddresses(t *testing.T) {
 	if _, err := exec.LookPath("ansible-inventory"); err != nil {
-		t.Skip("ansible-inventory not installed")
+		t.Fatalf("ansible-inventory is missing (make test installs it): %v", err)
 	}
 	write := fileWriter(t, t.TempDir())
 	inv := write("hosts.yml", `all:
