@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -217,6 +218,9 @@ func newConsumer(t testing.TB, rdb redis.UniversalClient, cfg stream.Config, h s
 func pendingCount(t testing.TB, rdb redis.UniversalClient, s, g string) int64 {
 	t.Helper()
 	p, err := rdb.XPending(context.Background(), s, g).Result()
+	if noGroupYet(err) {
+		return 0
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,6 +330,9 @@ func pendingFor(t testing.TB, rdb redis.UniversalClient, s, g, consumer string) 
 	p, err := rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{
 		Stream: s, Group: g, Start: "-", End: "+", Count: 1000, Consumer: consumer,
 	}).Result()
+	if noGroupYet(err) {
+		return nil
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,4 +341,11 @@ func pendingFor(t testing.TB, rdb redis.UniversalClient, s, g, consumer string) 
 		ids[i] = e.ID
 	}
 	return ids
+}
+
+// noGroupYet reports whether err says the stream or its group does not exist
+// yet: a consumer started by the test creates its group asynchronously, so a
+// poll that runs first sees nothing pending rather than failing.
+func noGroupYet(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
 }
