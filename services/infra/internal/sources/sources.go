@@ -74,4 +74,6 @@ type Repo struct {
 type Cache struct {
 	cfg Config
 	log zerolog.Logger
+	// onExec, when set (tests), sees every git command line.
+	onExec func(argv []string)
 }
