@@ -102,7 +102,7 @@ var (
 	jobAliasRe  = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$`)
 	groupNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 	jobTagRe    = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
-	jobLimitRe  = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]{1,4096}$`)
+	jobLimitRe  = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]+$`)
 )
 
 // jobEnvNames are the names JobSpec.Env may set.
@@ -187,7 +187,7 @@ func (r *Runner) validateJob(js *JobSpec) ([]pinnedKey, error) {
 			return nil, fmt.Errorf("job spec: tag %q: want %s", t, jobTagRe)
 		}
 	}
-	if o.Limit != "" && (!jobLimitRe.MatchString(o.Limit) || strings.HasPrefix(o.Limit, "@")) {
+	if o.Limit != "" && (len(o.Limit) > 4096 || !jobLimitRe.MatchString(o.Limit) || strings.HasPrefix(o.Limit, "@")) {
 		return nil, fmt.Errorf("job spec: limit %q: want a host pattern", o.Limit)
 	}
 	if o.Verbosity < 0 || o.Verbosity > 4 || o.Forks < 0 || o.Forks > 1000 {

@@ -14,6 +14,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
 )
 
 // Ansible jobs (messages.AnsibleJobMessage, issue 23): any playbook, role or
@@ -311,6 +312,9 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 			return context.Cause(ctx)
 		}
 		aj.log.Warn().Str("error", aj.red.RedactString(err.Error())).Msg("source checkout failed")
+		if field := checkoutField(err); field != "" {
+			return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: aj.red.RedactString(err.Error())}}}
+		}
 		return fail(messages.StatusFailed, messages.KindInternal, "source %s at %q: %s", s.Repository, s.Ref, aj.red.RedactString(err.Error()))
 	}
 	aj.result.Commit = commit
@@ -320,14 +324,11 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 		if err != nil {
 			return &messages.ValidationError{Fields: []messages.FieldError{{Field: "source.role_path", Message: err.Error()}}}
 		}
-		play, err := rolePlay(aj.dir, roleDir)
-		if err != nil {
-			return fmt.Errorf("generate the role's play: %w", err)
+		play := aj.dir + "/role-play.yml"
+		if err := sources.RolePlay(play, roleDir, s.RoleVars, sources.PlayOptions{GatherFacts: true}); err != nil {
+			return &messages.ValidationError{Fields: []messages.FieldError{{Field: "source.role_path", Message: err.Error()}}}
 		}
 		aj.playbooks, aj.names = []string{play}, []string{s.RolePath}
-		for k, v := range s.RoleVars {
-			aj.vars[k] = v
-		}
 	} else {
 		var fields []messages.FieldError
 		for i, p := range s.Paths {
@@ -353,18 +354,18 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 	return nil
 }
 
-// rolePlay writes the play that runs the role at roleDir on every host.
-func rolePlay(dir, roleDir string) (string, error) {
-	path := dir + "/role-play.yml"
-	play := "- name: Run the role\n  hosts: all\n  roles:\n    - role: " + ansibleQuoted(roleDir) + "\n"
-	return path, os.WriteFile(path, []byte(play), 0o600)
-}
-
-// ansibleQuoted writes s as a YAML single-quoted scalar, unsafe for
-// templating: a role path from a checkout never holds "{{", but a
-// directory name could.
-func ansibleQuoted(s string) string {
-	return "!unsafe '" + strings.ReplaceAll(s, "'", "''") + "'"
+// checkoutField names the request key a checkout error is the fault of
+// (the request is then rejected), or "" for a failure to retry or report.
+func checkoutField(err error) string {
+	switch {
+	case errors.Is(err, sources.ErrURL):
+		return "source.repository"
+	case errors.Is(err, sources.ErrRef):
+		return "source.ref"
+	case errors.Is(err, sources.ErrPath):
+		return "source.repository" // a symlink in the repository points out of it
+	}
+	return ""
 }
 
 // run is the job's run under its locks: credentials, SSH checks, the

@@ -1,0 +1,45 @@
+package app
+
+import (
+	"path/filepath"
+	"slices"
+
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
+)
+
+// serveAnsibleJobs sets the handler up for the Ansible job pools of
+// JOB_POOLS and returns their streams ("none": no pool, no streams).
+func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, log zerolog.Logger) ([]string, error) {
+	pools := slices.DeleteFunc(slices.Clone(cfg.Jobs.Pools), func(p string) bool { return p == "" || p == "none" })
+	if len(pools) == 0 {
+		return nil, nil
+	}
+	base := filepath.Dir(cfg.Playbook.RunRoot)
+	srcCfg := cfg.Sources
+	if srcCfg.CacheDir == "" {
+		srcCfg.CacheDir = filepath.Join(base, "autoprov-sources")
+	}
+	cache, err := sources.NewCache(srcCfg, log)
+	if err != nil {
+		return nil, err
+	}
+	workDir := cfg.Jobs.WorkDir
+	if workDir == "" {
+		workDir = filepath.Join(base, "autoprov-jobs")
+	}
+	streams, err := handler.ServeAnsibleJobs(jobs.AnsibleJobsConfig{
+		Pools:    pools,
+		WorkDir:  workDir,
+		MaxHosts: cfg.Jobs.MaxHosts,
+		Sources:  jobs.CacheSources{Cache: cache},
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.Info().Strs("job_streams", streams).Str("job_work_dir", workDir).Str("sources_cache", srcCfg.CacheDir).
+		Msg("serving Ansible jobs")
+	return streams, nil
+}
