@@ -85,9 +85,13 @@ type JobSpec struct {
 	Hosts []JobHost
 	// Groups of the generated inventory (inline inventories).
 	Groups map[string]JobGroup
-	// InventoryFile is a resolved inventory (git, url, dynamic) read before
-	// the generated one, whose connection settings win; "": none.
+	// InventoryFile is a resolved inventory (git, url) read before the
+	// generated one, whose connection settings win; "": none.
 	InventoryFile string
+	// InventoryEnabled is the inventory plugin that reads InventoryFile
+	// (e.g. ansible.builtin.ini); the generated inventory is YAML, and no
+	// other plugin is enabled (no script, no plugin configuration).
+	InventoryEnabled string
 	// Options of ansible-playbook.
 	Options JobOptions
 	// VaultPassword and BecomePassword are secrets ("": none); they reach
@@ -99,10 +103,11 @@ type JobSpec struct {
 }
 
 var (
-	jobAliasRe  = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$`)
-	groupNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-	jobTagRe    = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
-	jobLimitRe  = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]+$`)
+	jobAliasRe   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$`)
+	groupNameRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	jobTagRe     = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+	pluginNameRe = regexp.MustCompile(`^[a-z0-9_]+\.[a-z0-9_]+\.[a-z0-9_]+$`)
+	jobLimitRe   = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]+$`)
 )
 
 // jobEnvNames are the names JobSpec.Env may set.
@@ -131,6 +136,9 @@ func (r *Runner) validateJob(js *JobSpec) ([]pinnedKey, error) {
 		if st, err := os.Lstat(js.InventoryFile); err != nil || !filepath.IsAbs(js.InventoryFile) || !st.Mode().IsRegular() {
 			return nil, fmt.Errorf("job spec: inventory file %s is not a regular file", filepath.Base(js.InventoryFile))
 		}
+	}
+	if js.InventoryEnabled != "" && !pluginNameRe.MatchString(js.InventoryEnabled) {
+		return nil, fmt.Errorf("job spec: inventory plugin %q", js.InventoryEnabled)
 	}
 	if len(js.Hosts) == 0 {
 		return nil, errors.New("job spec: no host")
@@ -312,7 +320,7 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 		// Host names are the caller's: no facts of another run.
 		"ANSIBLE_CACHE_PLUGIN=memory",
 		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + filepath.Join(rd.tmpDir, "facts"),
-		"ANSIBLE_INVENTORY_ENABLED=yaml,ini,auto",
+		"ANSIBLE_INVENTORY_ENABLED=" + strings.Trim("ansible.builtin.yaml,"+js.InventoryEnabled, ","),
 		"ANSIBLE_RETRY_FILES_ENABLED=False",
 	}
 	for _, name := range jobEnvNames {

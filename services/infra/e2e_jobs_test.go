@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -481,5 +483,53 @@ func TestAnsibleJobPools(t *testing.T) {
 		if run := w.run("job-pool-" + pool); run.Owner != owner || run.Stream != messages.AnsibleJobQueue(pool) {
 			t.Errorf("job of pool %q ran on %s from %s", pool, run.Owner, run.Stream)
 		}
+	}
+}
+
+// TestAnsibleJobGitAndURLInventories: a git inventory runs on its hosts; a
+// URL inventory with a host outside the operator's networks is refused
+// before any connection.
+func TestAnsibleJobGitAndURLInventories(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	s := w.sshds[0]
+	w.repo.Commit(t, map[string]string{
+		"site.yml":      sitePlay,
+		"inventory.ini": fmt.Sprintf("[web]\nt1 ansible_host=%s ansible_port=%d ansible_user=%s\n", s.Host, s.Port, s.User),
+	})
+	urlInv := fmt.Sprintf("[web]\nt1 ansible_host=%s ansible_port=%d\nfar ansible_host=198.51.100.9\n", s.Host, s.Port)
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer inv-token" {
+			http.Error(rw, "no", http.StatusUnauthorized)
+			return
+		}
+		rw.Header().Set("Content-Type", "text/plain")
+		fmt.Fprint(rw, urlInv)
+	}))
+	t.Cleanup(srv.Close)
+	p := w.start("PROJ_SECRET_INV=inv-token")
+
+	m := w.job("job-git-inv", nil, "site.yml")
+	m.Inventory = messages.JobInventory{Type: messages.InventoryGit, Repository: w.repo.URL, Path: "inventory.ini",
+		Credential: "env:PROJ_SECRET_GIT"}
+	m.Options.Limit = "web"
+	w.submit(m)
+	r := w.waitJob("job-git-inv", 2*time.Minute)
+	jobStatus(t, r, messages.StatusSucceeded, "")
+	if len(r.Hosts) != 1 || r.Hosts["t1"].Changed != 2 {
+		t.Errorf("recap %+v, want t1 with two changes", r.Hosts)
+	}
+	attempts := p.sshAttempts(t)
+
+	m = w.job("job-url-inv", nil, "site.yml")
+	m.Inventory = messages.JobInventory{Type: messages.InventoryURL, URL: srv.URL + "/hosts.ini", Credential: "env:PROJ_SECRET_INV"}
+	w.submit(m)
+	r = w.waitJob("job-url-inv", time.Minute)
+	jobStatus(t, r, messages.StatusUnreachable, messages.KindSSHUnreachable)
+	if r.Hosts["far"].Unreachable != 1 {
+		t.Errorf("recap %+v, want the refused host unreachable", r.Hosts)
+	}
+	if n := p.sshAttempts(t); n != attempts {
+		t.Errorf("%v SSH attempts during the refused job, want none", n-attempts)
 	}
 }

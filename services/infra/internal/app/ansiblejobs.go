@@ -1,18 +1,21 @@
 package app
 
 import (
+	"cmp"
 	"path/filepath"
 	"slices"
 
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/inventory"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
 )
 
 // serveAnsibleJobs sets the handler up for the Ansible job pools of
 // JOB_POOLS and returns their streams ("none": no pool, no streams).
-func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, log zerolog.Logger) ([]string, error) {
+func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, log zerolog.Logger) ([]string, error) {
 	pools := slices.DeleteFunc(slices.Clone(cfg.Jobs.Pools), func(p string) bool { return p == "" || p == "none" })
 	if len(pools) == 0 {
 		return nil, nil
@@ -26,15 +29,20 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, log zerolog.Logger) ([
 	if err != nil {
 		return nil, err
 	}
+	inventories, err := inventory.NewResolver(cfg.Inventory, cache, guard, log)
+	if err != nil {
+		return nil, err
+	}
 	workDir := cfg.Jobs.WorkDir
 	if workDir == "" {
 		workDir = filepath.Join(base, "autoprov-jobs")
 	}
 	streams, err := handler.ServeAnsibleJobs(jobs.AnsibleJobsConfig{
-		Pools:    pools,
-		WorkDir:  workDir,
-		MaxHosts: cfg.Jobs.MaxHosts,
-		Sources:  jobs.CacheSources{Cache: cache},
+		Pools:       pools,
+		WorkDir:     workDir,
+		MaxHosts:    cmp.Or(cfg.Inventory.MaxHosts, 500),
+		Sources:     jobs.CacheSources{Cache: cache},
+		Inventories: inventories,
 	})
 	if err != nil {
 		return nil, err

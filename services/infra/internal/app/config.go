@@ -18,6 +18,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/inventory"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/signing"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
@@ -47,9 +48,12 @@ type Config struct {
 	Project secrets.ProjectConfig `envPrefix:"PROJECT_"`
 	Authz   authz.Config
 	// Sources holds the Ansible jobs' repository cache (JOB_SOURCES_*).
-	Sources  sources.Config `envPrefix:"JOB_SOURCES_"`
-	Signing  signing.Config
-	Time4VPS time4vps.Config
+	Sources sources.Config `envPrefix:"JOB_SOURCES_"`
+	// Inventory holds the limits of the Ansible jobs' inventories
+	// (JOB_INVENTORY_*; JOB_INVENTORY_MAX_HOSTS bounds every job).
+	Inventory inventory.Config `envPrefix:"JOB_INVENTORY_"`
+	Signing   signing.Config
+	Time4VPS  time4vps.Config
 	// RunLog is where the whole output of every run is kept (the
 	// deployer serves it); the same settings as the deployer's.
 	RunLog runlog.Config
@@ -105,7 +109,6 @@ type JobsConfig struct {
 	RedisOutageWait  time.Duration `env:"REDIS_OUTAGE_WAIT" envDefault:"3m" desc:"how long publishing a job's result waits out Redis being unreachable (a restart, a failover) before the request is retried; the play itself goes on through a Redis outage"`
 	Pools            []string      `env:"JOB_POOLS" envDefault:"default" envSeparator:"," desc:"pools of Ansible jobs this instance serves: default (ansible:job:queue) and/or names of ansible:job:queue:<pool>; none: no Ansible jobs"`
 	WorkDir          string        `env:"JOB_WORK_DIR" desc:"parent of the Ansible jobs' private directories (checkouts, generated plays); default: jobs next to PLAYBOOK_RUN_ROOT"`
-	MaxHosts         int           `env:"JOB_MAX_HOSTS" envDefault:"1000" desc:"most hosts one Ansible job may have"`
 }
 
 // stopMargin is the part of SHUTDOWN_GRACE kept for what follows the

@@ -82,6 +82,9 @@ type AnsibleJobsConfig struct {
 	MaxHosts int
 	// Sources checks out the jobs' repositories.
 	Sources JobSources
+	// Inventories resolves git, URL and dynamic inventories; nil: inline
+	// inventories only.
+	Inventories JobInventories
 	// SSHChecks is how many hosts of a job are checked at once (0: 8).
 	SSHChecks int
 }
@@ -169,18 +172,18 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 	if err := aj.checkRefs(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
-	if err := aj.resolveHosts(ctx); err != nil {
-		return aj.early(ctx, err)
-	}
-	if err := aj.authorizeHosts(ctx); err != nil {
-		return aj.early(ctx, err)
-	}
 	dir, err := os.MkdirTemp(cfg.WorkDir, "job-")
 	if err != nil {
 		return j.infraError(ctx, fmt.Errorf("job dir: %w", err))
 	}
 	defer os.RemoveAll(dir)
 	aj.dir = dir
+	if err := aj.resolveHosts(ctx); err != nil {
+		return aj.early(ctx, err)
+	}
+	if err := aj.authorizeHosts(ctx); err != nil {
+		return aj.early(ctx, err)
+	}
 	if err := aj.checkout(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
@@ -202,6 +205,9 @@ type ansibleJob struct {
 	playbooks []string // absolute paths in the checkout, in order
 	names     []string // the playbooks as the result names them
 	vars      map[string]any
+
+	invFile    string // a resolved git or URL inventory ("": none)
+	invEnabled string // the inventory plugin that reads it
 }
 
 // early ends a job before its run: an outcome is published (rejections
@@ -405,10 +411,12 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 				}
 			},
 		},
-		Hosts:          aj.jobHosts(),
-		Groups:         aj.groups,
-		VaultPassword:  vault,
-		BecomePassword: become,
+		Hosts:            aj.jobHosts(),
+		Groups:           aj.groups,
+		InventoryFile:    aj.invFile,
+		InventoryEnabled: aj.invEnabled,
+		VaultPassword:    vault,
+		BecomePassword:   become,
 		Options: ansible.JobOptions{Tags: aj.m.Options.Tags, SkipTags: aj.m.Options.SkipTags, Limit: aj.m.Options.Limit,
 			Check: aj.m.Options.Check, Diff: aj.m.Options.Diff, Verbosity: aj.m.Options.Verbosity, Forks: aj.m.Options.Forks},
 	}

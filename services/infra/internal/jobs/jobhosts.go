@@ -44,12 +44,12 @@ type jobHost struct {
 var connectionVars = []string{"ansible_host", "ansible_port", "ansible_user"}
 
 // resolveHosts turns the request's inventory into hosts: where each is,
-// whether it is a registered server, its lock key.
+// whether it is a registered server, its lock key. Git, URL and dynamic
+// inventories are resolved by Inventories (ansible-inventory --list).
 func (aj *ansibleJob) resolveHosts(ctx context.Context) error {
 	inv := aj.m.Inventory
 	if inv.Type != messages.InventoryInline {
-		return &messages.ValidationError{Fields: []messages.FieldError{{Field: "inventory.type",
-			Message: string(inv.Type) + " inventories are not supported by this infra service yet"}}}
+		return aj.resolveInventory(ctx)
 	}
 	if len(inv.Hosts) > aj.cfg.MaxHosts {
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: "inventory.hosts",
@@ -62,7 +62,7 @@ func (aj *ansibleJob) resolveHosts(ctx context.Context) error {
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		h, problem, err := aj.resolveHost(ctx, name, inv.Hosts[name])
+		h, problem, err := aj.inlineHost(ctx, name, inv.Hosts[name])
 		if err != nil {
 			return err
 		}
@@ -82,15 +82,15 @@ func (aj *ansibleJob) resolveHosts(ctx context.Context) error {
 	return nil
 }
 
-// resolveHost finds where inventory host name is. A problem with the
-// request (for a field error) comes back as text; errors are
-// infrastructure failures.
-func (aj *ansibleJob) resolveHost(ctx context.Context, name string, vars messages.Vars) (*jobHost, string, error) {
-	h := &jobHost{name: name, given: name, vars: map[string]any{}}
-	port, user := 0, ""
+// inlineHost reads the connection of inline host name from its variables.
+// A problem with the request (for a field error) comes back as text;
+// errors are infrastructure failures.
+func (aj *ansibleJob) inlineHost(ctx context.Context, name string, vars messages.Vars) (*jobHost, string, error) {
+	given, port, user := name, 0, ""
+	rest := map[string]any{}
 	for k, v := range vars {
 		if !slices.Contains(connectionVars, k) {
-			h.vars[k] = v
+			rest[k] = v
 			continue
 		}
 		switch k {
@@ -99,7 +99,7 @@ func (aj *ansibleJob) resolveHost(ctx context.Context, name string, vars message
 			if !ok || s == "" || strings.ContainsAny(s, "{}% \t") {
 				return nil, "ansible_host must be an address or a host name", nil
 			}
-			h.given = s
+			given = s
 		case "ansible_port":
 			n, ok := v.(int64)
 			if !ok || n < 1 || n > 65535 {
@@ -114,7 +114,17 @@ func (aj *ansibleJob) resolveHost(ctx context.Context, name string, vars message
 			user = s
 		}
 	}
-	addr, problem := aj.address(ctx, h.given)
+	return aj.locate(ctx, name, given, port, user, rest)
+}
+
+// locate finds where host name (at given, an address or a host name) is:
+// a registered server at that address (and port, when given) is reached as
+// registered, with its own key and lock; any other host at the canonical
+// address, with the request's key (or the default) and the address's lock,
+// as a deploy to it would be.
+func (aj *ansibleJob) locate(ctx context.Context, name, given string, port int, user string, vars map[string]any) (*jobHost, string, error) {
+	h := &jobHost{name: name, given: given, vars: vars}
+	addr, problem := aj.address(ctx, given)
 	if problem != "" {
 		return nil, problem, nil
 	}
