@@ -533,3 +533,39 @@ func TestAnsibleJobGitAndURLInventories(t *testing.T) {
 		t.Errorf("%v SSH attempts during the refused job, want none", n-attempts)
 	}
 }
+
+// TestAnsibleJobRoles: a role from a repository runs through a generated
+// play with its role_vars; a collection's role is installed from an
+// allowed Galaxy server with the job's Galaxy credential and runs.
+func TestAnsibleJobRoles(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	role := "- name: Write the greeting\n  ansible.builtin.copy:\n    content: \"{{ greeting }}\"\n" +
+		"    dest: \"{{ out }}/{{ inventory_hostname }}.{{ marker }}\"\n    mode: \"0644\"\n"
+	w.repo.Commit(t, map[string]string{"roles/greet/tasks/main.yml": role})
+	hub := sourcestest.NewGalaxyServer(t, "galaxy-token")
+	hub.Add(t, sourcestest.BuildCollection(t, "acme", "web", "1.2.0", map[string]string{"roles/greet/tasks/main.yml": role}))
+	w.start("JOB_GALAXY_SERVERS=hub="+hub.URL, "JOB_GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_GALAXY=galaxy-token")
+
+	m := w.job("job-role", map[string]messages.Vars{"t1": w.host(0)})
+	m.Source = messages.JobSource{Type: messages.SourceRole, Repository: w.repo.URL, RolePath: "roles/greet",
+		GitCredential: "env:PROJ_SECRET_GIT", RoleVars: messages.Vars{"greeting": "{{ not templated }}", "marker": "role"}}
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-role", 2*time.Minute), messages.StatusSucceeded, "")
+	if got, err := os.ReadFile(filepath.Join(w.out, "t1.role")); err != nil || string(got) != "{{ not templated }}" {
+		t.Errorf("role output %q %v, want the role var as data", got, err)
+	}
+
+	m = w.job("job-collection", map[string]messages.Vars{"t1": w.host(0)})
+	m.Source = messages.JobSource{Type: messages.SourceCollectionRole, Collection: "acme.web", Role: "greet",
+		Version: ">=1.0.0", GalaxyServer: hub.URL, RoleVars: messages.Vars{"greeting": "hi", "marker": "collection"}}
+	m.Credentials.Galaxy = "env:PROJ_SECRET_GALAXY"
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-collection", 2*time.Minute), messages.StatusSucceeded, "")
+	if got, err := os.ReadFile(filepath.Join(w.out, "t1.collection")); err != nil || string(got) != "hi" {
+		t.Errorf("collection role output %q %v", got, err)
+	}
+	if hub.Downloads() != 1 {
+		t.Errorf("%d downloads from the Galaxy stand-in, want 1", hub.Downloads())
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/rs/zerolog"
 
@@ -33,16 +34,28 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, lo
 	if err != nil {
 		return nil, err
 	}
+	galaxy, err := sources.NewGalaxy(cfg.Galaxy, log)
+	if err != nil {
+		return nil, err
+	}
+	var servers []jobs.GalaxyServer
+	for _, s := range cfg.Galaxy.Servers {
+		if name, url, ok := strings.Cut(strings.TrimSpace(s), "="); ok {
+			servers = append(servers, jobs.GalaxyServer{Name: name, URL: url})
+		}
+	}
 	workDir := cfg.Jobs.WorkDir
 	if workDir == "" {
 		workDir = filepath.Join(base, "autoprov-jobs")
 	}
 	streams, err := handler.ServeAnsibleJobs(jobs.AnsibleJobsConfig{
-		Pools:       pools,
-		WorkDir:     workDir,
-		MaxHosts:    cmp.Or(cfg.Inventory.MaxHosts, 500),
-		Sources:     jobs.CacheSources{Cache: cache},
-		Inventories: inventories,
+		Pools:         pools,
+		WorkDir:       workDir,
+		MaxHosts:      cmp.Or(cfg.Inventory.MaxHosts, 500),
+		Sources:       jobs.CacheSources{Cache: cache},
+		Inventories:   inventories,
+		Galaxy:        galaxy,
+		GalaxyServers: servers,
 	})
 	if err != nil {
 		return nil, err

@@ -52,8 +52,11 @@ type Config struct {
 	// Inventory holds the limits of the Ansible jobs' inventories
 	// (JOB_INVENTORY_*; JOB_INVENTORY_MAX_HOSTS bounds every job).
 	Inventory inventory.Config `envPrefix:"JOB_INVENTORY_"`
-	Signing   signing.Config
-	Time4VPS  time4vps.Config
+	// Galaxy lists the Galaxy servers Ansible jobs may install from
+	// (JOB_GALAXY_*).
+	Galaxy   sources.GalaxyConfig `envPrefix:"JOB_GALAXY_"`
+	Signing  signing.Config
+	Time4VPS time4vps.Config
 	// RunLog is where the whole output of every run is kept (the
 	// deployer serves it); the same settings as the deployer's.
 	RunLog runlog.Config

@@ -85,9 +85,18 @@ type AnsibleJobsConfig struct {
 	// Inventories resolves git, URL and dynamic inventories; nil: inline
 	// inventories only.
 	Inventories JobInventories
+	// Galaxy installs requirements and collection roles; nil: jobs that
+	// need them are rejected.
+	Galaxy JobGalaxy
+	// GalaxyServers are the allowed Galaxy servers, the first the default:
+	// the job's Galaxy credential goes to the one its source names only.
+	GalaxyServers []GalaxyServer
 	// SSHChecks is how many hosts of a job are checked at once (0: 8).
 	SSHChecks int
 }
+
+// GalaxyServer is an allowed Galaxy server, by name and URL.
+type GalaxyServer struct{ Name, URL string }
 
 // JobStreams returns the streams of pools (see AnsibleJobsConfig.Pools).
 func JobStreams(pools []string) []string {
@@ -206,8 +215,9 @@ type ansibleJob struct {
 	names     []string // the playbooks as the result names them
 	vars      map[string]any
 
-	invFile    string // a resolved git or URL inventory ("": none)
-	invEnabled string // the inventory plugin that reads it
+	env        map[string]string // where the job's requirements are (ANSIBLE_*_PATH)
+	invFile    string            // a resolved git or URL inventory ("": none)
+	invEnabled string            // the inventory plugin that reads it
 }
 
 // early ends a job before its run: an outcome is published (rejections
@@ -297,35 +307,42 @@ func (aj *ansibleJob) targets() []string {
 	return slices.Compact(out)
 }
 
-// checkout checks the source out and finds the playbooks to run.
+// checkout checks the source out, installs its requirements and finds the
+// playbooks to run.
 func (aj *ansibleJob) checkout(ctx context.Context) error {
 	s := aj.m.Source
 	aj.vars = map[string]any{}
-	switch s.Type {
-	case messages.SourcePlaybook, messages.SourceRole:
-	default:
-		return &messages.ValidationError{Fields: []messages.FieldError{{Field: "source.type",
-			Message: string(s.Type) + " is not supported by this infra service yet"}}}
+	for k, v := range aj.m.Options.ExtraVars {
+		aj.vars[k] = v
 	}
-	token, err := aj.secret(ctx, "source.git_credential", s.GitCredential)
+	src := ""
+	if s.Type != messages.SourceCollectionRole {
+		token, err := aj.secret(ctx, "source.git_credential", s.GitCredential)
+		if err != nil {
+			return err
+		}
+		src = aj.dir + "/src"
+		commit, err := aj.cfg.Sources.Checkout(ctx, s.Repository, s.Ref, token, src)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			aj.log.Warn().Str("error", aj.red.RedactString(err.Error())).Msg("source checkout failed")
+			if field := checkoutField(err); field != "" {
+				return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: aj.red.RedactString(err.Error())}}}
+			}
+			return fail(messages.StatusFailed, messages.KindInternal, "source %s at %q: %s", s.Repository, s.Ref, aj.red.RedactString(err.Error()))
+		}
+		aj.result.Commit = commit
+		aj.log = aj.log.With().Str("commit", commit).Logger()
+	}
+	env, err := aj.installRequirements(ctx, src)
 	if err != nil {
 		return err
 	}
-	src := aj.dir + "/src"
-	commit, err := aj.cfg.Sources.Checkout(ctx, s.Repository, s.Ref, token, src)
-	if err != nil {
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
-		aj.log.Warn().Str("error", aj.red.RedactString(err.Error())).Msg("source checkout failed")
-		if field := checkoutField(err); field != "" {
-			return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: aj.red.RedactString(err.Error())}}}
-		}
-		return fail(messages.StatusFailed, messages.KindInternal, "source %s at %q: %s", s.Repository, s.Ref, aj.red.RedactString(err.Error()))
-	}
-	aj.result.Commit = commit
-	aj.log = aj.log.With().Str("commit", commit).Logger()
-	if s.Type == messages.SourceRole {
+	aj.env = env
+	switch s.Type {
+	case messages.SourceRole:
 		roleDir, err := aj.cfg.Sources.SafePath(src, s.RolePath)
 		if err != nil {
 			return &messages.ValidationError{Fields: []messages.FieldError{{Field: "source.role_path", Message: err.Error()}}}
@@ -335,7 +352,14 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 			return &messages.ValidationError{Fields: []messages.FieldError{{Field: "source.role_path", Message: err.Error()}}}
 		}
 		aj.playbooks, aj.names = []string{play}, []string{s.RolePath}
-	} else {
+	case messages.SourceCollectionRole:
+		fqcn := s.Collection + "." + s.Role
+		play := aj.dir + "/role-play.yml"
+		if err := sources.CollectionRolePlay(play, fqcn, s.RoleVars, sources.PlayOptions{GatherFacts: true}); err != nil {
+			return &messages.ValidationError{Fields: []messages.FieldError{{Field: "source.role", Message: err.Error()}}}
+		}
+		aj.playbooks, aj.names = []string{play}, []string{fqcn}
+	default:
 		var fields []messages.FieldError
 		for i, p := range s.Paths {
 			path, err := aj.cfg.Sources.SafePath(src, p)
@@ -353,9 +377,6 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 		if len(fields) > 0 {
 			return &messages.ValidationError{Fields: fields}
 		}
-	}
-	for k, v := range aj.m.Options.ExtraVars {
-		aj.vars[k] = v
 	}
 	return nil
 }
@@ -415,6 +436,7 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 		Groups:           aj.groups,
 		InventoryFile:    aj.invFile,
 		InventoryEnabled: aj.invEnabled,
+		Env:              aj.env,
 		VaultPassword:    vault,
 		BecomePassword:   become,
 		Options: ansible.JobOptions{Tags: aj.m.Options.Tags, SkipTags: aj.m.Options.SkipTags, Limit: aj.m.Options.Limit,
