@@ -589,3 +589,4 @@ func TestAnsibleJobRoles(t *testing.T) {
 		t.Errorf("%d downloads from the Galaxy stand-in, want 1", hub.Downloads())
 	}
 }
+

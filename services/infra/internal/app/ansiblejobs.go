@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/inventory"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
@@ -16,7 +17,7 @@ import (
 
 // serveAnsibleJobs sets the handler up for the Ansible job pools of
 // JOB_POOLS and returns their streams ("none": no pool, no streams).
-func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, log zerolog.Logger) ([]string, error) {
+func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, runAs *ansible.Credential, log zerolog.Logger) ([]string, error) {
 	pools := slices.DeleteFunc(slices.Clone(cfg.Jobs.Pools), func(p string) bool { return p == "" || p == "none" })
 	if len(pools) == 0 {
 		return nil, nil
@@ -55,6 +56,7 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, lo
 		Sources:       jobs.CacheSources{Cache: cache},
 		Inventories:   inventories,
 		Galaxy:        galaxy,
+		RunAs:         runAs,
 		GalaxyServers: servers,
 	})
 	if err != nil {

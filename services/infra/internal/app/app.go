@@ -164,7 +164,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
-	jobStreams, err := serveAnsibleJobs(cfg, handler, authorizer.Guard(), log)
+	jobStreams, err := serveAnsibleJobs(cfg, handler, authorizer.Guard(), runner.Config().RunAs, log)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -93,6 +94,10 @@ type AnsibleJobsConfig struct {
 	GalaxyServers []GalaxyServer
 	// SSHChecks is how many hosts of a job are checked at once (0: 8).
 	SSHChecks int
+	// RunAs is the user plays run as (the runner's Config.RunAs); nil:
+	// this process's. A job's directory is then handed to that user
+	// before its run, and WorkDir is traversable (0711), not listable.
+	RunAs *ansible.Credential
 }
 
 // GalaxyServer is an allowed Galaxy server, by name and URL.
@@ -132,7 +137,11 @@ func (h *Handler) ServeAnsibleJobs(cfg AnsibleJobsConfig) ([]string, error) {
 	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("jobs: work dir: %w", err)
 	}
-	if err := os.Chmod(cfg.WorkDir, 0o700); err != nil {
+	mode := os.FileMode(0o700)
+	if cfg.RunAs != nil {
+		mode = 0o711
+	}
+	if err := os.Chmod(cfg.WorkDir, mode); err != nil {
 		return nil, fmt.Errorf("jobs: work dir: %w", err)
 	}
 	cfg.MaxHosts = cmp.Or(cfg.MaxHosts, messages.MaxJobHosts)
@@ -196,8 +205,29 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 	if err := aj.checkout(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
+	if err := handOver(dir, cfg.RunAs); err != nil {
+		return j.infraError(ctx, err)
+	}
 	j.targets = aj.targets()
 	return j.runLocked(ctx, strings.Join(j.targets, " "), aj.label(), aj.run)
+}
+
+// handOver gives the job's directory to the user plays run as (nothing
+// when they run as this process).
+func handOver(dir string, to *ansible.Credential) error {
+	if to == nil {
+		return nil
+	}
+	err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(to.UID), int(to.GID))
+	})
+	if err != nil {
+		return fmt.Errorf("hand the job directory to the play user: %w", err)
+	}
+	return nil
 }
 
 // ansibleJob is one Ansible job being handled.
