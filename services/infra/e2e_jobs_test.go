@@ -589,4 +589,3 @@ func TestAnsibleJobRoles(t *testing.T) {
 		t.Errorf("%d downloads from the Galaxy stand-in, want 1", hub.Downloads())
 	}
 }
-
