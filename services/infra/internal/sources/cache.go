@@ -159,18 +159,53 @@ func (c *Cache) update(ctx context.Context, key string, repo Repo, dst string) (
 		}
 		cloned = true
 	}
-	if err := c.fetch(ctx, gitDir, repo); err != nil {
-		if cloned || errors.Is(err, ErrTooLarge) {
+	// A clone in the cache: while the fetch asks the server, the commit
+	// the ref names now is written into a hidden sibling of dst. When the
+	// fetch succeeds and the ref has not moved (an unchanged repository,
+	// the common case) its files move into dst, which hides the checkout's
+	// time behind the fetch's; otherwise it is removed. Nothing of it
+	// reaches dst unless the job's own token fetched.
+	type guess struct {
+		commit, dir string
+		err         error
+	}
+	var guessed chan guess
+	if !cloned {
+		if prev, err := c.resolve(ctx, gitDir, repo.Ref); err == nil {
+			guessed = make(chan guess, 1)
+			go func() {
+				dir, err := os.MkdirTemp(filepath.Dir(dst), ".checkout-")
+				if err == nil {
+					err = c.checkout(ctx, gitDir, prev, dir)
+				}
+				guessed <- guess{prev, dir, err}
+			}()
+		}
+	}
+	ferr := c.fetch(ctx, gitDir, repo)
+	var g guess
+	if guessed != nil {
+		g = <-guessed
+		defer func() {
+			if g.dir != "" {
+				_ = os.RemoveAll(g.dir)
+			}
+		}()
+	}
+	if ferr != nil {
+		if cloned || errors.Is(ferr, ErrTooLarge) {
 			_ = os.RemoveAll(gitDir)
 		}
-		return "", cloned, err
+		return "", cloned, ferr
 	}
 	commit, err = c.resolve(ctx, gitDir, repo.Ref)
 	if err != nil {
 		return "", cloned, err
 	}
-	if err := c.checkout(ctx, gitDir, commit, dst); err != nil {
-		return "", cloned, err
+	if g.err != nil || g.commit != commit || moveEntries(g.dir, dst) != nil {
+		if err := c.checkout(ctx, gitDir, commit, dst); err != nil {
+			return "", cloned, err
+		}
 	}
 	now := time.Now()
 	used := filepath.Join(gitDir, usedFile)
@@ -178,6 +213,25 @@ func (c *Cache) update(ctx context.Context, key string, repo Repo, dst string) (
 		_ = os.Chtimes(used, now, now)
 	}
 	return commit, cloned, nil
+}
+
+// moveEntries moves the entries of directory from into the empty
+// directory to; on failure to is emptied again.
+func moveEntries(from, to string) error {
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.Rename(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+			left, _ := os.ReadDir(to)
+			for _, l := range left {
+				_ = os.RemoveAll(filepath.Join(to, l.Name()))
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // fetch brings every branch and tag of repo (and its HEAD) into gitDir,

@@ -33,6 +33,8 @@ func (c *Cache) gitConfig(token string) [][2]string {
 		{"fetch.fsckObjects", "true"},
 		{"gc.autoDetach", "false"},
 		{"advice.detachedHead", "false"},
+		{"checkout.workers", "0"},
+		{"checkout.thresholdForParallelism", "50"},
 	}
 	if c.cfg.AllowHTTP {
 		cfg = append(cfg, [2]string{"protocol.http.allow", "always"})
