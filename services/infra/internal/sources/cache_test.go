@@ -162,6 +162,9 @@ func TestCheckoutCredential(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dst, "a.yml")); err == nil {
 			t.Errorf("token %q: the cached commit was checked out", tok)
 		}
+		if ents, _ := os.ReadDir(filepath.Dir(dst)); len(ents) != 1 {
+			t.Errorf("token %q: left beside the checkout: %v", tok, ents)
+		}
 	}
 }
 
