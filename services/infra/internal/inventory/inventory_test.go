@@ -35,7 +35,7 @@ func newResolver(t *testing.T, cfg Config, strict bool) *Resolver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := sources.NewCache(sources.Config{CacheDir: filepath.Join(t.TempDir(), "cache"), AllowHTTP: true}, zerolog.Nop())
+	cache, err := sources.NewCache(sources.Config{CacheDir: filepath.Join(t.TempDir(), "cache"), AllowHTTP: true}, zerolog.Nop(), sources.WithGuard(guard))
 	if err != nil {
 		t.Fatal(err)
 	}

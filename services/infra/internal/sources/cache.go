@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -38,7 +39,7 @@ const (
 
 // NewCache validates cfg, creates its directory (0700) and returns the
 // cache.
-func NewCache(cfg Config, log zerolog.Logger) (*Cache, error) {
+func NewCache(cfg Config, log zerolog.Logger, opts ...Option) (*Cache, error) {
 	if cfg.CacheDir == "" {
 		return nil, errors.New("sources: cache directory is required")
 	}
@@ -72,7 +73,11 @@ func NewCache(cfg Config, log zerolog.Logger) (*Cache, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("sources: cache directory: %w", err)
 	}
-	return &Cache{cfg: cfg, log: log}, nil
+	c := &Cache{cfg: cfg, log: log, lookup: net.DefaultResolver.LookupNetIP}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
 }
 
 // refRe is what a branch, tag or commit may look like here: git's ref
@@ -255,7 +260,12 @@ func (c *Cache) fetch(ctx context.Context, gitDir string, repo Repo) error {
 			}
 		}
 	}()
-	_, err := c.run(fctx, repo.Token, gitDir, "fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head",
+	pin, err := c.pin(ctx, repo.URL)
+	if err != nil {
+		close(done)
+		return err
+	}
+	_, err = c.exec(fctx, gitOpts{token: repo.Token, cfg: pin}, gitDir, "fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head",
 		"--end-of-options", repo.URL,
 		"+HEAD:refs/autoprov/HEAD", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 	close(done)
@@ -332,7 +342,7 @@ func (c *Cache) checkout(ctx context.Context, gitDir, commit, dst string) error 
 	index.Close()
 	os.Remove(index.Name()) // git wants to create it
 	defer os.Remove(index.Name())
-	if _, err := c.runEnv(ctx, []string{"GIT_INDEX_FILE=" + index.Name()}, gitDir,
+	if _, err := c.exec(ctx, gitOpts{env: []string{"GIT_INDEX_FILE=" + index.Name()}}, gitDir,
 		"--work-tree="+dst, "read-tree", "--reset", "-u", "--end-of-options", commit); err != nil {
 		return fmt.Errorf("checkout %s: %w", commit, err)
 	}

@@ -308,7 +308,7 @@ func TestTokenNeverStored(t *testing.T) {
 		})
 	}
 	// The environment is where it goes, and nothing else of ours.
-	env := strings.Join(c.gitEnv(canary, nil), "\n")
+	env := strings.Join(c.gitEnv(gitOpts{token: canary}), "\n")
 	for _, want := range []string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "http.extraHeader", "protocol.allow\nGIT_CONFIG_VALUE_0=never"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("git env lacks %q:\n%s", want, env)

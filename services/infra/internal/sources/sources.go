@@ -18,10 +18,14 @@
 package sources
 
 import (
+	"context"
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 )
 
 // Errors callers inspect with errors.Is; each is wrapped with its context.
@@ -72,8 +76,21 @@ type Repo struct {
 // Cache is the cache of bare clones. It is safe for concurrent use, and
 // several processes may share its directory.
 type Cache struct {
-	cfg Config
-	log zerolog.Logger
+	cfg    Config
+	log    zerolog.Logger
+	guard  *authz.Guard
+	lookup func(ctx context.Context, network, host string) ([]netip.Addr, error)
 	// onExec, when set (tests), sees every git command line.
 	onExec func(argv []string)
 }
+
+// Option configures NewCache.
+type Option func(*Cache)
+
+// WithGuard makes every fetch check the repository's addresses with
+// guard first (loopback, link-local, cloud metadata, this host's own
+// ... are refused with an error wrapping authz.ErrDenied, before git
+// runs) and pins git's connection to the addresses checked
+// (http.curloptResolve), so that a second name resolution cannot lead it
+// elsewhere.
+func WithGuard(guard *authz.Guard) Option { return func(c *Cache) { c.guard = guard } }
