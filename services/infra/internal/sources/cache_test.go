@@ -137,9 +137,17 @@ func TestCheckoutReuse(t *testing.T) {
 	if srv.Authorized.Load() == before {
 		t.Error("reuse did not ask the server (a job must be authorized by its own token)")
 	}
-	second := repo.Commit(t, map[string]string{"a.yml": "2"})
-	if got := checkout(); got != second {
-		t.Errorf("after a push: %s, want %s", got, second)
+	second := repo.Commit(t, map[string]string{"a.yml": "2", "b.yml": "new"})
+	dst := filepath.Join(t.TempDir(), "src")
+	got, err := c.Checkout(context.Background(), Repo{URL: repo.URL, Ref: "main", Token: "tok"}, dst)
+	if err != nil || got != second {
+		t.Fatalf("after a push: %s, %v; want %s", got, err, second)
+	}
+	if readFile(t, filepath.Join(dst, "a.yml")) != "2" || readFile(t, filepath.Join(dst, "b.yml")) != "new" {
+		t.Error("after a push: the files of the commit before")
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(dst)); len(ents) != 1 {
+		t.Errorf("left beside the checkout: %v", ents)
 	}
 }
 
