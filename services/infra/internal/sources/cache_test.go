@@ -414,6 +414,18 @@ func TestCacheEviction(t *testing.T) {
 	if exists(keyA) || !exists(keyB) {
 		t.Errorf("after a, b over the limit: a kept %v (want false), b kept %v (want true)", exists(keyA), exists(keyB))
 	}
+	// A clone another job holds is not evicted, even when least recently used.
+	unlock, err := lockFile(context.Background(), filepath.Join(c.cfg.CacheDir, "locks", keyB+".lock"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Checkout(context.Background(), Repo{URL: a.URL, Token: "tok"}, filepath.Join(t.TempDir(), "src")); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(keyA) || !exists(keyB) {
+		t.Errorf("b in use: a kept %v, b kept %v (want both)", exists(keyA), exists(keyB))
+	}
+	unlock()
 }
 
 func TestCheckoutSymlinkOut(t *testing.T) {
