@@ -58,9 +58,9 @@ func newJobWorld(t *testing.T, n int) *jobWorld {
 	w.repo = git.NewRepo(t, "ops.git")
 	w.out = t.TempDir()
 	w.env = []string{
-		"JOB_SOURCES_ALLOW_HTTP=true",
+		"SOURCES_ALLOW_HTTP=true",
 		"JOB_WORK_DIR=" + filepath.Join(t.TempDir(), "jobs"),
-		"JOB_SOURCES_CACHE_DIR=" + filepath.Join(t.TempDir(), "sources"),
+		"SOURCES_CACHE_DIR=" + filepath.Join(t.TempDir(), "sources"),
 		"DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
 		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_",
 		"DEPLOY_SECRET_REFS=env:PROJ_SECRET_*",
@@ -565,7 +565,7 @@ func TestAnsibleJobRoles(t *testing.T) {
 	w.repo.Commit(t, map[string]string{"roles/greet/tasks/main.yml": role})
 	hub := sourcestest.NewGalaxyServer(t, "galaxy-token")
 	hub.Add(t, sourcestest.BuildCollection(t, "acme", "web", "1.2.0", map[string]string{"roles/greet/tasks/main.yml": role}))
-	w.start("JOB_GALAXY_SERVERS=hub="+hub.URL, "JOB_GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_GALAXY=galaxy-token")
+	w.start("GALAXY_SERVERS=hub="+hub.URL, "GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_GALAXY=galaxy-token")
 
 	m := w.job("job-role", map[string]messages.Vars{"t1": w.host(0)})
 	m.Source = messages.JobSource{Type: messages.SourceRole, Repository: w.repo.URL, RolePath: "roles/greet",

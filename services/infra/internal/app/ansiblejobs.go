@@ -27,7 +27,7 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 	if srcCfg.CacheDir == "" {
 		srcCfg.CacheDir = filepath.Join(base, "autoprov-sources")
 	}
-	cache, err := sources.NewCache(srcCfg, log)
+	cache, err := sources.NewCache(srcCfg, log, sources.WithGuard(guard))
 	if err != nil {
 		return nil, err
 	}

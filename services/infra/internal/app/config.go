@@ -47,14 +47,14 @@ type Config struct {
 	// (PROJECT_*), apart from the service's own (Secrets).
 	Project secrets.ProjectConfig `envPrefix:"PROJECT_"`
 	Authz   authz.Config
-	// Sources holds the Ansible jobs' repository cache (JOB_SOURCES_*).
-	Sources sources.Config `envPrefix:"JOB_SOURCES_"`
+	// Sources holds the Ansible jobs' repository cache (SOURCES_*).
+	Sources sources.Config `envPrefix:"SOURCES_"`
 	// Inventory holds the limits of the Ansible jobs' inventories
-	// (JOB_INVENTORY_*; JOB_INVENTORY_MAX_HOSTS bounds every job).
-	Inventory inventory.Config `envPrefix:"JOB_INVENTORY_"`
+	// (INVENTORY_*; INVENTORY_MAX_HOSTS bounds every job).
+	Inventory inventory.Config `envPrefix:"INVENTORY_"`
 	// Galaxy lists the Galaxy servers Ansible jobs may install from
-	// (JOB_GALAXY_*).
-	Galaxy   sources.GalaxyConfig `envPrefix:"JOB_GALAXY_"`
+	// (GALAXY_*).
+	Galaxy   sources.GalaxyConfig `envPrefix:"GALAXY_"`
 	Signing  signing.Config
 	Time4VPS time4vps.Config
 	// RunLog is where the whole output of every run is kept (the

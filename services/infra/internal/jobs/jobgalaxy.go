@@ -68,7 +68,7 @@ func (aj *ansibleJob) installRequirements(ctx context.Context, src string) (map[
 	}
 	if (len(reqs) > 0 || s.Type == messages.SourceCollectionRole) && aj.cfg.Galaxy == nil {
 		return nil, &messages.ValidationError{Fields: []messages.FieldError{{Field: "source",
-			Message: "needs a Galaxy server, and none is configured on this infra service (JOB_GALAXY_SERVERS)"}}}
+			Message: "needs a Galaxy server, and none is configured on this infra service (GALAXY_SERVERS)"}}}
 	}
 	for _, req := range reqs {
 		tokens, err := aj.galaxyTokens(ctx, "")

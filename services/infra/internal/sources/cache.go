@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -38,7 +39,7 @@ const (
 
 // NewCache validates cfg, creates its directory (0700) and returns the
 // cache.
-func NewCache(cfg Config, log zerolog.Logger) (*Cache, error) {
+func NewCache(cfg Config, log zerolog.Logger, opts ...Option) (*Cache, error) {
 	if cfg.CacheDir == "" {
 		return nil, errors.New("sources: cache directory is required")
 	}
@@ -72,7 +73,11 @@ func NewCache(cfg Config, log zerolog.Logger) (*Cache, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("sources: cache directory: %w", err)
 	}
-	return &Cache{cfg: cfg, log: log}, nil
+	c := &Cache{cfg: cfg, log: log, lookup: net.DefaultResolver.LookupNetIP}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
 }
 
 // refRe is what a branch, tag or commit may look like here: git's ref
@@ -159,18 +164,53 @@ func (c *Cache) update(ctx context.Context, key string, repo Repo, dst string) (
 		}
 		cloned = true
 	}
-	if err := c.fetch(ctx, gitDir, repo); err != nil {
-		if cloned || errors.Is(err, ErrTooLarge) {
+	// A clone in the cache: while the fetch asks the server, the commit
+	// the ref names now is written into a hidden sibling of dst. When the
+	// fetch succeeds and the ref has not moved (an unchanged repository,
+	// the common case) its files move into dst, which hides the checkout's
+	// time behind the fetch's; otherwise it is removed. Nothing of it
+	// reaches dst unless the job's own token fetched.
+	type guess struct {
+		commit, dir string
+		err         error
+	}
+	var guessed chan guess
+	if !cloned {
+		if prev, err := c.resolve(ctx, gitDir, repo.Ref); err == nil {
+			guessed = make(chan guess, 1)
+			go func() {
+				dir, err := os.MkdirTemp(filepath.Dir(dst), ".checkout-")
+				if err == nil {
+					err = c.checkout(ctx, gitDir, prev, dir)
+				}
+				guessed <- guess{prev, dir, err}
+			}()
+		}
+	}
+	ferr := c.fetch(ctx, gitDir, repo)
+	var g guess
+	if guessed != nil {
+		g = <-guessed
+		defer func() {
+			if g.dir != "" {
+				_ = os.RemoveAll(g.dir)
+			}
+		}()
+	}
+	if ferr != nil {
+		if cloned || errors.Is(ferr, ErrTooLarge) {
 			_ = os.RemoveAll(gitDir)
 		}
-		return "", cloned, err
+		return "", cloned, ferr
 	}
 	commit, err = c.resolve(ctx, gitDir, repo.Ref)
 	if err != nil {
 		return "", cloned, err
 	}
-	if err := c.checkout(ctx, gitDir, commit, dst); err != nil {
-		return "", cloned, err
+	if g.err != nil || g.commit != commit || moveEntries(g.dir, dst) != nil {
+		if err := c.checkout(ctx, gitDir, commit, dst); err != nil {
+			return "", cloned, err
+		}
 	}
 	now := time.Now()
 	used := filepath.Join(gitDir, usedFile)
@@ -178,6 +218,25 @@ func (c *Cache) update(ctx context.Context, key string, repo Repo, dst string) (
 		_ = os.Chtimes(used, now, now)
 	}
 	return commit, cloned, nil
+}
+
+// moveEntries moves the entries of directory from into the empty
+// directory to; on failure to is emptied again.
+func moveEntries(from, to string) error {
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.Rename(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+			left, _ := os.ReadDir(to)
+			for _, l := range left {
+				_ = os.RemoveAll(filepath.Join(to, l.Name()))
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // fetch brings every branch and tag of repo (and its HEAD) into gitDir,
@@ -201,7 +260,12 @@ func (c *Cache) fetch(ctx context.Context, gitDir string, repo Repo) error {
 			}
 		}
 	}()
-	_, err := c.run(fctx, repo.Token, gitDir, "fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head",
+	pin, err := c.pin(ctx, repo.URL)
+	if err != nil {
+		close(done)
+		return err
+	}
+	_, err = c.exec(fctx, gitOpts{token: repo.Token, cfg: pin}, gitDir, "fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head",
 		"--end-of-options", repo.URL,
 		"+HEAD:refs/autoprov/HEAD", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 	close(done)
@@ -278,7 +342,7 @@ func (c *Cache) checkout(ctx context.Context, gitDir, commit, dst string) error 
 	index.Close()
 	os.Remove(index.Name()) // git wants to create it
 	defer os.Remove(index.Name())
-	if _, err := c.runEnv(ctx, []string{"GIT_INDEX_FILE=" + index.Name()}, gitDir,
+	if _, err := c.exec(ctx, gitOpts{env: []string{"GIT_INDEX_FILE=" + index.Name()}}, gitDir,
 		"--work-tree="+dst, "read-tree", "--reset", "-u", "--end-of-options", commit); err != nil {
 		return fmt.Errorf("checkout %s: %w", commit, err)
 	}

@@ -137,9 +137,17 @@ func TestCheckoutReuse(t *testing.T) {
 	if srv.Authorized.Load() == before {
 		t.Error("reuse did not ask the server (a job must be authorized by its own token)")
 	}
-	second := repo.Commit(t, map[string]string{"a.yml": "2"})
-	if got := checkout(); got != second {
-		t.Errorf("after a push: %s, want %s", got, second)
+	second := repo.Commit(t, map[string]string{"a.yml": "2", "b.yml": "new"})
+	dst := filepath.Join(t.TempDir(), "src")
+	got, err := c.Checkout(context.Background(), Repo{URL: repo.URL, Ref: "main", Token: "tok"}, dst)
+	if err != nil || got != second {
+		t.Fatalf("after a push: %s, %v; want %s", got, err, second)
+	}
+	if readFile(t, filepath.Join(dst, "a.yml")) != "2" || readFile(t, filepath.Join(dst, "b.yml")) != "new" {
+		t.Error("after a push: the files of the commit before")
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(dst)); len(ents) != 1 {
+		t.Errorf("left beside the checkout: %v", ents)
 	}
 }
 
@@ -161,6 +169,9 @@ func TestCheckoutCredential(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(dst, "a.yml")); err == nil {
 			t.Errorf("token %q: the cached commit was checked out", tok)
+		}
+		if ents, _ := os.ReadDir(filepath.Dir(dst)); len(ents) != 1 {
+			t.Errorf("token %q: left beside the checkout: %v", tok, ents)
 		}
 	}
 }
@@ -305,7 +316,7 @@ func TestTokenNeverStored(t *testing.T) {
 		})
 	}
 	// The environment is where it goes, and nothing else of ours.
-	env := strings.Join(c.gitEnv(canary, nil), "\n")
+	env := strings.Join(c.gitEnv(gitOpts{token: canary}), "\n")
 	for _, want := range []string{"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "http.extraHeader", "protocol.allow\nGIT_CONFIG_VALUE_0=never"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("git env lacks %q:\n%s", want, env)
@@ -403,6 +414,18 @@ func TestCacheEviction(t *testing.T) {
 	if exists(keyA) || !exists(keyB) {
 		t.Errorf("after a, b over the limit: a kept %v (want false), b kept %v (want true)", exists(keyA), exists(keyB))
 	}
+	// A clone another job holds is not evicted, even when least recently used.
+	unlock, err := lockFile(context.Background(), filepath.Join(c.cfg.CacheDir, "locks", keyB+".lock"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Checkout(context.Background(), Repo{URL: a.URL, Token: "tok"}, filepath.Join(t.TempDir(), "src")); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(keyA) || !exists(keyB) {
+		t.Errorf("b in use: a kept %v, b kept %v (want both)", exists(keyA), exists(keyB))
+	}
+	unlock()
 }
 
 func TestCheckoutSymlinkOut(t *testing.T) {

@@ -33,6 +33,8 @@ func (c *Cache) gitConfig(token string) [][2]string {
 		{"fetch.fsckObjects", "true"},
 		{"gc.autoDetach", "false"},
 		{"advice.detachedHead", "false"},
+		{"checkout.workers", "0"},
+		{"checkout.thresholdForParallelism", "50"},
 	}
 	if c.cfg.AllowHTTP {
 		cfg = append(cfg, [2]string{"protocol.http.allow", "always"})
@@ -49,8 +51,15 @@ func basicAuth(token string) string {
 	return base64.StdEncoding.EncodeToString([]byte("x-access-token:" + token))
 }
 
+// gitOpts are what one git command adds to the fixed environment.
+type gitOpts struct {
+	token string      // the repository's token (http.extraHeader)
+	cfg   [][2]string // more configuration (the address pin)
+	env   []string    // more variables (GIT_INDEX_FILE)
+}
+
 // gitEnv is git's whole environment: nothing of this process's.
-func (c *Cache) gitEnv(token string, extra []string) []string {
+func (c *Cache) gitEnv(o gitOpts) []string {
 	protocols := "https"
 	if c.cfg.AllowHTTP {
 		protocols = "https:http"
@@ -67,26 +76,23 @@ func (c *Cache) gitEnv(token string, extra []string) []string {
 		"GIT_NO_REPLACE_OBJECTS=1",
 		"GIT_NO_LAZY_FETCH=1",
 	}
-	cfg := c.gitConfig(token)
+	cfg := append(c.gitConfig(o.token), o.cfg...)
 	env = append(env, "GIT_CONFIG_COUNT="+strconv.Itoa(len(cfg)))
 	for i, kv := range cfg {
 		n := strconv.Itoa(i)
 		env = append(env, "GIT_CONFIG_KEY_"+n+"="+kv[0], "GIT_CONFIG_VALUE_"+n+"="+kv[1])
 	}
-	return append(env, extra...)
+	return append(env, o.env...)
 }
 
 // run runs git on gitDir (none when empty) with token's credential.
 func (c *Cache) run(ctx context.Context, token, gitDir string, args ...string) ([]byte, error) {
-	return c.exec(ctx, token, nil, gitDir, args...)
+	return c.exec(ctx, gitOpts{token: token}, gitDir, args...)
 }
 
-// runEnv runs git on gitDir with extra environment variables.
-func (c *Cache) runEnv(ctx context.Context, extra []string, gitDir string, args ...string) ([]byte, error) {
-	return c.exec(ctx, "", extra, gitDir, args...)
-}
-
-func (c *Cache) exec(ctx context.Context, token string, extra []string, gitDir string, args ...string) ([]byte, error) {
+// exec runs git on gitDir (none when empty) with o.
+func (c *Cache) exec(ctx context.Context, o gitOpts, gitDir string, args ...string) ([]byte, error) {
+	token := o.token
 	argv := []string{}
 	if gitDir != "" {
 		argv = append(argv, "--git-dir="+gitDir)
@@ -96,7 +102,7 @@ func (c *Cache) exec(ctx context.Context, token string, extra []string, gitDir s
 		c.onExec(argv)
 	}
 	cmd := exec.CommandContext(ctx, "git", argv...)
-	cmd.Env = c.gitEnv(token, extra)
+	cmd.Env = c.gitEnv(o)
 	cmd.Dir = filepath.Join(c.cfg.CacheDir, "home")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// git fetch runs git-remote-http and index-pack: stop them all.

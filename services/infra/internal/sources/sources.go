@@ -18,10 +18,14 @@
 package sources
 
 import (
+	"context"
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 )
 
 // Errors callers inspect with errors.Is; each is wrapped with its context.
@@ -44,10 +48,10 @@ var (
 // with infra's prefix; desc is the --help line). The zero value of a
 // field means its default.
 type Config struct {
-	CacheDir      string        `env:"CACHE_DIR" desc:"directory of the cache of bare clones (default: sources under the run root)"`
+	CacheDir      string        `env:"CACHE_DIR" desc:"directory of the cache of bare clones of Ansible jobs' repositories (default: sources under the run root)"`
 	CacheMaxBytes int64         `env:"CACHE_MAX_BYTES" envDefault:"4294967296" desc:"size of the cache of bare clones past which the least recently used repositories are removed"`
 	RepoMaxBytes  int64         `env:"REPO_MAX_BYTES" envDefault:"1073741824" desc:"largest bare clone of one repository; a clone or fetch past it fails"`
-	CheckoutMax   int64         `env:"CHECKOUT_MAX_BYTES" envDefault:"1073741824" desc:"largest checkout of one commit"`
+	CheckoutMax   int64         `env:"CHECKOUT_MAX_BYTES" envDefault:"1073741824" desc:"largest checkout of one commit (its files added up)"`
 	Timeout       time.Duration `env:"TIMEOUT" envDefault:"5m" desc:"time limit of one clone or fetch and its checkout, lock wait excluded"`
 	LockTimeout   time.Duration `env:"LOCK_TIMEOUT" envDefault:"10m" desc:"longest wait for the lock of a repository another job or replica holds"`
 	// AllowHTTP lets plain http:// repositories (and Galaxy servers)
@@ -72,8 +76,21 @@ type Repo struct {
 // Cache is the cache of bare clones. It is safe for concurrent use, and
 // several processes may share its directory.
 type Cache struct {
-	cfg Config
-	log zerolog.Logger
+	cfg    Config
+	log    zerolog.Logger
+	guard  *authz.Guard
+	lookup func(ctx context.Context, network, host string) ([]netip.Addr, error)
 	// onExec, when set (tests), sees every git command line.
 	onExec func(argv []string)
 }
+
+// Option configures NewCache.
+type Option func(*Cache)
+
+// WithGuard makes every fetch check the repository's addresses with
+// guard first (loopback, link-local, cloud metadata, this host's own
+// ... are refused with an error wrapping authz.ErrDenied, before git
+// runs) and pins git's connection to the addresses checked
+// (http.curloptResolve), so that a second name resolution cannot lead it
+// elsewhere.
+func WithGuard(guard *authz.Guard) Option { return func(c *Cache) { c.guard = guard } }
