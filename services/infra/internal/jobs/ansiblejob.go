@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
@@ -415,7 +416,7 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 // (the request is then rejected), or "" for a failure to retry or report.
 func checkoutField(err error) string {
 	switch {
-	case errors.Is(err, sources.ErrURL):
+	case errors.Is(err, sources.ErrURL), errors.Is(err, authz.ErrDenied): // at an address infra may not reach
 		return "source.repository"
 	case errors.Is(err, sources.ErrRef):
 		return "source.ref"
