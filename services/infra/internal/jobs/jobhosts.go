@@ -53,7 +53,7 @@ func (aj *ansibleJob) resolveHosts(ctx context.Context) error {
 	}
 	if len(inv.Hosts) > aj.cfg.MaxHosts {
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: "inventory.hosts",
-			Message: fmt.Sprintf("must have at most %d hosts (this infra's JOB_MAX_HOSTS)", aj.cfg.MaxHosts)}}}
+			Message: fmt.Sprintf("must have at most %d hosts (this infra's INVENTORY_MAX_HOSTS)", aj.cfg.MaxHosts)}}}
 	}
 	var fields []messages.FieldError
 	names := make([]string, 0, len(inv.Hosts))

@@ -77,7 +77,7 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 	}
 	if len(hosts) > aj.cfg.MaxHosts {
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field,
-			Message: fmt.Sprintf("has %d hosts; this infra allows at most %d (JOB_MAX_HOSTS)", len(hosts), aj.cfg.MaxHosts)}}}
+			Message: fmt.Sprintf("has %d hosts; this infra allows at most %d (INVENTORY_MAX_HOSTS)", len(hosts), aj.cfg.MaxHosts)}}}
 	}
 	if len(hosts) == 0 {
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: "has no hosts"}}}
