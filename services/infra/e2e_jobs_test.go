@@ -589,3 +589,71 @@ func TestAnsibleJobRoles(t *testing.T) {
 		t.Errorf("%d downloads from the Galaxy stand-in, want 1", hub.Downloads())
 	}
 }
+
+// cloudPlugin is a dynamic inventory plugin (acme.cloud.static) that adds
+// the hosts of its configuration when its cloud credential is there.
+const cloudPlugin = `from __future__ import annotations
+import os
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin
+
+DOCUMENTATION = r'''
+name: static
+short_description: hosts from its configuration file
+description: hosts from its configuration file, for tests
+options:
+  plugin:
+    description: this plugin
+    required: true
+    choices: ['acme.cloud.static']
+  hosts:
+    description: hosts, each with name, address, port and user
+    type: list
+    elements: dict
+    default: []
+'''
+
+
+class InventoryModule(BaseInventoryPlugin):
+    NAME = 'acme.cloud.static'
+
+    def verify_file(self, path):
+        return super().verify_file(path) and path.endswith(('static.yml', 'static.yaml'))
+
+    def parse(self, inventory, loader, path, cache=True):
+        super().parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        if os.environ.get('ACME_CLOUD_TOKEN') != 'cloud-secret':
+            raise AnsibleParserError('acme cloud: no credential')
+        self.inventory.add_group('cloud')
+        for h in self.get_option('hosts'):
+            self.inventory.add_host(h['name'], group='cloud')
+            self.inventory.set_variable(h['name'], 'ansible_host', h['address'])
+            self.inventory.set_variable(h['name'], 'ansible_port', h['port'])
+            self.inventory.set_variable(h['name'], 'ansible_user', h['user'])
+`
+
+// TestAnsibleJobDynamicInventory: a dynamic inventory plugin from a
+// collection the source's requirements install (from the Galaxy stand-in),
+// with the cloud credential by reference, lists the hosts; the play runs on
+// them, by the group the plugin made.
+func TestAnsibleJobDynamicInventory(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	s := w.sshds[0]
+	hub := sourcestest.NewGalaxyServer(t, "")
+	hub.Add(t, sourcestest.BuildCollection(t, "acme", "cloud", "1.0.0", map[string]string{"plugins/inventory/static.py": cloudPlugin}))
+	w.repo.Commit(t, map[string]string{"site.yml": sitePlay, "collections/requirements.yml": "collections:\n  - name: acme.cloud\n"})
+	w.start("GALAXY_SERVERS=hub="+hub.URL, "GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_CLOUD=ACME_CLOUD_TOKEN=cloud-secret")
+	m := w.job("job-dynamic", nil, "site.yml")
+	m.Inventory = messages.JobInventory{Type: messages.InventoryDynamic, Plugin: "acme.cloud.static",
+		Config: messages.Vars{"hosts": []any{map[string]any{"name": "vm1", "address": s.Host, "port": int64(s.Port), "user": s.User}}}}
+	m.Credentials.Cloud = "env:PROJ_SECRET_CLOUD"
+	m.Options.Limit = "cloud"
+	w.submit(m)
+	r := w.waitJob("job-dynamic", 2*time.Minute)
+	jobStatus(t, r, messages.StatusSucceeded, "")
+	if len(r.Hosts) != 1 || r.Hosts["vm1"].Changed != 2 {
+		t.Errorf("recap %+v, want vm1 with two changes", r.Hosts)
+	}
+}

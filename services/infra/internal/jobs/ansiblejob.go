@@ -197,14 +197,25 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 	}
 	defer os.RemoveAll(dir)
 	aj.dir = dir
+	// A dynamic inventory's plugin may come from the source's
+	// requirements: its source is checked out (and they installed) first.
+	// Any other job fetches nothing before its hosts are authorized.
+	sourceFirst := m.Inventory.Type == messages.InventoryDynamic
+	if sourceFirst {
+		if err := aj.checkout(ctx); err != nil {
+			return aj.early(ctx, err)
+		}
+	}
 	if err := aj.resolveHosts(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
 	if err := aj.authorizeHosts(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
-	if err := aj.checkout(ctx); err != nil {
-		return aj.early(ctx, err)
+	if !sourceFirst {
+		if err := aj.checkout(ctx); err != nil {
+			return aj.early(ctx, err)
+		}
 	}
 	if err := handOver(dir, cfg.RunAs); err != nil {
 		return j.infraError(ctx, err)

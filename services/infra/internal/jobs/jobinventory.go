@@ -59,7 +59,7 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 		}
 		spec.Env = cloudEnv(cloud)
 	}
-	file, hosts, err := aj.cfg.Inventories.Resolve(ctx, spec, inventory.Run{Dir: aj.dir})
+	file, hosts, err := aj.cfg.Inventories.Resolve(ctx, spec, inventory.Run{Dir: aj.dir, CollectionsPath: aj.env["ANSIBLE_COLLECTIONS_PATH"]})
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
