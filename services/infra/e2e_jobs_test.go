@@ -65,6 +65,7 @@ func newJobWorld(t *testing.T, n int) *jobWorld {
 		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_",
 		"DEPLOY_SECRET_REFS=env:PROJ_SECRET_*",
 		"PROJ_SECRET_GIT=job-token",
+		"PROJ_SECRET_SSH=" + string(w.sshds[0].ClientKey),
 	}
 	return w
 }
@@ -92,8 +93,9 @@ func (w *jobWorld) job(id string, hosts map[string]messages.Vars, paths ...strin
 		ProjectID:   jobProject,
 		Source: messages.JobSource{Type: messages.SourcePlaybook, Repository: w.repo.URL, Paths: paths,
 			GitCredential: "env:PROJ_SECRET_GIT"},
-		Inventory: messages.JobInventory{Type: messages.InventoryInline, Hosts: hosts},
-		Options:   messages.JobOptions{ExtraVars: messages.Vars{"out": w.out}},
+		Inventory:   messages.JobInventory{Type: messages.InventoryInline, Hosts: hosts},
+		Credentials: messages.JobCredentials{SSH: "env:PROJ_SECRET_SSH"},
+		Options:     messages.JobOptions{ExtraVars: messages.Vars{"out": w.out}},
 	}
 }
 
@@ -238,8 +240,8 @@ func TestAnsibleJobInlineInventory(t *testing.T) {
 	}
 }
 
-// TestAnsibleJobRejectsBadInput: an invalid job and a job on another pool's
-// stream are rejected with field errors and dead-lettered; a repository
+// TestAnsibleJobRejectsBadInput: an invalid job, a job on another pool's
+// stream and one that would need infra's own SSH key are rejected with field errors and dead-lettered; a repository
 // with a symlink out of the checkout is rejected before anything runs.
 func TestAnsibleJobRejectsBadInput(t *testing.T) {
 	t.Parallel()
@@ -264,6 +266,15 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 	r = w.waitJob("job-other-pool", time.Minute)
 	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
 
+	nokey := w.job("job-no-key", map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
+	nokey.Credentials.SSH = "" // infra's own key is never lent to a job
+	w.submit(nokey)
+	r = w.waitJob("job-no-key", time.Minute)
+	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
+	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "inventory.hosts[t1]" {
+		t.Errorf("fields %+v", r.Error.Fields)
+	}
+
 	esc := w.job("job-escape", map[string]messages.Vars{"t1": w.host(0)}, "escape.yml")
 	w.submit(esc)
 	r = w.waitJob("job-escape", time.Minute)
@@ -272,8 +283,8 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 		t.Errorf("fields %+v", r.Error.Fields)
 	}
 	w.waitAcked(messages.StreamAnsibleJobQueue, time.Minute)
-	if n := w.rdb.XLen(context.Background(), messages.StreamAnsibleJobQueue+stream.DeadLetterSuffix).Val(); n != 3 {
-		t.Errorf("%d dead letters, want 3", n)
+	if n := w.rdb.XLen(context.Background(), messages.StreamAnsibleJobQueue+stream.DeadLetterSuffix).Val(); n != 4 {
+		t.Errorf("%d dead letters, want 4", n)
 	}
 }
 

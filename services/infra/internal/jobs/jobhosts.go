@@ -145,11 +145,14 @@ func (aj *ansibleJob) locate(ctx context.Context, name, given string, port int, 
 			}
 		}
 	} else {
+		// A job's playbook is the requester's code, and may use the
+		// run's ssh-agent from the controller: the service's own key is
+		// never lent to reach a host that is no registered server.
 		h.target = "address:" + addr
-		h.keyRef, h.own = aj.m.Credentials.SSH, aj.m.Credentials.SSH == ""
-		if h.own {
-			h.keyRef = aj.h.cfg.DefaultSSHKeyRef
+		if aj.m.Credentials.SSH == "" {
+			return nil, "is not a registered server: the job needs credentials.ssh to reach it (infra's own key is never lent to a job)", nil
 		}
+		h.keyRef = aj.m.Credentials.SSH
 	}
 	h.ep.alias = hostAlias(h.name, h.ep.address)
 	return h, "", nil
