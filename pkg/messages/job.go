@@ -216,7 +216,8 @@ type JobInventory struct {
 // its arguments or files.
 type JobCredentials struct {
 	// SSH private key for the hosts that are not registered servers
-	// (registered servers use their own).
+	// (registered servers use their own); required when the inventory has
+	// such a host: infra never lends its own key to a job.
 	SSH string `msgpack:"ssh,omitempty"`
 	// Password for become (sudo).
 	BecomePassword string `msgpack:"become_password,omitempty"`
