@@ -181,7 +181,7 @@ const (
 
 // TestAnsibleJobInlineInventory: three inline hosts, one of them down: the
 // two others run, the recap shows the third unreachable, the result names
-// the commit of the tag; tags, limit and check are honoured.
+// the commit of the tag; tags, limit, check and diff are honoured.
 func TestAnsibleJobInlineInventory(t *testing.T) {
 	t.Parallel()
 	w := newJobWorld(t, 2)
@@ -221,7 +221,7 @@ func TestAnsibleJobInlineInventory(t *testing.T) {
 	// limit t1 and check mode: nothing written, t2 and t3 not touched.
 	m = w.job("job-check", hosts, "site.yml")
 	m.Source.Ref = "v1"
-	m.Options.Limit, m.Options.Check, m.Options.Tags = "t1", true, []string{"a"}
+	m.Options.Limit, m.Options.Check, m.Options.Diff, m.Options.Tags = "t1", true, true, []string{"a"}
 	w.submit(m)
 	r = w.waitJob("job-check", 2*time.Minute)
 	jobStatus(t, r, messages.StatusSucceeded, "")
@@ -230,6 +230,9 @@ func TestAnsibleJobInlineInventory(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(w.out, "t1.a")); err == nil {
 		t.Error("check mode wrote the file")
+	}
+	if !strings.Contains(r.OutputTail, "+++ after") {
+		t.Errorf("no diff in the output:\n%s", r.OutputTail)
 	}
 	if run := w.run("job-check"); run.Kind != "job" || run.Status != string(messages.StatusSucceeded) {
 		t.Errorf("run row %+v", run)
