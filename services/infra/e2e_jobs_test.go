@@ -453,7 +453,8 @@ func (e *e2e) recordsIn(path string) [][]string {
 	return out
 }
 
-// TestAnsibleJobCancel: setting the job's cancel key stops its play.
+// TestAnsibleJobCancel: setting the job's cancel key stops its play, and
+// so does the job's own time limit.
 func TestAnsibleJobCancel(t *testing.T) {
 	t.Parallel()
 	w := newJobWorld(t, 1)
@@ -474,6 +475,18 @@ func TestAnsibleJobCancel(t *testing.T) {
 	jobStatus(t, r, messages.StatusCancelled, messages.KindCancelled)
 	if d := time.Since(began); d > 30*time.Second {
 		t.Errorf("cancel took %s", d)
+	}
+
+	// The job's own time limit stops it too.
+	m = w.job("job-timeout", map[string]messages.Vars{"t1": w.host(0)}, "slow.yml")
+	m.Options.ExtraVars["hold"] = int64(60)
+	m.Options.TimeoutSeconds = 3
+	began = time.Now()
+	w.submit(m)
+	r = w.waitJob("job-timeout", time.Minute)
+	jobStatus(t, r, messages.StatusFailed, messages.KindTimeout)
+	if d := time.Since(began); d > 30*time.Second {
+		t.Errorf("a 3 s limit stopped the job after %s", d)
 	}
 }
 
