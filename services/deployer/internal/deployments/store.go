@@ -239,3 +239,46 @@ func list(ctx context.Context, q store.Querier, f Filter) (*Page, error) {
 	}
 	return p, nil
 }
+
+// CursorAt returns the cursor of List that starts after the deployment
+// created at at with id: the web console's merged runs list pages
+// deployments from another list's position.
+func CursorAt(at time.Time, id string) string {
+	return encodeCursor(&Deployment{CreatedAt: at, ID: id})
+}
+
+// Hourly counts the deployments v sees created since since, by hour (UTC,
+// truncated) and status (queued and running together as "running").
+func (s *Service) Hourly(ctx context.Context, v Visibility, since time.Time) (map[time.Time]map[string]int, error) {
+	args := []any{since}
+	where := "d.created_at >= $1"
+	switch cond, arg := v.clause(); {
+	case arg != nil:
+		args = append(args, arg)
+		where += " AND " + strings.ReplaceAll(cond, "?", "$2")
+	case cond != "":
+		where += " AND " + cond
+	}
+	rows, err := s.db.Query(ctx, `SELECT date_trunc('hour', d.created_at),
+		CASE WHEN d.status = 'queued' THEN 'running' ELSE d.status END, count(*)
+		FROM deployments d WHERE `+where+` GROUP BY 1, 2`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("hourly deployments: %w", err)
+	}
+	defer rows.Close()
+	out := map[time.Time]map[string]int{}
+	for rows.Next() {
+		var at time.Time
+		var status string
+		var n int
+		if err := rows.Scan(&at, &status, &n); err != nil {
+			return nil, fmt.Errorf("hourly deployments: %w", err)
+		}
+		at = at.UTC()
+		if out[at] == nil {
+			out[at] = map[string]int{}
+		}
+		out[at][status] += n
+	}
+	return out, rows.Err()
+}
