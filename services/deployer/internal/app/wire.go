@@ -54,7 +54,7 @@ type Parts struct {
 	// operator Redis connection), after they stop.
 	closers []func() error
 	cfg     *Config
-	log         zerolog.Logger
+	log     zerolog.Logger
 }
 
 // Build builds the components from the configuration and what Serve

@@ -382,9 +382,12 @@ func (c *Console) provisionPage(w http.ResponseWriter, r *http.Request) {
 	}
 	data := map[string]any{"Title": "Provisioning run " + run.JobID, "Run": run}
 	if len(result) > 0 {
-		if res, err := messages.DecodeProvisionerResult(result); err == nil {
-			data["Result"] = res
+		res, err := messages.DecodeProvisionerResult(result)
+		if err != nil {
+			c.log.Warn().Err(err).Str("job_id", run.JobID).Msg("decode provisioning result")
+			data["ResultError"] = "The run's stored result does not decode."
 		}
+		data["Result"] = res
 	}
 	c.render(w, r, http.StatusOK, "provision", data)
 }
