@@ -50,25 +50,49 @@ type queueRow struct {
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	key := c.key(r)
 	data := map[string]any{"Title": "Overview"}
-	if key.Has(auth.ScopeServersRead) {
-		var list api.ServerList
-		if res, err := c.call(r, http.MethodGet, "/api/v1/servers?limit=1", nil, &list); err == nil && res.Problem == nil {
-			type count struct {
-				Status string
-				N      int
-			}
-			var counts []count
-			total := 0
-			for _, st := range fleet.Statuses() {
-				counts = append(counts, count{st, list.Counts[st]})
-				total += list.Counts[st]
-			}
-			data["Servers"], data["ServersTotal"] = counts, total
-		}
-	}
 	since := c.now().UTC().Truncate(time.Hour).Add(-23 * time.Hour)
+	// The parts are independent: they are read at once, and the page
+	// takes as long as the slowest.
+	var (
+		wg             sync.WaitGroup
+		counts         []statusCount
+		total          int
+		depHours, prov map[time.Time]map[string]int
+		queues         []queueRow
+		ready          []readiness
+	)
+	if key.Has(auth.ScopeServersRead) {
+		wg.Go(func() {
+			var list api.ServerList
+			if res, err := c.call(r, http.MethodGet, "/api/v1/servers?limit=1", nil, &list); err == nil && res.Problem == nil {
+				for _, st := range fleet.Statuses() {
+					counts = append(counts, statusCount{st, list.Counts[st]})
+					total += list.Counts[st]
+				}
+			}
+		})
+		if c.deps.Fleet != nil {
+			wg.Go(func() {
+				var err error
+				if prov, err = c.deps.Fleet.HourlyRuns(r.Context(), fleet.RunKindProvision, since); err != nil {
+					c.log.Warn().Err(err).Msg("hourly runs")
+				}
+			})
+		}
+		wg.Go(func() { queues = c.queueRows(r.Context()) })
+		wg.Go(func() { ready = c.readiness(r.Context()) })
+	}
+	if key.Has(auth.ScopeDeploymentsRead) && c.deps.Deployments != nil {
+		wg.Go(func() {
+			var err error
+			if depHours, err = c.deps.Deployments.Hourly(r.Context(), api.VisibilityOf(key), since); err != nil {
+				c.log.Warn().Err(err).Msg("hourly deployments")
+			}
+		})
+	}
+	wg.Wait()
 	hours := map[time.Time]map[string]int{}
-	addHours := func(m map[time.Time]map[string]int) {
+	for _, m := range []map[time.Time]map[string]int{depHours, prov} {
 		for at, by := range m {
 			if hours[at] == nil {
 				hours[at] = map[string]int{}
@@ -78,26 +102,20 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if key.Has(auth.ScopeDeploymentsRead) && c.deps.Deployments != nil {
-		if m, err := c.deps.Deployments.Hourly(r.Context(), api.VisibilityOf(key), since); err == nil {
-			addHours(m)
-		} else {
-			c.log.Warn().Err(err).Msg("hourly deployments")
-		}
-	}
-	if key.Has(auth.ScopeServersRead) && c.deps.Fleet != nil {
-		if m, err := c.deps.Fleet.HourlyRuns(r.Context(), fleet.RunKindProvision, since); err == nil {
-			addHours(m)
-		} else {
-			c.log.Warn().Err(err).Msg("hourly runs")
-		}
+	if counts != nil {
+		data["Servers"], data["ServersTotal"] = counts, total
 	}
 	data["Chart"] = hourlyChart(since, hours)
 	if key.Has(auth.ScopeServersRead) {
-		data["Queues"] = c.queueRows(r.Context())
-		data["Ready"] = c.readiness(r.Context())
+		data["Queues"], data["Ready"] = queues, ready
 	}
 	c.render(w, r, http.StatusOK, "overview", data)
+}
+
+// statusCount is a number of servers in a status.
+type statusCount struct {
+	Status string
+	N      int
 }
 
 // readiness probes the services, concurrently.
