@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
 )
 
@@ -160,5 +161,93 @@ func TestSessionsAndCSRF(t *testing.T) {
 	}
 	if err := e.DB.QueryRow(context.Background(), `SELECT count(*) FROM console_sessions WHERE key_id = $1`, e.AdminID).Scan(&stored); err != nil || stored != 0 {
 		t.Fatalf("sessions left after sign-out: %d %v", stored, err)
+	}
+}
+
+// TestRunPagesAndEvents follows a deployment through the console: its
+// events stream (the API's, as the session's key) resumes after
+// Last-Event-ID, its page shows the outcome and the log, and the runs list
+// pages with its cursor.
+func TestRunPagesAndEvents(t *testing.T) {
+	e := deployertest.Start(t, deployertest.Options{})
+	res, body := e.Do(http.MethodPost, "/api/v1/deployments?wait=30s", e.CI, deployertest.Request())
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("deploy: %d %s", res.StatusCode, body)
+	}
+	id := deployertest.JSON[map[string]any](t, body)["id"].(string)
+	b := newBrowser(t, e.URL)
+	b.signIn(e.CI)
+
+	events := func(last string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, e.URL+"/ui/runs/deployment/"+id+"/events", nil)
+		if last != "" {
+			req.Header.Set("Last-Event-ID", last)
+		}
+		res, err := b.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(body)
+	}
+	status, all := events("")
+	if status != http.StatusOK || !strings.Contains(all, "event: run_started") || !strings.Contains(all, "event: run_finished") {
+		t.Fatalf("events: %d\n%s", status, all)
+	}
+	ids := regexp.MustCompile(`(?m)^id: (\S+)$`).FindAllStringSubmatch(all, -1)
+	if len(ids) < 3 {
+		t.Fatalf("events without ids:\n%s", all)
+	}
+	status, rest := events(ids[0][1])
+	if status != http.StatusOK || strings.Contains(rest, "id: "+ids[0][1]+"\n") || !strings.Contains(rest, "id: "+ids[1][1]+"\n") {
+		t.Fatalf("resume after %s: %d\n%s", ids[0][1], status, rest)
+	}
+	if status, _ := events(ids[len(ids)-1][1]); status != http.StatusNoContent {
+		t.Fatalf("resume after the end: %d, want 204", status)
+	}
+
+	res, page := b.get("/ui/runs/deployment/" + id)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="full-log"`) || !strings.Contains(page, "succeeded") {
+		t.Fatalf("deployment page: %d\n%s", res.StatusCode, page)
+	}
+
+	// Another key's project is not this key's: the API's visibility.
+	other := e.Key("other", []auth.Scope{auth.ScopeDeploymentsRead}, "22222222-3333-4444-5555-666666666666")
+	ob := newBrowser(t, e.URL)
+	ob.signIn(other)
+	if res, _ := ob.get("/ui/runs/deployment/" + id); res.StatusCode != http.StatusNotFound {
+		t.Fatalf("another project's deployment: %d, want 404", res.StatusCode)
+	}
+	if _, page := ob.get("/ui/runs"); strings.Contains(page, id) {
+		t.Fatal("another project's deployment is listed")
+	}
+
+	// Cursor paging: three more deployments, three per page.
+	for range 3 {
+		if res, body := e.Do(http.MethodPost, "/api/v1/deployments", e.CI, deployertest.Request()); res.StatusCode != http.StatusAccepted {
+			t.Fatalf("deploy: %d %s", res.StatusCode, body)
+		}
+	}
+	seen := map[string]bool{}
+	path := "/ui/runs?kind=deployment&limit=3"
+	for pages := 0; path != ""; pages++ {
+		if pages > 10 {
+			t.Fatal("the pages never end")
+		}
+		_, page := b.get(path)
+		for _, m := range regexp.MustCompile(`/ui/runs/deployment/([0-9a-f-]{36})"`).FindAllStringSubmatch(page, -1) {
+			if seen[m[1]] {
+				t.Fatalf("%s listed twice", m[1])
+			}
+			seen[m[1]] = true
+		}
+		path = ""
+		if m := regexp.MustCompile(`href="([^"]+)" id="next-page"`).FindStringSubmatch(page); m != nil {
+			path = strings.ReplaceAll(m[1], "&amp;", "&")
+		}
+	}
+	if len(seen) != 4 {
+		t.Fatalf("paged through %d deployments, want 4", len(seen))
 	}
 }

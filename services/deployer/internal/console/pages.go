@@ -290,8 +290,12 @@ func (c *Console) runsPage(w http.ResponseWriter, r *http.Request) {
 	}
 	var runs []Run
 	var next *Position
+	limit := 50
+	if n, perr := strconv.Atoi(q.Get("limit")); perr == nil && n >= 1 && n <= 100 {
+		limit = n
+	}
 	if err == nil {
-		runs, next, err = c.listRuns(r, kind, f, before, 50)
+		runs, next, err = c.listRuns(r, kind, f, before, limit)
 	}
 	var bad *errBadFilter
 	switch {

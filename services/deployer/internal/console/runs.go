@@ -218,7 +218,7 @@ func decodePosition(s string) (*Position, error) {
 	if err != nil {
 		return nil, errBadCursor
 	}
-	return &Position{At: time.UnixMicro(us), Kind: parts[1], ID: parts[2]}, nil
+	return &Position{At: time.UnixMicro(us).UTC(), Kind: parts[1], ID: parts[2]}, nil
 }
 
 func problemText(p *api.Problem) string {
