@@ -137,8 +137,8 @@ func artifacts(t *testing.T) string {
 // in headless Chromium, against real Redis and Postgres and the stand-in
 // infra (fakeinfra) for deployments.
 func TestConsoleInBrowser(t *testing.T) {
+	bin := testenv.BuildBinary(t, ".") // skips under -short, before chromium is required
 	exe := chromium(t)
-	bin := testenv.BuildBinary(t, ".")
 	dsn := testenv.Postgres(t)
 	redisURL := testenv.RedisDB(t)
 	port := testenv.FreePort(t)
