@@ -491,25 +491,10 @@ func (s *Store) RunResult(ctx context.Context, jobID string) (*RunOf, []byte, er
 // HourlyRuns counts the runs of kind created since since by hour (UTC,
 // truncated) and outcome: a final status, or "running".
 func (s *Store) HourlyRuns(ctx context.Context, kind string, since time.Time) (map[time.Time]map[string]int, error) {
-	rows, err := s.db.Query(ctx, `SELECT date_trunc('hour', created_at), COALESCE(status, 'running'), count(*)
+	out, err := store.Hourly(ctx, s.db, `SELECT date_trunc('hour', created_at), COALESCE(status, 'running'), count(*)
 		FROM runs WHERE kind = $1 AND created_at >= $2 GROUP BY 1, 2`, kind, since)
 	if err != nil {
 		return nil, fmt.Errorf("hourly runs: %w", err)
 	}
-	defer rows.Close()
-	out := map[time.Time]map[string]int{}
-	for rows.Next() {
-		var at time.Time
-		var status string
-		var n int
-		if err := rows.Scan(&at, &status, &n); err != nil {
-			return nil, fmt.Errorf("hourly runs: %w", err)
-		}
-		at = at.UTC()
-		if out[at] == nil {
-			out[at] = map[string]int{}
-		}
-		out[at][status] += n
-	}
-	return out, rows.Err()
+	return out, nil
 }

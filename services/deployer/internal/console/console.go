@@ -265,8 +265,7 @@ func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, name, value 
 }
 
 func (c *Console) clearCookie(w http.ResponseWriter, r *http.Request, name string) {
-	http.SetCookie(w, &http.Cookie{Name: name, Value: "", Path: Prefix, MaxAge: -1,
-		HttpOnly: true, Secure: c.secure(r), SameSite: http.SameSiteStrictMode})
+	c.setCookie(w, r, name, "", -time.Second) // MaxAge -1: delete it now
 }
 
 // signinCookie carries the sign-in form's CSRF token (there is no session

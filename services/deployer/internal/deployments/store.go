@@ -259,26 +259,11 @@ func (s *Service) Hourly(ctx context.Context, v Visibility, since time.Time) (ma
 	case cond != "":
 		where += " AND " + cond
 	}
-	rows, err := s.db.Query(ctx, `SELECT date_trunc('hour', d.created_at),
+	out, err := store.Hourly(ctx, s.db, `SELECT date_trunc('hour', d.created_at),
 		CASE WHEN d.status = 'queued' THEN 'running' ELSE d.status END, count(*)
 		FROM deployments d WHERE `+where+` GROUP BY 1, 2`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("hourly deployments: %w", err)
 	}
-	defer rows.Close()
-	out := map[time.Time]map[string]int{}
-	for rows.Next() {
-		var at time.Time
-		var status string
-		var n int
-		if err := rows.Scan(&at, &status, &n); err != nil {
-			return nil, fmt.Errorf("hourly deployments: %w", err)
-		}
-		at = at.UTC()
-		if out[at] == nil {
-			out[at] = map[string]int{}
-		}
-		out[at][status] += n
-	}
-	return out, rows.Err()
+	return out, nil
 }
