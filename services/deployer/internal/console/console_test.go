@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -9,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
@@ -104,9 +106,6 @@ func TestSessionsAndCSRF(t *testing.T) {
 	res, _ = b.get("/ui/")
 	if csp := res.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
 		t.Fatalf("CSP %q", csp)
-	}
-	for _, sc := range res.Cookies() {
-		_ = sc
 	}
 	var stored int
 	if err := e.DB.QueryRow(context.Background(), `SELECT count(*) FROM console_sessions WHERE token_hash = sha256(convert_to('session:' || $1, 'UTF8'))`, session.Value).Scan(&stored); err != nil || stored != 1 {
@@ -249,5 +248,61 @@ func TestRunPagesAndEvents(t *testing.T) {
 	}
 	if len(seen) != 4 {
 		t.Fatalf("paged through %d deployments, want 4", len(seen))
+	}
+}
+
+// TestSessionCookieAndExpiry checks the cookie's attributes (Secure only
+// behind TLS or when told) and that a session ends at its expiry.
+func TestSessionCookieAndExpiry(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("secure=%v", secure), func(t *testing.T) {
+			env := map[string]string{"CONSOLE_SESSION_TTL": "2s"}
+			if secure {
+				env["CONSOLE_SECURE_COOKIES"] = "true"
+			}
+			e := deployertest.Start(t, deployertest.Options{NoInfra: true, Env: env})
+			b := newBrowser(t, e.URL)
+			_, page := b.get("/ui/signin")
+			res, err := b.c.PostForm(e.URL+"/ui/signin", url.Values{"csrf": {csrfOf(t, page)}, "key": {e.Admin}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			var cookie *http.Cookie
+			for _, c := range res.Cookies() {
+				if c.Name == "autoprov_session" {
+					cookie = c
+				}
+			}
+			if cookie == nil || !cookie.HttpOnly || cookie.SameSite != http.SameSiteStrictMode || cookie.Path != "/ui" || cookie.Secure != secure {
+				t.Fatalf("session cookie %+v (secure %v)", cookie, secure)
+			}
+			if secure {
+				// A Secure cookie is not sent back over plain HTTP: the
+				// test sends it itself to check the session works.
+				req, _ := http.NewRequest(http.MethodGet, e.URL+"/ui/runs", nil)
+				req.AddCookie(&http.Cookie{Name: cookie.Name, Value: cookie.Value})
+				res, err := http.DefaultClient.Do(req)
+				if err != nil || res.StatusCode != http.StatusOK {
+					t.Fatalf("with the session: %v %v", res.StatusCode, err)
+				}
+				res.Body.Close()
+				return
+			}
+			if res, _ := b.get("/ui/runs"); res.StatusCode != http.StatusOK {
+				t.Fatalf("signed in: %d", res.StatusCode)
+			}
+			time.Sleep(2500 * time.Millisecond)
+			req, _ := http.NewRequest(http.MethodGet, e.URL+"/ui/runs", nil)
+			req.AddCookie(&http.Cookie{Name: cookie.Name, Value: cookie.Value}) // the browser would have dropped it
+			res, err = b.c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusSeeOther {
+				t.Fatalf("an expired session still works: %d", res.StatusCode)
+			}
+		})
 	}
 }
