@@ -330,13 +330,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := db.QueryRow(ctx, `SELECT COALESCE(requested_action, '') FROM servers WHERE handle = 'evil-1'`).Scan(&requested); err != nil || requested != "provision" {
 		t.Fatalf("provision not requested: %q %v", requested, err)
 	}
+	// The runs page, refreshing itself, shows the run once infra starts it.
+	run("runs", chromedp.Navigate(base+"/ui/runs?kind=provision"), chromedp.WaitVisible(chromedp.CSS("#runs")),
+		chromedp.Click(chromedp.CSS("#refresh-toggle")))
+	waitFor("the runs page refreshes itself", `location.search.includes("refresh=1") && !!document.querySelector('meta[http-equiv="refresh"]')`, false)
 	jobID := "prov-" + testenv.Unique("")
 	if _, _, err := store.StartRun(ctx, db, store.RunStart{JobID: jobID, Kind: "provision", Stream: messages.StreamProvisionerQueue,
 		RequestID: "1-1", Target: "evil-1", ServerHandle: "evil-1", Playbook: "setup_server.yml", Owner: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	run("runs", chromedp.Navigate(base+"/ui/runs?kind=provision"), chromedp.WaitVisible(chromedp.CSS("#runs")))
-	waitFor("provisioning run appears", `document.querySelector("#runs").textContent.includes("`+jobID+`")`, true)
+	waitFor("provisioning run appears", `document.querySelector("#runs").textContent.includes("`+jobID+`")`, false)
 	res := &messages.ProvisionerResult{Outcome: messages.Outcome{JobID: jobID, RequestID: "1-1", Status: messages.StatusFailed,
 		Error: &messages.ErrorInfo{Kind: messages.KindPlaybookFailed, Message: "verify_server.yml failed"}, FailedTask: &messages.FailedTask{Name: xss, Host: "evil-1", Message: "boom"}},
 		Playbooks: []messages.PlaybookOutcome{{Playbook: "setup_server.yml", Status: "succeeded"}, {Playbook: "verify_server.yml", Status: "failed", ErrorKind: "playbook_failed"}}}

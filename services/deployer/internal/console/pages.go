@@ -233,12 +233,31 @@ func (c *Console) serverPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := map[string]any{"Title": "Server " + d.Server.Handle, "D": d, "Ops": api.Operations()}
+	refreshing(data, r.URL.Query())
 	if d.Server.HostKeyPinned && c.deps.Fleet != nil {
 		if srv, err := c.deps.Fleet.Get(r.Context(), h); err == nil {
 			data["HostKey"] = fingerprint(srv.HostKey)
 		}
 	}
 	c.render(w, r, http.StatusOK, "server", data)
+}
+
+// refreshInterval is how often a page asked to refresh reloads.
+const refreshInterval = 5
+
+// refreshing sets up a page's refresh (?refresh=1) and the links that turn
+// it on and off.
+func refreshing(data map[string]any, q url.Values) {
+	on := url.Values{}
+	maps.Copy(on, q)
+	if q.Get("refresh") == "1" {
+		data["Refresh"] = refreshInterval
+		on.Del("refresh")
+		data["RefreshToggle"], data["RefreshLabel"] = "?"+on.Encode(), "Stop refreshing"
+		return
+	}
+	on.Set("refresh", "1")
+	data["RefreshToggle"], data["RefreshLabel"] = "?"+on.Encode(), "Refresh every "+strconv.Itoa(refreshInterval)+" s"
 }
 
 // fingerprint returns a pinned host key's type and SHA-256 fingerprint.
@@ -277,6 +296,7 @@ func (c *Console) runsPage(w http.ResponseWriter, r *http.Request) {
 	f := RunFilter{Status: q.Get("status"), Server: strings.TrimSpace(q.Get("server"))}
 	kind := q.Get("kind")
 	data := map[string]any{"Title": "Runs", "Q": q, "Statuses": runStatuses}
+	refreshing(data, q)
 	var kinds []string
 	for _, s := range c.deps.Runs {
 		if s.Visible(c.key(r)) {

@@ -69,6 +69,9 @@ type view struct {
 	KeyName string
 	CSRF    string
 	Flash   string
+	// Refresh, when set, reloads the page every Refresh seconds (a meta
+	// refresh: no script).
+	Refresh int
 	Data    any
 }
 
@@ -84,6 +87,9 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, pag
 	if m, ok := data.(map[string]any); ok {
 		if t, ok := m["Title"].(string); ok {
 			v.Title = t
+		}
+		if n, ok := m["Refresh"].(int); ok {
+			v.Refresh = n
 		}
 	}
 	var buf bytes.Buffer
