@@ -207,6 +207,9 @@ func authOf(ctx context.Context) *authInfo {
 
 const sessionCookie = "autoprov_session"
 
+// csrfRefused is the message of a POST without its CSRF token.
+const csrfRefused = "The form is missing its security token (CSRF): reload the page and try again."
+
 // session lets signed-in requests through with their key: others go to
 // the sign-in page; a POST must carry the session's CSRF token.
 func (c *Console) session(next http.Handler) http.Handler {
@@ -242,7 +245,7 @@ func (c *Console) session(next http.Handler) http.Handler {
 			return
 		}
 		if r.Method == http.MethodPost && !sameToken(r.PostFormValue("csrf"), ses.CSRF) {
-			c.fail(w, r, http.StatusForbidden, "The form is missing its security token (CSRF): reload the page and try again.")
+			c.fail(w, r, http.StatusForbidden, csrfRefused)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxAuth, &authInfo{key: key, session: ses})))
@@ -285,7 +288,7 @@ func (c *Console) showSignin(w http.ResponseWriter, r *http.Request, status int,
 func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	ck, err := r.Cookie(signinCookie)
 	if err != nil || !sameToken(r.PostFormValue("csrf"), ck.Value) {
-		c.fail(w, r, http.StatusForbidden, "The form is missing its security token (CSRF): reload the page and try again.")
+		c.fail(w, r, http.StatusForbidden, csrfRefused)
 		return
 	}
 	secret := strings.TrimSpace(r.PostFormValue("key"))
