@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +86,20 @@ func TestDeadLetters(t *testing.T) {
 	}
 	if res, _ := post(admin, csrf, "replay", "1-1"); res.StatusCode != http.StatusNotFound {
 		t.Fatalf("replay of no dead letter: %d", res.StatusCode)
+	}
+
+	// Pages of 50: the 60th of them is on the second page.
+	var ids []string
+	for range 59 {
+		ids = append(ids, add("handler_error"))
+	}
+	_, page := admin.get("/ui/queues")
+	next := regexp.MustCompile(`href="(/ui/queues\?after=[^"]+)"`).FindStringSubmatch(page)
+	if next == nil || strings.Contains(page, ids[58]) || !strings.Contains(page, ids[48]) {
+		t.Fatalf("first page of dead letters:\n%s", page)
+	}
+	_, page = admin.get(strings.ReplaceAll(next[1], "&amp;", "&"))
+	if !strings.Contains(page, ids[58]) || strings.Contains(page, ids[48]) {
+		t.Fatalf("second page of dead letters:\n%s", page)
 	}
 }

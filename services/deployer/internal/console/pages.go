@@ -526,12 +526,23 @@ func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
 	type deadGroup struct {
 		Stream  string
 		Letters []stream.DeadLetter
+		Next    string // the link to the next page of this stream's
 		Err     string
 	}
+	// ?stream=&after= pages through one stream's dead letters.
+	q := r.URL.Query()
+	only, after := q.Get("stream"), q.Get("after")
 	var dead []deadGroup
 	if c.deps.Queues != nil {
 		for _, name := range c.cfg.Streams {
-			page, err := c.deps.Queues.DeadLetters(r.Context(), name, "", 50)
+			if only != "" && name != only {
+				continue
+			}
+			from := ""
+			if name == only {
+				from = after
+			}
+			page, err := c.deps.Queues.DeadLetters(r.Context(), name, from, 50)
 			g := deadGroup{Stream: name}
 			switch {
 			case err != nil && errors.Is(err, stream.ErrNotFound):
@@ -540,6 +551,9 @@ func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
 				g.Err = "cannot read the dead letters"
 			default:
 				g.Letters = page.Letters
+				if page.Next != "" {
+					g.Next = Prefix + "/queues?" + url.Values{"stream": {name}, "after": {page.Next}}.Encode()
+				}
 			}
 			if len(g.Letters) > 0 || g.Err != "" {
 				dead = append(dead, g)
