@@ -102,6 +102,9 @@ func New(cfg Config, deps Deps) (*API, error) {
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 10 * time.Second
 	}
+	if deps.Auth != nil {
+		deps.Auth = contextKeys{deps.Auth} // keys the console checked (WithKey)
+	}
 	a := &API{cfg: cfg, deps: deps, log: deps.Logger.With().Str("component", "api").Logger(),
 		shutdown: make(chan struct{}), ready: make(chan struct{})}
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -411,7 +411,3 @@ func (a *API) deploymentWebhooks(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"items": list})
 }
-
-// VisibilityOf is what key may see and act on, as every deployments
-// handler decides it (the web console's own reads use it too).
-func VisibilityOf(key *auth.Key) deployments.Visibility { return visibility(key) }

@@ -26,16 +26,7 @@ type ctxKey int
 const (
 	ctxRequestID ctxKey = iota
 	ctxKeyInfo
-	ctxSessionKey
 )
-
-// WithKey returns ctx carrying key, a key its caller already checked (the
-// web console, from its session): the API's handlers then act for key
-// without a Bearer header, with the same scopes, projects and rate limit.
-// Only code in this process can set it; no request can.
-func WithKey(ctx context.Context, key *auth.Key) context.Context {
-	return context.WithValue(ctx, ctxSessionKey, key)
-}
 
 // requestIDRE is the shape of a request id accepted from a client.
 var requestIDRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
@@ -154,10 +145,6 @@ type RateLimiter interface {
 func (a *API) authenticate(scope auth.Scope) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if key, _ := r.Context().Value(ctxSessionKey).(*auth.Key); key != nil {
-				a.authorized(w, r, key, scope, next)
-				return
-			}
 			secret, ok := bearer(r)
 			if !ok {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="autoprov"`)
@@ -183,26 +170,20 @@ func (a *API) authenticate(scope auth.Scope) func(http.Handler) http.Handler {
 				writeProblem(w, r, http.StatusUnauthorized, ProbUnauthorized, detail)
 				return
 			}
-			a.authorized(w, r, key, scope, next)
+			if ki, _ := r.Context().Value(ctxKeyInfo).(*keyInfo); ki != nil {
+				ki.key = key
+			}
+			if scope != "" && !key.Has(scope) {
+				writeProblem(w, r, http.StatusForbidden, ProbForbidden,
+					"this API key does not have the scope "+string(scope))
+				return
+			}
+			if a.limited(w, r, "key:"+key.ID, key.RateLimit, keyBudgetSpent) {
+				return
+			}
+			next.ServeHTTP(w, r)
 		})
 	}
-}
-
-// authorized serves next for key, an authenticated key, when it holds
-// scope and its rate limit allows.
-func (a *API) authorized(w http.ResponseWriter, r *http.Request, key *auth.Key, scope auth.Scope, next http.Handler) {
-	if ki, _ := r.Context().Value(ctxKeyInfo).(*keyInfo); ki != nil {
-		ki.key = key
-	}
-	if scope != "" && !key.Has(scope) {
-		writeProblem(w, r, http.StatusForbidden, ProbForbidden,
-			"this API key does not have the scope "+string(scope))
-		return
-	}
-	if a.limited(w, r, "key:"+key.ID, key.RateLimit, keyBudgetSpent) {
-		return
-	}
-	next.ServeHTTP(w, r)
 }
 
 // The details of the two 429s: a key's budget, and the failed

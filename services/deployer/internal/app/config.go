@@ -12,7 +12,6 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
-	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/console"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
@@ -34,6 +33,7 @@ type Config struct {
 	service.Common
 
 	API      APIConfig
+	Console  ConsoleConfig // the web console (/ui/): console.go
 	Stream   StreamConfig
 	Webhooks WebhookConfig
 	RunLog   runlog.Config
@@ -44,33 +44,6 @@ type Config struct {
 	// SecretRefs are the templates of the secret references a request
 	// may name, checked at submit.
 	SecretRefs SecretRefsConfig
-	// Console configures the web console (/ui/).
-	Console ConsoleConfig
-}
-
-// ConsoleConfig configures the web console served under /ui/ on the API's
-// port (see docs/console.md).
-type ConsoleConfig struct {
-	Enabled    bool          `env:"CONSOLE_ENABLED" envDefault:"true" desc:"serve the web console under /ui/ on the API's port"`
-	SessionTTL time.Duration `env:"CONSOLE_SESSION_TTL" envDefault:"12h" desc:"how long a console session lasts (it ends sooner at sign-out or when its key is revoked)"`
-	Secure     bool          `env:"CONSOLE_SECURE_COOKIES" desc:"mark the console's cookies Secure although the API speaks plain HTTP (behind a TLS proxy); always on with API_TLS_CERT_FILE"`
-	// RedisURLFile names a file holding an operator's Redis URL.
-	RedisURLFile string `env:"CONSOLE_REDIS_URL_FILE" desc:"file holding the Redis URL of an operator's user (reads every stream, replays and drops dead letters) for the console's queues; unset: the deployer's own connection, which sees only its own streams"`
-	// Readiness lists other services' /readyz as name=URL.
-	Readiness []string `env:"CONSOLE_READINESS" envSeparator:"," desc:"name=URL of other services' /readyz shown on the console's overview, comma-separated, e.g. scheduler=http://127.0.0.1:9101/readyz"`
-}
-
-// Services parses Readiness.
-func (c ConsoleConfig) Services() ([]console.Service, error) {
-	out := []console.Service{{Name: "deployer"}}
-	for _, item := range c.Readiness {
-		name, u, ok := strings.Cut(strings.TrimSpace(item), "=")
-		if !ok || name == "" || !(strings.HasPrefix(u, "http://") || strings.HasPrefix(u, "https://")) {
-			return nil, service.Invalid("CONSOLE_READINESS", "each item must be name=http(s)://host:port/readyz")
-		}
-		out = append(out, console.Service{Name: name, URL: u})
-	}
-	return out, nil
 }
 
 // SecretRefsConfig is infra's DEPLOY_SECRET_REFS, read by the deployer too:
@@ -204,17 +177,12 @@ func (c *Config) Validate() error {
 	if c.API.KeyCacheTTL < 0 {
 		errs = append(errs, service.Invalid("API_KEY_CACHE_TTL", "must not be negative"))
 	}
+	errs = append(errs, c.Console.validate()...)
 	if c.Keep.Deployments < 0 {
 		errs = append(errs, service.Invalid("DEPLOYMENT_RETENTION", "must not be negative"))
 	}
 	if c.Keep.IdempotencyKeys < 0 {
 		errs = append(errs, service.Invalid("IDEMPOTENCY_KEY_TTL", "must not be negative"))
-	}
-	if c.Console.SessionTTL <= 0 {
-		errs = append(errs, service.Invalid("CONSOLE_SESSION_TTL", "must be positive"))
-	}
-	if _, err := c.Console.Services(); err != nil {
-		errs = append(errs, err)
 	}
 	if c.Stream.Group == "" {
 		errs = append(errs, service.Invalid("STREAM_GROUP", "must not be empty"))

@@ -2,24 +2,18 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
-	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/console"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/observer"
@@ -40,6 +34,7 @@ type Options struct {
 // Parts are the service's built components.
 type Parts struct {
 	API         *api.API
+	closers     []func() error // close what Build opened for the web console
 	Deployments *deployments.Service
 	Notifier    *deployments.Notifier
 	Hub         *events.Hub
@@ -48,13 +43,8 @@ type Parts struct {
 	Publisher   *publishing.Publisher
 	Observer    *observer.Observer // nil when OBSERVE_QUEUE is off
 	Logs        runlog.Store
-	// Console is the web console (nil when CONSOLE_ENABLED is off).
-	Console *console.Console
-	// closers close what Build opened for the parts (the console's
-	// operator Redis connection), after they stop.
-	closers []func() error
-	cfg     *Config
-	log     zerolog.Logger
+	cfg         *Config
+	log         zerolog.Logger
 }
 
 // Build builds the components from the configuration and what Serve
@@ -130,7 +120,6 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	}
 
 	keys := auth.NewStore(d.DB)
-	fleetStore := fleet.New(d.DB, fleet.Options{})
 	authn := auth.NewAuthenticator(keys, cfg.API.KeyCacheTTL)
 	var secretFn func(string) string
 	if signingKey != nil {
@@ -154,71 +143,18 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 			return webhooks.ListForDeployment(ctx, d.DB, id)
 		},
 		WebhookSecret: secretFn,
-		Fleet:         fleetStore,
+		Fleet:         fleet.New(d.DB, fleet.Options{}),
 		Logger:        log, Registerer: d.Metrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	if cfg.Console.Enabled {
-		if err := p.buildConsole(ctx, d, streams, authn, keys, fleetStore, apiTLS != nil); err != nil {
+		if err := p.buildConsole(ctx, d, streams, authn, keys, apiTLS != nil); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
-}
-
-// buildConsole builds the web console and mounts it on the API's router.
-func (p *Parts) buildConsole(ctx context.Context, d service.Deps, streams deployments.Streams, authn *auth.Authenticator,
-	keys *auth.Store, fleetStore *fleet.Store, tls bool) error {
-	cfg := p.cfg.Console
-	services, err := cfg.Services()
-	if err != nil {
-		return err
-	}
-	rdb := d.Redis
-	if cfg.RedisURLFile != "" {
-		b, err := os.ReadFile(cfg.RedisURLFile)
-		if err != nil {
-			return service.Invalid("CONSOLE_REDIS_URL_FILE", "cannot read the file: %v", errors.Unwrap(err))
-		}
-		c, err := service.NewRedis(ctx, service.RedisConfig{URL: strings.TrimSpace(string(b))})
-		if err != nil {
-			return fmt.Errorf("console redis (CONSOLE_REDIS_URL_FILE): %w", err)
-		}
-		p.closers = append(p.closers, c.Close)
-		rdb = c
-	}
-	var names []string
-	for _, s := range []string{messages.StreamProvisionerQueue, streams.Queue, messages.StreamProvisionerResults, streams.Results} {
-		if !slices.Contains(names, s) {
-			names = append(names, s)
-		}
-	}
-	p.Console, err = console.New(console.Config{
-		SessionTTL: cfg.SessionTTL, Secure: cfg.Secure || tls, AuthFailureRate: p.cfg.API.AuthFailureRate,
-		Streams: names, Services: services,
-	}, console.Deps{
-		API: p.API.Handler(), Auth: authn, Keys: keys, Forget: authn.Forget,
-		Limiter:  auth.NewLimiter(d.Redis, auth.RateKeyPrefix, p.cfg.API.RateLimit, p.cfg.API.RateBurst),
-		Sessions: console.NewSessions(d.DB), Deployments: p.Deployments, Fleet: fleetStore,
-		Queues: stream.NewInspector(rdb),
-		Ping: func(ctx context.Context) error {
-			if err := d.DB.Ping(ctx); err != nil {
-				return fmt.Errorf("postgres: %w", err)
-			}
-			if err := d.Redis.Ping(ctx).Err(); err != nil {
-				return fmt.Errorf("redis: %w", err)
-			}
-			return nil
-		},
-		Logger: p.log,
-	})
-	if err != nil {
-		return fmt.Errorf("console: %w", err)
-	}
-	p.API.Mount(console.Prefix, p.Console.Handler())
-	return nil
 }
 
 // Components lists the parts in start order (stopped in reverse).
@@ -240,18 +176,7 @@ func (p *Parts) Components() []service.Component {
 	if p.Observer != nil {
 		parts = append(parts, service.Component{Name: "observer", Run: p.Observer.Run})
 	}
-	if len(p.closers) > 0 {
-		// Started before the API, so stopped after it: the connections
-		// the console uses close once nothing serves it.
-		parts = append(parts, service.Component{Name: "console", Run: func(ctx context.Context) error {
-			<-ctx.Done()
-			var errs []error
-			for _, c := range p.closers {
-				errs = append(errs, c())
-			}
-			return errors.Join(errs...)
-		}})
-	}
+	parts = append(parts, p.consoleComponents()...)
 	parts = append(parts, service.Component{Name: "api", Run: p.API.Run, Drain: p.API.Shutdown})
 	return parts
 }
