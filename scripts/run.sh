@@ -138,6 +138,10 @@ SCHEDULER_ENV=(
 DEPLOYER_ENV=(
 	"REQUEST_SIGNING_KEY_ID=deployer-1"
 	"REQUEST_SIGNING_KEY_FILE=$SIGNING_DIR/deployer-1.key"
+	# The console's Queues page reads every stream and replays dead letters
+	# as an operator: here the admin Redis user (docs/console.md).
+	"CONSOLE_REDIS_URL_FILE=$RUN/secrets/redis/admin.url"
+	"CONSOLE_READINESS=scheduler=http://${ADMIN[scheduler]}/readyz,infra=http://${ADMIN[infra]}/readyz"
 )
 INFRA_ENV=()
 COMMON_ENV+=(
@@ -306,6 +310,16 @@ done
 if [ -n "${RUN_ONCE:-}" ] && [ -n "$demo" ] && [ "$status" -eq 0 ]; then
 	scripts/try-next.sh "$API" "$RUN" || status=$?
 	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m a command make run prints, or an example of the docs, failed (scripts/try-next.sh)\n' >&2
+fi
+
+# The web console (docs/console.md): its URL and an admin key to sign in with.
+if curl -fsS -o /dev/null "http://$API/ui/signin"; then
+	console_key=$(bin/deployer keys create --name "console-$(date +%s)" --scopes admin --json | jq -r .key)
+	step "web console: http://$API/ui/ (sign in with this admin key, printed once: only its hash is stored)"
+	printf '\n  console key: %s\n\n' "$console_key"
+else
+	printf '\033[1;31merror:\033[0m the web console does not answer on http://%s/ui/signin\n' "$API" >&2
+	status=1
 fi
 
 if [ -n "${RUN_ONCE:-}" ]; then

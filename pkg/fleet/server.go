@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -379,4 +380,121 @@ func (s *Store) Show(ctx context.Context, handle string, historyLimit, runLimit 
 		return nil, fmt.Errorf("runs of server %s: %w", handle, err)
 	}
 	return &Detail{Server: srv, History: hist, Runs: runs}, nil
+}
+
+// RunKinds are the kinds of runs in the runs table.
+const (
+	RunKindProvision = "provision"
+	RunKindDeploy    = "deploy"
+)
+
+// RunFilter selects runs for Runs. Zero fields do not filter.
+type RunFilter struct {
+	Kind   string // provision or deploy
+	Status string // a final status, or "running"
+	Server string // a server handle
+	// Before, when set, keeps the runs strictly before (BeforeAt,
+	// BeforeID) in the order of Runs (created_at, job_id descending);
+	// Until, when set, the runs created before it.
+	BeforeAt time.Time
+	BeforeID string
+	Until    time.Time
+	Since    time.Time
+}
+
+// Runs returns up to limit runs, newest first (created_at, job_id), with
+// their servers: the fleet's runs as infra recorded them.
+func (s *Store) Runs(ctx context.Context, f RunFilter, limit int) ([]RunOf, error) {
+	var where []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	if f.Kind != "" {
+		where = append(where, "kind = "+arg(f.Kind))
+	}
+	switch f.Status {
+	case "":
+	case "running":
+		where = append(where, "state = 'running'")
+	default:
+		where = append(where, "status = "+arg(f.Status))
+	}
+	if f.Server != "" {
+		where = append(where, "server_handle = "+arg(f.Server))
+	}
+	if !f.BeforeAt.IsZero() {
+		where = append(where, "(created_at, job_id) < ("+arg(f.BeforeAt)+", "+arg(f.BeforeID)+")")
+	}
+	if !f.Until.IsZero() {
+		where = append(where, "created_at < "+arg(f.Until))
+	}
+	if !f.Since.IsZero() {
+		where = append(where, "created_at >= "+arg(f.Since))
+	}
+	sql := `SELECT job_id, kind, COALESCE(playbook, ''), state, COALESCE(status, ''), COALESCE(error_kind, ''),
+		attempt, created_at, finished_at, COALESCE(server_handle, ''), target FROM runs`
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	sql += " ORDER BY created_at DESC, job_id DESC LIMIT " + arg(limit)
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RunOf, error) {
+		var run RunOf
+		var fin *time.Time
+		err := r.Scan(&run.JobID, &run.Kind, &run.Playbook, &run.State, &run.Status, &run.ErrorKind,
+			&run.Attempt, &run.CreatedAt, &fin, &run.Server, &run.Target)
+		if fin != nil {
+			run.FinishedAt = *fin
+		}
+		return run, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
+	}
+	return out, nil
+}
+
+// RunOf is a run with the server or target it ran on.
+type RunOf struct {
+	Run
+	Server string // the server's handle; "" for an unregistered target
+	Target string
+}
+
+// RunResult returns one run and its encoded result (nil while it runs):
+// ErrNotFound when no run has jobID.
+func (s *Store) RunResult(ctx context.Context, jobID string) (*RunOf, []byte, error) {
+	var run RunOf
+	var fin *time.Time
+	var result []byte
+	err := s.db.QueryRow(ctx, `SELECT job_id, kind, COALESCE(playbook, ''), state, COALESCE(status, ''),
+		COALESCE(error_kind, ''), attempt, created_at, finished_at, COALESCE(server_handle, ''), target, result
+		FROM runs WHERE job_id = $1`, jobID).Scan(&run.JobID, &run.Kind, &run.Playbook, &run.State, &run.Status,
+		&run.ErrorKind, &run.Attempt, &run.CreatedAt, &fin, &run.Server, &run.Target, &result)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, fmt.Errorf("run %s: %w", jobID, ErrNotFound)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("run %s: %w", jobID, err)
+	}
+	if fin != nil {
+		run.FinishedAt = *fin
+	}
+	return &run, result, nil
+}
+
+// HourlyRuns counts the runs of kind created since since by hour (UTC,
+// truncated) and outcome: a final status, or "running".
+func (s *Store) HourlyRuns(ctx context.Context, kind string, since time.Time) (map[time.Time]map[string]int, error) {
+	out, err := store.Hourly(ctx, s.db, `SELECT date_trunc('hour', created_at), COALESCE(status, 'running'), count(*)
+		FROM runs WHERE kind = $1 AND created_at >= $2 GROUP BY 1, 2`, kind, since)
+	if err != nil {
+		return nil, fmt.Errorf("hourly runs: %w", err)
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,3 +46,29 @@ var (
 	// kind (provision or deploy); a job id names one job of one kind.
 	ErrJobKindConflict = errors.New("job id already used by a job of another kind")
 )
+
+// Hourly runs sql, whose rows are (hour timestamptz, outcome text, count
+// bigint), and returns the counts by hour (UTC) and outcome: the runs per
+// hour of the deployer's console.
+func Hourly(ctx context.Context, q Querier, sql string, args ...any) (map[time.Time]map[string]int, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[time.Time]map[string]int{}
+	for rows.Next() {
+		var at time.Time
+		var outcome string
+		var n int
+		if err := rows.Scan(&at, &outcome, &n); err != nil {
+			return nil, err
+		}
+		at = at.UTC()
+		if out[at] == nil {
+			out[at] = map[string]int{}
+		}
+		out[at][outcome] += n
+	}
+	return out, rows.Err()
+}

@@ -102,6 +102,9 @@ func New(cfg Config, deps Deps) (*API, error) {
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 10 * time.Second
 	}
+	if deps.Auth != nil {
+		deps.Auth = contextKeys{deps.Auth} // keys the console checked (WithKey)
+	}
 	a := &API{cfg: cfg, deps: deps, log: deps.Logger.With().Str("component", "api").Logger(),
 		shutdown: make(chan struct{}), ready: make(chan struct{})}
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -120,6 +123,11 @@ func New(cfg Config, deps Deps) (*API, error) {
 
 // Handler returns the API's handler.
 func (a *API) Handler() http.Handler { return a.router }
+
+// Mount serves h under pattern (the web console under /ui) on the API's
+// router, behind its request ids, logs and panic recovery. Call it before
+// Run.
+func (a *API) Mount(pattern string, h http.Handler) { a.router.Mount(pattern, h) }
 
 // Router returns the chi router, for the route/document check.
 func (a *API) Router() chi.Routes { return a.router }

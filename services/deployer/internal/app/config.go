@@ -33,6 +33,7 @@ type Config struct {
 	service.Common
 
 	API      APIConfig
+	Console  ConsoleConfig // the web console (/ui/): console.go
 	Stream   StreamConfig
 	Webhooks WebhookConfig
 	RunLog   runlog.Config
@@ -176,6 +177,7 @@ func (c *Config) Validate() error {
 	if c.API.KeyCacheTTL < 0 {
 		errs = append(errs, service.Invalid("API_KEY_CACHE_TTL", "must not be negative"))
 	}
+	errs = append(errs, c.Console.validate()...)
 	if c.Keep.Deployments < 0 {
 		errs = append(errs, service.Invalid("DEPLOYMENT_RETENTION", "must not be negative"))
 	}

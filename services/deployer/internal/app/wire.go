@@ -34,6 +34,7 @@ type Options struct {
 // Parts are the service's built components.
 type Parts struct {
 	API         *api.API
+	closers     []func() error // close what Build opened for the web console
 	Deployments *deployments.Service
 	Notifier    *deployments.Notifier
 	Hub         *events.Hub
@@ -148,6 +149,11 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if err != nil {
 		return nil, fmt.Errorf("api: %w", err)
 	}
+	if cfg.Console.Enabled {
+		if err := p.buildConsole(ctx, d, streams, authn, keys, apiTLS != nil); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -170,6 +176,7 @@ func (p *Parts) Components() []service.Component {
 	if p.Observer != nil {
 		parts = append(parts, service.Component{Name: "observer", Run: p.Observer.Run})
 	}
+	parts = append(parts, p.consoleComponents()...)
 	parts = append(parts, service.Component{Name: "api", Run: p.API.Run, Drain: p.API.Shutdown})
 	return parts
 }

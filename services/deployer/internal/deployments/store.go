@@ -239,3 +239,31 @@ func list(ctx context.Context, q store.Querier, f Filter) (*Page, error) {
 	}
 	return p, nil
 }
+
+// CursorAt returns the cursor of List that starts after the deployment
+// created at at with id: the web console's merged runs list pages
+// deployments from another list's position.
+func CursorAt(at time.Time, id string) string {
+	return encodeCursor(&Deployment{CreatedAt: at, ID: id})
+}
+
+// Hourly counts the deployments v sees created since since, by hour (UTC,
+// truncated) and status (queued and running together as "running").
+func (s *Service) Hourly(ctx context.Context, v Visibility, since time.Time) (map[time.Time]map[string]int, error) {
+	args := []any{since}
+	where := "d.created_at >= $1"
+	switch cond, arg := v.clause(); {
+	case arg != nil:
+		args = append(args, arg)
+		where += " AND " + strings.ReplaceAll(cond, "?", "$2")
+	case cond != "":
+		where += " AND " + cond
+	}
+	out, err := store.Hourly(ctx, s.db, `SELECT date_trunc('hour', d.created_at),
+		CASE WHEN d.status = 'queued' THEN 'running' ELSE d.status END, count(*)
+		FROM deployments d WHERE `+where+` GROUP BY 1, 2`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("hourly deployments: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,478 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/fakeinfra"
+)
+
+// xss is a user-supplied string that must show as text everywhere.
+const xss = `<img src=x onerror=alert(1)>`
+
+// watcher records what goes wrong in the page: JavaScript console errors,
+// uncaught exceptions, browser log errors (CSP violations among them),
+// failed requests, responses >= 400 not expected, dialogs.
+type watcher struct {
+	mu       sync.Mutex
+	urls     map[network.RequestID]string
+	problems []string
+	dialogs  []string
+	expect   map[int]bool // statuses the current step expects
+}
+
+func (w *watcher) listen(ev any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch e := ev.(type) {
+	case *network.EventRequestWillBeSent:
+		w.urls[e.RequestID] = e.Request.URL
+	case *network.EventLoadingFailed:
+		if !e.Canceled { // a navigation away ends an event stream
+			w.problems = append(w.problems, "request failed: "+w.urls[e.RequestID]+": "+e.ErrorText)
+		}
+	case *network.EventResponseReceived:
+		if e.Response.Status >= 400 && !w.expect[int(e.Response.Status)] {
+			w.problems = append(w.problems, fmt.Sprintf("HTTP %d: %s", int(e.Response.Status), e.Response.URL))
+		}
+	case *runtime.EventConsoleAPICalled:
+		if e.Type == runtime.ConsoleAPICalledTypeError || e.Type == runtime.ConsoleAPICalledTypeAssert {
+			w.problems = append(w.problems, "console."+string(e.Type)+" called")
+		}
+	case *runtime.EventExceptionThrown:
+		w.problems = append(w.problems, "exception: "+e.ExceptionDetails.Text)
+	case *cdplog.EventEntryAdded:
+		if e.Entry.Level == cdplog.EntryLevelError && !w.expect[statusOf(e.Entry.Text)] {
+			w.problems = append(w.problems, "browser log: "+e.Entry.Text)
+		}
+	case *page.EventJavascriptDialogOpening:
+		w.dialogs = append(w.dialogs, e.Message)
+	}
+}
+
+// statusOf reads the status of Chromium's "Failed to load resource: the
+// server responded with a status of 403 (Forbidden)".
+func statusOf(text string) int {
+	_, rest, ok := strings.Cut(text, "status of ")
+	if !ok || len(rest) < 3 {
+		return 0
+	}
+	n, _ := strconv.Atoi(rest[:3])
+	return n
+}
+
+// check fails the test with what went wrong since the last check.
+func (w *watcher) check(t *testing.T, step string) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.problems) > 0 {
+		t.Errorf("%s: the page had problems:\n  %s", step, strings.Join(w.problems, "\n  "))
+	}
+	if len(w.dialogs) > 0 {
+		t.Errorf("%s: dialogs opened (a script ran?): %q", step, w.dialogs)
+	}
+	w.problems, w.dialogs, w.expect = nil, nil, nil
+}
+
+func (w *watcher) expecting(statuses ...int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.expect = map[int]bool{}
+	for _, s := range statuses {
+		w.expect[s] = true
+	}
+}
+
+// chromium returns the browser to drive: Debian's chromium, which the
+// test setup installs (scripts/services.sh). It fails, never skips, when
+// it is missing.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("chromium is not installed: the console's browser tests need Debian's chromium (apt-get install -y chromium; scripts/services.sh installs it)")
+	return ""
+}
+
+// artifacts is where screenshots go: $TEST_ARTIFACTS/console when set, else
+// the test's temporary directory.
+func artifacts(t *testing.T) string {
+	dir := t.TempDir()
+	if base := os.Getenv("TEST_ARTIFACTS"); base != "" {
+		dir = filepath.Join(base, "console")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("console screenshots in %s", dir)
+	return dir
+}
+
+// TestConsoleInBrowser drives the web console of the real deployer binary
+// in headless Chromium, against real Redis and Postgres and the stand-in
+// infra (fakeinfra) for deployments.
+func TestConsoleInBrowser(t *testing.T) {
+	bin := testenv.BuildBinary(t, ".") // skips under -short, before chromium is required
+	exe := chromium(t)
+	dsn := testenv.Postgres(t)
+	redisURL := testenv.RedisDB(t)
+	port := testenv.FreePort(t)
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	env := testenv.BinaryEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL, "API_ADDR=127.0.0.1:"+strconv.Itoa(port),
+		"ADMIN_ADDR=127.0.0.1:0", "API_KEY_CACHE_TTL=0s", "LOG_FORMAT=json",
+		"WEBHOOK_SIGNING_KEY=browser-test-webhook-signing-key-0123456789")
+	stdout, stderr, code := testenv.RunBinary(t, bin, env, "keys", "create", "--name", "operator", "--scopes", "admin")
+	if code != 0 {
+		t.Fatalf("keys create: %d %s", code, stderr)
+	}
+	key := ""
+	for f := range strings.FieldsSeq(stdout) {
+		if strings.HasPrefix(f, "apk_") {
+			key = f
+		}
+	}
+	if key == "" {
+		t.Fatalf("no key in %q", stdout)
+	}
+	proc := testenv.StartBinary(t, bin, env)
+	proc.WaitHTTP(base+"/ui/signin", 200, 30*time.Second)
+
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	db, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	ropt, _ := redis.ParseURL(redisURL)
+	rdb := redis.NewClient(ropt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	seedConsole(t, ctx, db, rdb)
+
+	// The stand-in infra: a deployment with correlation id "live" waits
+	// for release, one with "hold" until it is cancelled.
+	release, hold := make(chan struct{}), make(chan struct{})
+	infra := &fakeinfra.Infra{DB: db, Redis: rdb, Queue: messages.StreamAnsibleDeployQueue, Results: messages.StreamDeployResults,
+		Logs: runlog.NewPostgres(db, 1<<20), PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {
+			switch m.CorrelationID {
+			case "live":
+				return fakeinfra.Plan{Tasks: 3, TaskDelay: 300 * time.Millisecond, Hold: release, EventMessage: xss}
+			case "hold":
+				return fakeinfra.Plan{Hold: hold}
+			}
+			return fakeinfra.Plan{Tasks: 1}
+		}}
+	infraDone := make(chan struct{})
+	go func() { defer close(infraDone); _ = infra.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-infraDone })
+
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.Flag("headless", "new"), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-dev-shm-usage", true))...)
+	t.Cleanup(cancelAlloc)
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	t.Cleanup(cancelBrowser)
+	w := &watcher{urls: map[network.RequestID]string{}}
+	if err := chromedp.Listen(bctx, w.listen); err != nil {
+		t.Fatal(err)
+	}
+	shots := artifacts(t)
+	run := func(step string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(bctx, 30*time.Second)
+		defer cancel()
+		if err := chromedp.Do(sctx, actions...); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(bctx, 15*time.Second)
+		defer cancel()
+		s, err := chromedp.Run(sctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+	location := func() string {
+		t.Helper()
+		loc, err := chromedp.Run(bctx, chromedp.Location())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimPrefix(loc, base)
+	}
+	// screenshot saves the page at a laptop's and a phone's width.
+	screenshot := func(name string) {
+		t.Helper()
+		for _, size := range []struct {
+			label string
+			w, h  int64
+		}{{"laptop", 1366, 768}, {"phone", 390, 844}} {
+			sctx, cancel := context.WithTimeout(bctx, 15*time.Second)
+			err := chromedp.Do(sctx, chromedp.EmulateViewport(size.w, size.h))
+			var png []byte
+			if err == nil {
+				png, err = chromedp.Run(sctx, chromedp.CaptureScreenshot())
+			}
+			cancel()
+			if err != nil {
+				t.Fatalf("screenshot %s: %v", name, err)
+			}
+			if err := os.WriteFile(filepath.Join(shots, name+"-"+size.label+".png"), png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run("viewport", chromedp.EmulateViewport(1366, 768))
+	}
+	// waitFor polls a JavaScript condition (after reloads when reload).
+	waitFor := func(step, js string, reload bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ok, err := chromedp.Run(bctx, chromedp.Evaluate[bool](js))
+			if err == nil && ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s never held (%v)", step, js, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+			if reload {
+				run(step, chromedp.Reload())
+			}
+		}
+	}
+
+	// A page without a session goes to the sign-in page.
+	run("fleet without a session", chromedp.Navigate(base+"/ui/fleet"), chromedp.WaitVisible(chromedp.CSS("#key")))
+	if loc := location(); !strings.HasPrefix(loc, "/ui/signin?next=") {
+		t.Fatalf("without a session: at %s, want the sign-in page", loc)
+	}
+	screenshot("signin")
+	w.check(t, "sign-in page")
+
+	// A wrong key is refused.
+	w.expecting(401)
+	run("wrong key", chromedp.SetValue(chromedp.CSS("#key"), "apk_"+strings.Repeat("b", 52)),
+		chromedp.Click(chromedp.CSS("#signin")), chromedp.WaitVisible(chromedp.CSS("#signin-error")))
+	if msg := text("#signin-error"); !strings.Contains(msg, "not valid") {
+		t.Fatalf("wrong key: %q", msg)
+	}
+	w.check(t, "wrong key")
+
+	// The right key signs in, and lands on the page first asked for.
+	run("sign in", chromedp.SetValue(chromedp.CSS("#key"), key), chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("#servers")))
+	if loc := location(); loc != "/ui/fleet" {
+		t.Fatalf("after sign-in at %s", loc)
+	}
+	// The server whose name (label) and last error hold markup shows it as
+	// text: no element was made of it, no script ran.
+	if got := text("#servers"); !strings.Contains(got, xss) {
+		t.Fatalf("the fleet does not show the label as text:\n%s", got)
+	}
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("img").length`)); err != nil || n != 0 {
+		t.Fatalf("the page holds %d img elements (%v): markup was not escaped", n, err)
+	}
+	screenshot("fleet")
+	w.check(t, "fleet")
+
+	// Filters.
+	run("filter", chromedp.Navigate(base+"/ui/fleet?status=READY"), chromedp.WaitVisible(chromedp.CSS("#servers")))
+	if got := text("#servers"); !strings.Contains(got, "web-1") || strings.Contains(got, "evil-1") {
+		t.Fatalf("status filter:\n%s", got)
+	}
+	w.check(t, "fleet filter")
+
+	// One server, with the markup in its last error and labels as text.
+	run("server", chromedp.Navigate(base+"/ui/fleet/evil-1"), chromedp.WaitVisible(chromedp.CSS("#server-handle")))
+	if got := text("main"); !strings.Contains(got, xss) || !strings.Contains(got, "SHA256:") {
+		t.Fatalf("server page:\n%s", got)
+	}
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("img").length`)); n != 0 {
+		t.Fatal("the server page made an img element of a label")
+	}
+	screenshot("server")
+	w.check(t, "server")
+
+	// Provision it: the API's operation records the request; the
+	// scheduler and infra are played by the test (store.StartRun, as infra
+	// does); the run appears in the runs list.
+	run("provision", chromedp.Click(chromedp.CSS("#op-provision")), chromedp.WaitVisible(chromedp.CSS(".flash")))
+	var requested string
+	if err := db.QueryRow(ctx, `SELECT COALESCE(requested_action, '') FROM servers WHERE handle = 'evil-1'`).Scan(&requested); err != nil || requested != "provision" {
+		t.Fatalf("provision not requested: %q %v", requested, err)
+	}
+	// The runs page, refreshing itself, shows the run once infra starts it.
+	run("runs", chromedp.Navigate(base+"/ui/runs?kind=provision"), chromedp.WaitVisible(chromedp.CSS("#runs")),
+		chromedp.Click(chromedp.CSS("#refresh-toggle")))
+	waitFor("the runs page refreshes itself", `location.search.includes("refresh=1") && !!document.querySelector('meta[http-equiv="refresh"]')`, false)
+	jobID := "prov-" + testenv.Unique("")
+	if _, _, err := store.StartRun(ctx, db, store.RunStart{JobID: jobID, Kind: "provision", Stream: messages.StreamProvisionerQueue,
+		RequestID: "1-1", Target: "evil-1", ServerHandle: "evil-1", Playbook: "setup_server.yml", Owner: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("provisioning run appears", `document.querySelector("#runs").textContent.includes("`+jobID+`")`, false)
+	res := &messages.ProvisionerResult{Outcome: messages.Outcome{JobID: jobID, RequestID: "1-1", Status: messages.StatusFailed,
+		Error: &messages.ErrorInfo{Kind: messages.KindPlaybookFailed, Message: "verify_server.yml failed"}, FailedTask: &messages.FailedTask{Name: xss, Host: "evil-1", Message: "boom"}},
+		Playbooks: []messages.PlaybookOutcome{{Playbook: "setup_server.yml", Status: "succeeded"}, {Playbook: "verify_server.yml", Status: "failed", ErrorKind: "playbook_failed"}}}
+	enc, err := messages.EncodeResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := messages.DecodeProvisionerResult(enc); err != nil {
+		t.Fatalf("the test's result is not one infra could write: %v", err)
+	}
+	if err := store.FinishRun(ctx, db, jobID, 1, "failed", "playbook_failed", enc); err != nil {
+		t.Fatal(err)
+	}
+	run("provisioning run", chromedp.Navigate(base+"/ui/runs/provision/"+jobID), chromedp.WaitVisible(chromedp.CSS("#playbooks")))
+	if got := text("main"); !strings.Contains(got, "verify_server.yml") || !strings.Contains(got, xss) {
+		t.Fatalf("provisioning run page:\n%s", got)
+	}
+	screenshot("provision-run")
+	w.check(t, "provisioning run")
+
+	// The deployment form shows the API's validation next to the field.
+	w.expecting(422)
+	run("invalid deployment", chromedp.Navigate(base+"/ui/deploy"), chromedp.WaitVisible(chromedp.CSS("#deploy-submit")),
+		chromedp.SetValue(chromedp.CSS("#f-project_id"), "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"),
+		chromedp.SetValue(chromedp.CSS("#f-repo_full_name"), "acme/shop"),
+		chromedp.SetValue(chromedp.CSS("#f-server_ip"), "not-an-address"),
+		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#e-server_ip")))
+	screenshot("deploy-form")
+	w.check(t, "invalid deployment")
+
+	// A valid one goes to its page, whose live output arrives over SSE.
+	run("deploy", chromedp.SetValue(chromedp.CSS("#f-server_ip"), "198.51.100.7"),
+		chromedp.SetValue(chromedp.CSS("#f-correlation_id"), "live"),
+		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#live-output")))
+	waitFor("live output starts", `document.querySelector("#live-output").textContent.includes("run_started")`, false)
+	close(release)
+	waitFor("live output of the tasks", `document.querySelector("#live-output").textContent.includes("host_changed")`, false)
+	waitFor("the run ends live", `document.querySelector("#live-output").textContent.includes("run_finished")`, false)
+	if got := text("#live-output"); !strings.Contains(got, xss) {
+		t.Fatalf("live output does not show the event message as text:\n%s", got)
+	}
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("img").length`)); n != 0 {
+		t.Fatal("the live output made an img element of an event")
+	}
+	screenshot("deployment-live")
+	w.check(t, "live output")
+	run("full log", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#run-status")))
+	waitFor("full log after the end", `!!document.querySelector("#full-log")`, true)
+	screenshot("deployment-done")
+	w.check(t, "deployment done")
+
+	// Cancel one.
+	run("deploy to cancel", chromedp.Navigate(base+"/ui/deploy"), chromedp.WaitVisible(chromedp.CSS("#deploy-submit")),
+		chromedp.SetValue(chromedp.CSS("#f-project_id"), "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"),
+		chromedp.SetValue(chromedp.CSS("#f-repo_full_name"), "acme/shop"),
+		chromedp.SetValue(chromedp.CSS("#f-server_ip"), "198.51.100.8"),
+		chromedp.SetValue(chromedp.CSS("#f-correlation_id"), "hold"),
+		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#cancel")))
+	waitFor("it runs", `document.querySelector("#live-output").textContent.includes("run_started")`, false)
+	run("cancel", chromedp.Click(chromedp.CSS("#cancel")), chromedp.WaitVisible(chromedp.CSS(".flash")))
+	waitFor("cancelled", `document.querySelector("#run-status").textContent.trim() === "cancelled"`, true)
+	w.check(t, "cancel")
+
+	// The runs list holds deployments and provisioning runs, newest first.
+	run("runs", chromedp.Navigate(base+"/ui/runs"), chromedp.WaitVisible(chromedp.CSS("#runs")))
+	if got := text("#runs"); !strings.Contains(got, "deployment") || !strings.Contains(got, "provision") {
+		t.Fatalf("runs list:\n%s", got)
+	}
+	screenshot("runs")
+	w.check(t, "runs")
+
+	// A POST without the CSRF token is refused (sent from the page, with
+	// the session's cookie).
+	w.expecting(403)
+	status, err := chromedp.Run(bctx, chromedp.Evaluate[int](`fetch("/ui/keys", {method: "POST", body: new URLSearchParams({name: "sneaky", scope: "admin"})}).then(r => r.status)`, chromedp.EvalAwaitPromise))
+	if err != nil || status != 403 {
+		t.Fatalf("POST without CSRF: %d %v", status, err)
+	}
+	w.check(t, "csrf")
+
+	// Queues: a dead letter is replayed.
+	run("queues", chromedp.Navigate(base+"/ui/queues"), chromedp.WaitVisible(chromedp.CSS("table.dead")))
+	screenshot("queues")
+	run("replay", chromedp.Click(chromedp.CSS(`table.dead button.secondary`)), chromedp.WaitVisible(chromedp.CSS(".flash")))
+	if got := text(".flash"); !strings.Contains(got, "replayed as") {
+		t.Fatalf("replay: %q", got)
+	}
+	entries, err := rdb.XRange(ctx, messages.StreamProvisionerQueue, "-", "+").Result()
+	if err != nil || len(entries) != 1 || entries[0].Values[stream.ReplayFieldBy] != "console:operator" {
+		t.Fatalf("replayed entry: %v %v", entries, err)
+	}
+	w.check(t, "replay")
+
+	// Overview and keys.
+	run("overview", chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#runs-chart")))
+	if got := text("#server-counts"); !strings.Contains(got, "READY") {
+		t.Fatalf("overview counts: %q", got)
+	}
+	screenshot("overview")
+	w.check(t, "overview")
+	run("keys", chromedp.Navigate(base+"/ui/keys"), chromedp.WaitVisible(chromedp.CSS("#keys")))
+	screenshot("keys")
+	w.check(t, "keys")
+
+	// Sign out: the session is gone.
+	run("sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#key")))
+	run("after sign-out", chromedp.Navigate(base+"/ui/runs"), chromedp.WaitVisible(chromedp.CSS("#key")))
+	if loc := location(); !strings.HasPrefix(loc, "/ui/signin") {
+		t.Fatalf("after sign-out at %s", loc)
+	}
+	w.check(t, "sign out")
+}
+
+// seedConsole makes the servers and the dead letter the browser test
+// looks at: a server whose label and last error hold markup (a handle
+// cannot: the database checks its shape), a pinned host key.
+func seedConsole(t *testing.T, ctx context.Context, db *pgxpool.Pool, rdb *redis.Client) {
+	t.Helper()
+	hostKey := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+	for _, s := range []struct{ handle, addr, status, labels, lastError string }{
+		{"web-1", "192.0.2.10", "READY", `{"role": "web"}`, ""},
+		{"evil-1", "192.0.2.11", "FAILED", `{"name": "` + strings.ReplaceAll(xss, `"`, `\"`) + `"}`, xss},
+	} {
+		if _, err := db.Exec(ctx, `INSERT INTO servers (handle, address, status, labels, last_error, host_key) VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6)`,
+			s.handle, s.addr, s.status, s.labels, s.lastError, hostKey); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: messages.StreamProvisionerQueue + stream.DeadLetterSuffix, Values: map[string]any{
+		messages.DataField: "not really msgpack", stream.DeadFieldReason: "handler_error", stream.DeadFieldError: xss,
+		stream.DeadFieldStream: messages.StreamProvisionerQueue, stream.DeadFieldID: "1-1", stream.DeadFieldGroup: "infra",
+		stream.DeadFieldConsumer: "infra-1", stream.DeadFieldDeliveries: "5", stream.DeadFieldAt: time.Now().UTC().Format(time.RFC3339Nano),
+	}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+}

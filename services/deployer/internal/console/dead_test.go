@@ -1,0 +1,105 @@
+package console_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
+)
+
+// TestDeadLetters replays and drops dead letters as `autoprov dead` does:
+// once, with the operator recorded; never one refused for its signature;
+// only with the admin scope.
+func TestDeadLetters(t *testing.T) {
+	ctx := context.Background()
+	opt, err := redis.ParseURL(testenv.RedisDB(t)) // the system's stream names, in a database of the test's own
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	e := deployertest.Start(t, deployertest.Options{NoInfra: true, Redis: rdb})
+	dead := messages.StreamProvisionerQueue + stream.DeadLetterSuffix
+	add := func(reason string) string {
+		id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: dead, Values: map[string]any{
+			messages.DataField: "payload", stream.DeadFieldReason: reason, stream.DeadFieldError: "it failed",
+			stream.DeadFieldStream: messages.StreamProvisionerQueue, stream.DeadFieldID: "1-1",
+			stream.DeadFieldAt: time.Now().UTC().Format(time.RFC3339Nano)}}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	plain, forged := add("handler_error"), add(messages.ReasonBadSignature)
+
+	admin := newBrowser(t, e.URL)
+	csrf := admin.signIn(e.Admin)
+	post := func(b *browser, csrf, action, id string) (*http.Response, string) {
+		return b.post("/ui/queues/dead/"+action, url.Values{"csrf": {csrf}, "stream": {messages.StreamProvisionerQueue}, "id": {id}})
+	}
+
+	// A servers:read key sees the dead letters but cannot act on them.
+	ops := newBrowser(t, e.URL)
+	opsCSRF := ops.signIn(e.Key("ops", []auth.Scope{auth.ScopeServersRead}))
+	if res, page := ops.get("/ui/queues"); res.StatusCode != http.StatusOK || !strings.Contains(page, plain) || strings.Contains(page, `aria-label="Replay dead letter`) {
+		t.Fatalf("queues for servers:read: %d\n%s", res.StatusCode, page)
+	}
+	if res, _ := post(ops, opsCSRF, "replay", plain); res.StatusCode != http.StatusForbidden {
+		t.Fatalf("replay without admin: %d", res.StatusCode)
+	}
+
+	res, _ := post(admin, csrf, "replay", plain)
+	if res.StatusCode != http.StatusSeeOther || !strings.Contains(res.Header.Get("Location"), "replayed") {
+		t.Fatalf("replay: %d %s", res.StatusCode, res.Header.Get("Location"))
+	}
+	entries, err := rdb.XRange(ctx, messages.StreamProvisionerQueue, "-", "+").Result()
+	if err != nil || len(entries) != 1 || entries[0].Values[messages.DataField] != "payload" ||
+		entries[0].Values[stream.ReplayFieldBy] != "console:admin" || entries[0].Values[stream.ReplayFieldDeadID] != plain {
+		t.Fatalf("replayed entry: %+v %v", entries, err)
+	}
+	if res, _ := post(admin, csrf, "replay", plain); res.StatusCode != http.StatusConflict {
+		t.Fatalf("a second replay: %d, want 409", res.StatusCode)
+	}
+	if res, page := post(admin, csrf, "replay", forged); res.StatusCode != http.StatusConflict || !strings.Contains(page, "--resign") {
+		t.Fatalf("replay of a forged request: %d\n%s", res.StatusCode, page)
+	}
+	if n, _ := rdb.XLen(ctx, messages.StreamProvisionerQueue).Result(); n != 1 {
+		t.Fatalf("the stream holds %d entries, want 1", n)
+	}
+
+	if res, _ := post(admin, csrf, "drop", forged); res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("drop: %d", res.StatusCode)
+	}
+	if left, _ := rdb.XRange(ctx, dead, "-", "+").Result(); len(left) != 1 || left[0].ID != plain {
+		t.Fatalf("dead letters after the drop: %+v", left)
+	}
+	if res, _ := post(admin, csrf, "replay", "1-1"); res.StatusCode != http.StatusNotFound {
+		t.Fatalf("replay of no dead letter: %d", res.StatusCode)
+	}
+
+	// Pages of 50: the 60th of them is on the second page.
+	var ids []string
+	for range 59 {
+		ids = append(ids, add("handler_error"))
+	}
+	_, page := admin.get("/ui/queues")
+	next := regexp.MustCompile(`href="(/ui/queues\?after=[^"]+)"`).FindStringSubmatch(page)
+	if next == nil || strings.Contains(page, ids[58]) || !strings.Contains(page, ids[48]) {
+		t.Fatalf("first page of dead letters:\n%s", page)
+	}
+	_, page = admin.get(strings.ReplaceAll(next[1], "&amp;", "&"))
+	if !strings.Contains(page, ids[58]) || strings.Contains(page, ids[48]) {
+		t.Fatalf("second page of dead letters:\n%s", page)
+	}
+}

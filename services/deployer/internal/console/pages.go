@@ -1,0 +1,681 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+)
+
+func (c *Console) key(r *http.Request) *auth.Key { return authOf(r.Context()).key }
+
+// ---- Overview
+
+type readiness struct {
+	Name   string
+	Ready  bool
+	Detail string
+}
+
+type queueRow struct {
+	Stream        string
+	Group         string
+	Length        int64
+	Lag           int64
+	Pending       int64
+	OldestPending time.Duration
+	HasOldest     bool
+	DeadLetters   int64
+	Err           string
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	key := c.key(r)
+	data := map[string]any{"Title": "Overview"}
+	since := c.now().UTC().Truncate(time.Hour).Add(-23 * time.Hour)
+	// The parts are independent: they are read at once, and the page
+	// takes as long as the slowest.
+	var (
+		wg             sync.WaitGroup
+		counts         []statusCount
+		total          int
+		depHours, prov map[time.Time]map[string]int
+		queues         []queueRow
+		ready          []readiness
+	)
+	if key.Has(auth.ScopeServersRead) {
+		wg.Go(func() {
+			var list api.ServerList
+			if res, err := c.call(r, http.MethodGet, "/api/v1/servers?limit=1", nil, &list); err == nil && res.Problem == nil {
+				for _, st := range fleet.Statuses() {
+					counts = append(counts, statusCount{st, list.Counts[st]})
+					total += list.Counts[st]
+				}
+			}
+		})
+		if c.deps.Fleet != nil {
+			wg.Go(func() {
+				var err error
+				if prov, err = c.deps.Fleet.HourlyRuns(r.Context(), fleet.RunKindProvision, since); err != nil {
+					c.log.Warn().Err(err).Msg("hourly runs")
+				}
+			})
+		}
+		wg.Go(func() { queues = c.queueRows(r.Context()) })
+		wg.Go(func() { ready = c.readiness(r.Context()) })
+	}
+	if key.Has(auth.ScopeDeploymentsRead) && c.deps.Deployments != nil {
+		wg.Go(func() {
+			var err error
+			if depHours, err = c.deps.Deployments.Hourly(r.Context(), api.VisibilityOf(key), since); err != nil {
+				c.log.Warn().Err(err).Msg("hourly deployments")
+			}
+		})
+	}
+	wg.Wait()
+	hours := map[time.Time]map[string]int{}
+	for _, m := range []map[time.Time]map[string]int{depHours, prov} {
+		for at, by := range m {
+			if hours[at] == nil {
+				hours[at] = map[string]int{}
+			}
+			for st, n := range by {
+				hours[at][st] += n
+			}
+		}
+	}
+	if counts != nil {
+		data["Servers"], data["ServersTotal"] = counts, total
+	}
+	data["Chart"] = hourlyChart(since, hours)
+	if key.Has(auth.ScopeServersRead) {
+		data["Queues"], data["Ready"] = queues, ready
+	}
+	c.render(w, r, http.StatusOK, "overview", data)
+}
+
+// statusCount is a number of servers in a status.
+type statusCount struct {
+	Status string
+	N      int
+}
+
+// readiness probes the services, concurrently.
+func (c *Console) readiness(ctx context.Context) []readiness {
+	out := make([]readiness, len(c.cfg.Services))
+	var wg sync.WaitGroup
+	for i, s := range c.cfg.Services {
+		wg.Go(func() {
+			out[i] = readiness{Name: s.Name, Ready: true, Detail: "ready"}
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			var err error
+			if s.URL == "" {
+				if c.deps.Ping != nil {
+					err = c.deps.Ping(ctx)
+				}
+			} else {
+				var req *http.Request
+				if req, err = http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil); err == nil {
+					var res *http.Response
+					if res, err = c.deps.Client.Do(req); err == nil {
+						res.Body.Close()
+						if res.StatusCode != http.StatusOK {
+							err = fmt.Errorf("readyz answered %d", res.StatusCode)
+						}
+					}
+				}
+			}
+			if err != nil {
+				out[i] = readiness{Name: s.Name, Detail: err.Error()}
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func (c *Console) queueRows(ctx context.Context) []queueRow {
+	if c.deps.Queues == nil {
+		return nil
+	}
+	var rows []queueRow
+	for _, name := range c.cfg.Streams {
+		si, err := c.deps.Queues.Stream(ctx, name)
+		if errors.Is(err, stream.ErrNotFound) {
+			rows = append(rows, queueRow{Stream: name, Err: "no such stream yet"})
+			continue
+		}
+		if err != nil {
+			msg := "cannot read it"
+			if strings.Contains(err.Error(), "NOPERM") {
+				msg = "no permission: give the console an operator's Redis user (CONSOLE_REDIS_URL_FILE)"
+			}
+			rows = append(rows, queueRow{Stream: name, Err: msg})
+			continue
+		}
+		if len(si.Groups) == 0 {
+			rows = append(rows, queueRow{Stream: name, Length: si.Length, DeadLetters: si.DeadLetters, Lag: -1})
+		}
+		for _, g := range si.Groups {
+			qr := queueRow{Stream: name, Group: g.Group, Length: si.Length, Lag: g.Lag, Pending: g.Pending, DeadLetters: si.DeadLetters}
+			if g.OldestPending != nil {
+				qr.OldestPending, qr.HasOldest = g.OldestPending.Age, true
+			}
+			rows = append(rows, qr)
+		}
+	}
+	return rows
+}
+
+// ---- Fleet
+
+func (c *Console) fleetPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	aq := url.Values{"limit": {"50"}}
+	for _, p := range []string{"status", "source", "search", "paused", "cursor"} {
+		if v := strings.TrimSpace(q.Get(p)); v != "" {
+			aq.Set(p, v)
+		}
+	}
+	if v := strings.TrimSpace(q.Get("label")); v != "" {
+		aq.Set("label", v)
+	}
+	var list api.ServerList
+	res, err := c.call(r, http.MethodGet, "/api/v1/servers?"+aq.Encode(), nil, &list)
+	if err != nil || (res.Problem != nil && res.Status != http.StatusBadRequest) {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	data := map[string]any{"Title": "Fleet", "Statuses": fleet.Statuses(), "Q": q, "List": list}
+	if res.Problem != nil {
+		data["Error"] = problemText(res.Problem)
+	}
+	if list.NextCursor != "" {
+		nq := url.Values{}
+		maps.Copy(nq, q)
+		nq.Set("cursor", list.NextCursor)
+		data["Next"] = Prefix + "/fleet?" + nq.Encode()
+	}
+	if q.Get("cursor") != "" {
+		nq := url.Values{}
+		maps.Copy(nq, q)
+		nq.Del("cursor")
+		data["First"] = Prefix + "/fleet?" + nq.Encode()
+	}
+	c.render(w, r, http.StatusOK, "fleet", data)
+}
+
+func (c *Console) serverPage(w http.ResponseWriter, r *http.Request) {
+	h := chi.URLParam(r, "handle")
+	var d api.ServerDetail
+	res, err := c.call(r, http.MethodGet, "/api/v1/servers/"+url.PathEscape(h), nil, &d)
+	if err != nil || res.Problem != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	data := map[string]any{"Title": "Server " + d.Server.Handle, "D": d, "Ops": api.Operations()}
+	refreshing(data, r.URL.Query())
+	if d.Server.HostKeyPinned && c.deps.Fleet != nil {
+		if srv, err := c.deps.Fleet.Get(r.Context(), h); err == nil {
+			data["HostKey"] = fingerprint(srv.HostKey)
+		}
+	}
+	c.render(w, r, http.StatusOK, "server", data)
+}
+
+// refreshInterval is how often a page asked to refresh reloads.
+const refreshInterval = 5
+
+// refreshing sets up a page's refresh (?refresh=1) and the links that turn
+// it on and off.
+func refreshing(data map[string]any, q url.Values) {
+	on := url.Values{}
+	maps.Copy(on, q)
+	if q.Get("refresh") == "1" {
+		data["Refresh"] = refreshInterval
+		on.Del("refresh")
+		data["RefreshToggle"], data["RefreshLabel"] = "?"+on.Encode(), "Stop refreshing"
+		return
+	}
+	on.Set("refresh", "1")
+	data["RefreshToggle"], data["RefreshLabel"] = "?"+on.Encode(), "Refresh every "+strconv.Itoa(refreshInterval)+" s"
+}
+
+// fingerprint returns a pinned host key's type and SHA-256 fingerprint.
+func fingerprint(hostKey string) string {
+	pk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(hostKey))
+	if err != nil {
+		return "(pinned; not a key in authorized_keys form)"
+	}
+	return pk.Type() + " " + ssh.FingerprintSHA256(pk)
+}
+
+func (c *Console) serverAction(w http.ResponseWriter, r *http.Request) {
+	h, op := chi.URLParam(r, "handle"), api.Operation(chi.URLParam(r, "op"))
+	if !slices.Contains(api.Operations(), op) {
+		c.fail(w, r, http.StatusNotFound, "There is no such operation.")
+		return
+	}
+	reason := r.PostFormValue("reason")
+	if op == api.OpRebuild && r.PostFormValue("confirm") != "yes" {
+		c.render(w, r, http.StatusOK, "confirm", map[string]any{"Title": "Rebuild " + h, "Handle": h, "Reason": reason})
+		return
+	}
+	res, err := c.call(r, http.MethodPost, "/api/v1/servers/"+url.PathEscape(h)+"/"+string(op),
+		map[string]string{"reason": reason}, nil)
+	if err != nil || res.Problem != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	http.Redirect(w, r, Prefix+"/fleet/"+url.PathEscape(h)+"?done="+url.QueryEscape(string(op)+" requested"), http.StatusSeeOther)
+}
+
+// ---- Runs
+
+func (c *Console) runsPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := RunFilter{Status: q.Get("status"), Server: strings.TrimSpace(q.Get("server"))}
+	kind := q.Get("kind")
+	data := map[string]any{"Title": "Runs", "Q": q, "Statuses": runStatuses}
+	refreshing(data, q)
+	var kinds []string
+	for _, s := range c.deps.Runs {
+		if s.Visible(c.key(r)) {
+			kinds = append(kinds, s.Kind())
+		}
+	}
+	data["Kinds"] = kinds
+	before, err := decodePosition(q.Get("cursor"))
+	if err == nil && f.Status != "" && !slices.Contains(runStatuses, f.Status) {
+		err = errors.New("status: must be one of " + strings.Join(runStatuses, ", "))
+	}
+	var runs []Run
+	var next *Position
+	limit := 50
+	if n, perr := strconv.Atoi(q.Get("limit")); perr == nil && n >= 1 && n <= 100 {
+		limit = n
+	}
+	if err == nil {
+		runs, next, err = c.listRuns(r, kind, f, before, limit)
+	}
+	var bad *errBadFilter
+	switch {
+	case err == nil:
+	case errors.As(err, &bad), errors.Is(err, errBadCursor), before == nil && runs == nil && f.Status != "" && !slices.Contains(runStatuses, f.Status):
+		data["Error"] = err.Error()
+	default:
+		c.log.Error().Err(err).Msg("list runs")
+		c.fail(w, r, http.StatusInternalServerError, "The runs cannot be listed right now.")
+		return
+	}
+	data["Runs"] = runs
+	if next != nil {
+		nq := url.Values{}
+		maps.Copy(nq, q)
+		nq.Set("cursor", encodePosition(next))
+		data["Next"] = Prefix + "/runs?" + nq.Encode()
+	}
+	if before != nil {
+		nq := url.Values{}
+		maps.Copy(nq, q)
+		nq.Del("cursor")
+		data["First"] = Prefix + "/runs?" + nq.Encode()
+	}
+	c.render(w, r, http.StatusOK, "runs", data)
+}
+
+// maxShownLog bounds the log shown in a run's page; the whole log is a
+// link away.
+const maxShownLog = 256 << 10
+
+func (c *Console) deploymentPage(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	base := "/api/v1/deployments/" + url.PathEscape(id)
+	var d deployments.Deployment
+	res, err := c.call(r, http.MethodGet, base, nil, &d)
+	if err != nil || res.Problem != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	data := map[string]any{"Title": "Deployment " + d.ID, "D": d, "Terminal": d.Status.Terminal()}
+	var hooks struct {
+		Items []webhooks.Delivery `json:"items"`
+	}
+	if res, err := c.call(r, http.MethodGet, base+"/webhooks", nil, &hooks); err == nil && res.Problem == nil {
+		data["Webhooks"] = hooks.Items
+	}
+	if d.Status.Terminal() {
+		if res, err := c.call(r, http.MethodGet, base+"/log", nil, nil); err == nil && res.Problem == nil {
+			log := res.Body
+			if len(log) > maxShownLog {
+				data["LogCut"] = true
+				log = log[len(log)-maxShownLog:]
+			}
+			data["Log"] = string(log)
+		}
+	}
+	c.render(w, r, http.StatusOK, "deployment", data)
+}
+
+// deploymentPassthrough serves the API's events stream or log of a
+// deployment as the session's key: the same handler, the same checks.
+func (c *Console) deploymentPassthrough(what string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		path := "/api/v1/deployments/" + url.PathEscape(chi.URLParam(r, "id")) + "/" + what
+		req, err := apiRequest(r, http.MethodGet, path, nil)
+		if err != nil {
+			c.fail(w, r, http.StatusBadRequest, "Bad request.")
+			return
+		}
+		if last := r.Header.Get("Last-Event-ID"); last != "" {
+			req.Header.Set("Last-Event-ID", last)
+		}
+		c.deps.API.ServeHTTP(w, req)
+	}
+}
+
+func (c *Console) cancelDeployment(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	res, err := c.call(r, http.MethodDelete, "/api/v1/deployments/"+url.PathEscape(id), nil, nil)
+	if err != nil || (res.Problem != nil && res.Status != http.StatusConflict) {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	done := "cancel requested"
+	if res.Problem != nil {
+		done = "already finished"
+	}
+	http.Redirect(w, r, Prefix+"/runs/deployment/"+url.PathEscape(id)+"?done="+url.QueryEscape(done), http.StatusSeeOther)
+}
+
+func (c *Console) provisionPage(w http.ResponseWriter, r *http.Request) {
+	if !c.key(r).Has(auth.ScopeServersRead) || c.deps.Fleet == nil {
+		c.fail(w, r, http.StatusForbidden, "This API key does not have the scope servers:read.")
+		return
+	}
+	run, result, err := c.deps.Fleet.RunResult(r.Context(), chi.URLParam(r, "id"))
+	if errors.Is(err, fleet.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, "No run has this id.")
+		return
+	}
+	if err != nil {
+		c.log.Error().Err(err).Msg("read run")
+		c.fail(w, r, http.StatusInternalServerError, "The run cannot be read right now.")
+		return
+	}
+	data := map[string]any{"Title": "Provisioning run " + run.JobID, "Run": run}
+	if len(result) > 0 {
+		res, err := messages.DecodeProvisionerResult(result)
+		if err != nil {
+			c.log.Warn().Err(err).Str("job_id", run.JobID).Msg("decode provisioning result")
+			data["ResultError"] = "The run's stored result does not decode."
+		}
+		data["Result"] = res
+	}
+	c.render(w, r, http.StatusOK, "provision", data)
+}
+
+// ---- New deployment
+
+// deployFields are the form's fields, in order, with the API's names.
+var deployFields = []struct{ Name, Label, Help string }{
+	{"project_id", "Project", "the project (a UUID) the deployment belongs to"},
+	{"repo_full_name", "Repository", "owner/name of the repository to deploy"},
+	{"branch", "Branch", "empty: the default branch"},
+	{"server_ip", "Server address", "the server's IP address"},
+	{"port", "SSH port", "usually 22"},
+	{"modules", "Modules", "comma-separated; empty: all"},
+	{"github_token_ref", "Git token reference", "a secret reference, never a token"},
+	{"secrets_ref", "Secrets reference", "a secret reference"},
+	{"correlation_id", "Correlation id", "optional"},
+	{"options.timeout_seconds", "Timeout (seconds)", "empty: infra's limit"},
+	{"options.callback_url", "Callback URL", "optional webhook on completion"},
+}
+
+func (c *Console) deployForm(w http.ResponseWriter, r *http.Request) {
+	vals := map[string]string{"port": "22"}
+	if ps := c.key(r).Projects; len(ps) > 0 {
+		vals["project_id"] = ps[0]
+	}
+	c.renderDeploy(w, r, http.StatusOK, vals, nil, "")
+}
+
+func (c *Console) renderDeploy(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general string) {
+	c.render(w, r, status, "deploy", map[string]any{"Title": "New deployment", "Fields": deployFields,
+		"Values": vals, "Errors": errs, "General": general, "Projects": c.key(r).Projects})
+}
+
+func (c *Console) deploySubmit(w http.ResponseWriter, r *http.Request) {
+	vals := map[string]string{}
+	for _, f := range deployFields {
+		vals[f.Name] = strings.TrimSpace(r.PostFormValue(f.Name))
+	}
+	errs := map[string]string{}
+	req := deployments.Request{ProjectID: vals["project_id"], RepoFullName: vals["repo_full_name"], Branch: vals["branch"],
+		ServerIP: vals["server_ip"], GitHubTokenRef: vals["github_token_ref"], SecretsRef: vals["secrets_ref"],
+		CorrelationID: vals["correlation_id"], Options: deployments.Options{CallbackURL: vals["options.callback_url"]}}
+	for name, dst := range map[string]*int{"port": &req.Port, "options.timeout_seconds": &req.Options.TimeoutSeconds} {
+		if v := vals[name]; v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs[name] = "must be a whole number"
+				continue
+			}
+			*dst = n
+		}
+	}
+	for m := range strings.SplitSeq(vals["modules"], ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			req.Modules = append(req.Modules, m)
+		}
+	}
+	if len(errs) > 0 {
+		c.renderDeploy(w, r, http.StatusUnprocessableEntity, vals, errs, "Correct the fields marked below.")
+		return
+	}
+	var d deployments.Deployment
+	res, err := c.call(r, http.MethodPost, "/api/v1/deployments", req, &d)
+	if err != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	if res.Problem != nil {
+		var general []string
+		for _, fe := range res.Problem.Errors {
+			if slices.ContainsFunc(deployFields, func(f struct{ Name, Label, Help string }) bool { return f.Name == fe.Field }) {
+				errs[fe.Field] = fe.Message
+			} else {
+				general = append(general, fe.Field+": "+fe.Message)
+			}
+		}
+		if len(general) == 0 && len(errs) == 0 {
+			general = append(general, problemText(res.Problem))
+		}
+		c.renderDeploy(w, r, res.Status, vals, errs, strings.Join(general, "; "))
+		return
+	}
+	http.Redirect(w, r, Prefix+"/runs/deployment/"+url.PathEscape(d.ID), http.StatusSeeOther)
+}
+
+// ---- Queues
+
+func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
+	if !c.key(r).Has(auth.ScopeServersRead) {
+		c.fail(w, r, http.StatusForbidden, "The queues are shown to fleet-wide keys with servers:read or admin.")
+		return
+	}
+	type deadGroup struct {
+		Stream  string
+		Letters []stream.DeadLetter
+		Next    string // the link to the next page of this stream's
+		Err     string
+	}
+	// ?stream=&after= pages through one stream's dead letters.
+	q := r.URL.Query()
+	only, after := q.Get("stream"), q.Get("after")
+	var dead []deadGroup
+	if c.deps.Queues != nil {
+		for _, name := range c.cfg.Streams {
+			if only != "" && name != only {
+				continue
+			}
+			from := ""
+			if name == only {
+				from = after
+			}
+			page, err := c.deps.Queues.DeadLetters(r.Context(), name, from, 50)
+			g := deadGroup{Stream: name}
+			switch {
+			case err != nil && errors.Is(err, stream.ErrNotFound):
+				continue
+			case err != nil:
+				g.Err = "cannot read the dead letters"
+			default:
+				g.Letters = page.Letters
+				if page.Next != "" {
+					g.Next = Prefix + "/queues?" + url.Values{"stream": {name}, "after": {page.Next}}.Encode()
+				}
+			}
+			if len(g.Letters) > 0 || g.Err != "" {
+				dead = append(dead, g)
+			}
+		}
+	}
+	c.render(w, r, http.StatusOK, "queues", map[string]any{"Title": "Queues", "Queues": c.queueRows(r.Context()),
+		"Dead": dead, "Admin": c.key(r).Has(auth.ScopeAdmin)})
+}
+
+// deadAction replays or drops a dead letter, as `autoprov dead replay`
+// (without --resign) and `autoprov dead drop` do.
+func (c *Console) deadAction(w http.ResponseWriter, r *http.Request) {
+	key := c.key(r)
+	if !key.Has(auth.ScopeAdmin) {
+		c.fail(w, r, http.StatusForbidden, "Replaying and dropping dead letters needs the admin scope.")
+		return
+	}
+	if c.deps.Queues == nil {
+		c.fail(w, r, http.StatusServiceUnavailable, "The queues are not available on this deployer.")
+		return
+	}
+	name, id := r.PostFormValue("stream"), r.PostFormValue("id")
+	if !slices.Contains(c.cfg.Streams, name) {
+		c.fail(w, r, http.StatusNotFound, "There is no such stream.")
+		return
+	}
+	log := c.log.With().Str("key", key.Name).Str("key_id", key.ID).Str("stream", name).Str("dead_id", id).Logger()
+	var done string
+	switch chi.URLParam(r, "action") {
+	case "replay":
+		newID, err := c.deps.Queues.Replay(r.Context(), name, id, func(d *stream.DeadLetter) (map[string]any, error) {
+			if messages.IsSignatureReason(d.Reason) {
+				return nil, fmt.Errorf("refused: it was dead-lettered for its signature (%s), so no known producer vouches for it; "+
+					"only `autoprov dead replay --resign` re-signs it", d.Reason)
+			}
+			values := maps.Clone(d.Values)
+			values[stream.ReplayFieldBy] = "console:" + key.Name
+			return values, nil
+		})
+		if err != nil {
+			log.Warn().Err(err).Msg("dead letter not replayed")
+			status := http.StatusConflict
+			if errors.Is(err, stream.ErrNotFound) {
+				status = http.StatusNotFound
+			}
+			c.fail(w, r, status, "Not replayed: "+err.Error())
+			return
+		}
+		log.Info().Str("new_id", newID).Msg("dead letter replayed")
+		done = "replayed as " + newID
+	case "drop":
+		n, err := c.deps.Queues.Drop(r.Context(), name, id)
+		if err != nil {
+			log.Warn().Err(err).Msg("dead letter not dropped")
+			c.fail(w, r, http.StatusBadRequest, "Not dropped: "+err.Error())
+			return
+		}
+		log.Info().Int64("dropped", n).Msg("dead letter dropped")
+		done = "dropped"
+	default:
+		c.fail(w, r, http.StatusNotFound, "There is no such action.")
+		return
+	}
+	http.Redirect(w, r, Prefix+"/queues?done="+url.QueryEscape(done), http.StatusSeeOther)
+}
+
+// ---- Keys
+
+func (c *Console) keysPage(w http.ResponseWriter, r *http.Request) {
+	c.renderKeys(w, r, http.StatusOK, nil, "")
+}
+
+func (c *Console) renderKeys(w http.ResponseWriter, r *http.Request, status int, created *auth.CreatedKey, msg string) {
+	var list auth.KeyList
+	res, err := c.call(r, http.MethodGet, "/api/v1/keys", nil, &list)
+	if err != nil || res.Problem != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	c.render(w, r, status, "keys", map[string]any{"Title": "API keys", "Keys": list.Items, "Created": created,
+		"Error": msg, "Scopes": auth.Scopes()})
+}
+
+func (c *Console) createKey(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		c.fail(w, r, http.StatusBadRequest, "Bad form.")
+		return
+	}
+	body := map[string]any{"name": strings.TrimSpace(r.PostFormValue("name")), "scopes": r.PostForm["scope"],
+		"fleet_wide": r.PostFormValue("fleet_wide") == "on"}
+	var projects []string
+	for p := range strings.SplitSeq(r.PostFormValue("projects"), ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			projects = append(projects, p)
+		}
+	}
+	if len(projects) > 0 {
+		body["projects"] = projects
+	}
+	var created auth.CreatedKey
+	res, err := c.call(r, http.MethodPost, "/api/v1/keys", body, &created)
+	if err != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	if res.Problem != nil {
+		c.renderKeys(w, r, res.Status, nil, problemText(res.Problem))
+		return
+	}
+	c.renderKeys(w, r, http.StatusCreated, &created, "")
+}
+
+func (c *Console) revokeKey(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	res, err := c.call(r, http.MethodDelete, "/api/v1/keys/"+url.PathEscape(id), nil, nil)
+	if err != nil || res.Problem != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	if err := c.deps.Sessions.DeleteForKey(r.Context(), id); err != nil {
+		c.log.Warn().Err(err).Msg("end the sessions of a revoked key")
+	}
+	http.Redirect(w, r, Prefix+"/keys?done=revoked", http.StatusSeeOther)
+}
