@@ -46,6 +46,11 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 				r.With(a.authenticate(read)).Get("/webhooks", a.deploymentWebhooks)
 			})
 		})
+		r.Route("/credentials", func(r chi.Router) {
+			r.With(a.authenticate(auth.ScopeCredentialsWrite)).Post("/", a.createCredential)
+			r.With(a.authenticate(auth.ScopeCredentialsRead)).Get("/", a.listCredentials)
+			r.With(a.authenticate(auth.ScopeCredentialsWrite)).Delete("/{name}", a.deleteCredential)
+		})
 		r.Route("/keys", func(r chi.Router) {
 			r.Use(a.authenticate(auth.ScopeAdmin))
 			r.Post("/", a.createKey)

@@ -10,10 +10,12 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/credentials"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/observer"
@@ -42,8 +44,11 @@ type Parts struct {
 	Publisher   *publishing.Publisher
 	Observer    *observer.Observer // nil when OBSERVE_QUEUE is off
 	Logs        runlog.Store
-	cfg         *Config
-	log         zerolog.Logger
+	Credentials *credentials.Service
+	// vault writes credential values (nil without CREDENTIALS_VAULT_ADDR).
+	vault *secrets.Vault
+	cfg   *Config
+	log   zerolog.Logger
 }
 
 // Build builds the components from the configuration and what Serve
@@ -76,6 +81,15 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if err != nil {
 		return nil, err
 	}
+	ccfg := credentials.Config{Refs: refs, Mount: cfg.Credentials.Mount, Path: cfg.Credentials.Path}
+	if cfg.Credentials.Vault.Addr != "" {
+		p.vault, err = secrets.NewVault(ctx, cfg.Credentials.Vault, secrets.VaultOptions{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("credentials vault: %w", err)
+		}
+		ccfg.Vault = p.vault
+	}
+	p.Credentials = credentials.NewService(d.DB, ccfg)
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
 		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs}
@@ -135,7 +149,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
-		Deployments: p.Deployments, Keys: keys, Auth: authn, Forget: authn.Forget,
+		Deployments: p.Deployments, Credentials: p.Credentials, Keys: keys, Auth: authn, Forget: authn.Forget,
 		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),
 		Hub:     p.Hub, Logs: logs,
 		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
@@ -157,6 +171,15 @@ func (p *Parts) Components() []service.Component {
 		{Name: "notifier", Run: p.Notifier.Run},
 		{Name: "events", Run: p.Hub.Run},
 		{Name: "retention", Run: p.retention},
+	}
+	if p.vault != nil {
+		parts = append(parts, service.Component{Name: "credentials-vault", Run: func(ctx context.Context) error {
+			if err := p.vault.Start(ctx); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return p.vault.Close()
+		}})
 	}
 	if p.Deliverer != nil {
 		parts = append(parts, service.Component{Name: "webhooks", Run: p.Deliverer.Run})
