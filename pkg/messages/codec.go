@@ -54,7 +54,7 @@ func Encode(v any) ([]byte, error) {
 	switch rv.Type() {
 	case reflect.TypeFor[ProvisionerMessage](), reflect.TypeFor[AnsibleDeployMessage](),
 		reflect.TypeFor[ProvisionerResult](), reflect.TypeFor[AnsibleDeployResult](),
-		reflect.TypeFor[ProgressEvent]():
+		reflect.TypeFor[ProgressEvent](), reflect.TypeFor[AnsibleJobMessage](), reflect.TypeFor[AnsibleJobResult]():
 	default:
 		return nil, fmt.Errorf("encode %T: not a message type of this package", v)
 	}
@@ -144,7 +144,11 @@ func encodeValue(enc *msgpack.Encoder, v reflect.Value) error {
 		return enc.EncodeBool(v.Bool())
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return enc.EncodeInt(v.Int())
-	case reflect.Pointer:
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return enc.EncodeUint(v.Uint())
+	case reflect.Float32, reflect.Float64:
+		return enc.EncodeFloat64(v.Float())
+	case reflect.Pointer, reflect.Interface:
 		if v.IsNil() {
 			return enc.EncodeNil()
 		}
@@ -477,10 +481,124 @@ func (d *decoder) value(v reflect.Value, path string, depth int) error {
 		if m.Len() > 0 {
 			v.Set(m)
 		}
+	case reflect.Interface:
+		x, ok, err := d.freeValue(path, depth)
+		if err != nil || !ok {
+			return err
+		}
+		if x != nil {
+			v.Set(reflect.ValueOf(x))
+		}
 	default:
 		return fmt.Errorf("messages: unsupported field kind %s at %s", v.Kind(), path)
 	}
 	return nil
+}
+
+// freeValue reads a free-form value (the values of Vars): nil, a boolean,
+// an integer, a float, a string, or an array or map (string keys) of them.
+// Integers come back as int64, floats as float64, arrays as []any, maps as
+// map[string]any. A binary, an extension or an integer beyond int64 is a
+// field error (ok false, the value skipped).
+func (d *decoder) freeValue(path string, depth int) (x any, ok bool, err error) {
+	if depth > maxDepth {
+		return nil, false, &DecodeError{Reason: fmt.Sprintf("nested deeper than %d levels", maxDepth)}
+	}
+	c, err := d.dec.PeekCode()
+	if err != nil {
+		return nil, false, d.malformed(err)
+	}
+	switch {
+	case c == msgpcode.Nil:
+		return nil, true, d.wrap(d.dec.DecodeNil())
+	case c == msgpcode.True || c == msgpcode.False:
+		b, err := d.dec.DecodeBool()
+		return b, err == nil, d.wrap(err)
+	case c == msgpcode.Uint64:
+		u, err := d.dec.DecodeUint64()
+		if err != nil {
+			return nil, false, d.malformed(err)
+		}
+		if u > math.MaxInt64 {
+			d.fieldError(path, "integer out of range")
+			return nil, false, nil
+		}
+		return int64(u), true, nil
+	case isInt(c):
+		n, err := d.dec.DecodeInt64()
+		return n, err == nil, d.wrap(err)
+	case c == msgpcode.Float || c == msgpcode.Double:
+		f, err := d.dec.DecodeFloat64()
+		return f, err == nil, d.wrap(err)
+	case msgpcode.IsString(c):
+		s, err := d.dec.DecodeString()
+		if err != nil {
+			return nil, false, d.malformed(err)
+		}
+		if !utf8.ValidString(s) {
+			d.fieldError(path, "must be valid UTF-8")
+			return nil, false, nil
+		}
+		return s, true, nil
+	case isArray(c):
+		n, err := d.dec.DecodeArrayLen()
+		if err != nil {
+			return nil, false, d.malformed(err)
+		}
+		l := make([]any, 0, min(n, 16))
+		for i := range n {
+			x, _, err := d.freeValue(path+"["+strconv.Itoa(i)+"]", depth+1)
+			if err != nil {
+				return nil, false, err
+			}
+			l = append(l, x)
+		}
+		return l, true, nil
+	case isMap(c):
+		n, err := d.dec.DecodeMapLen()
+		if err != nil {
+			return nil, false, d.malformed(err)
+		}
+		m := make(map[string]any, min(n, 16))
+		for range n {
+			c, err := d.dec.PeekCode()
+			if err != nil {
+				return nil, false, d.malformed(err)
+			}
+			if !msgpcode.IsString(c) {
+				return nil, false, &DecodeError{Reason: path + " has a key that is not a string (" + codeType(c) + ")"}
+			}
+			key, err := d.dec.DecodeString()
+			if err != nil {
+				return nil, false, d.malformed(err)
+			}
+			elemPath := path + "[" + key + "]"
+			if _, dup := m[key]; dup || !utf8.ValidString(key) {
+				d.fieldError(elemPath, "duplicate or invalid key")
+				if err := d.skip(depth + 1); err != nil {
+					return nil, false, err
+				}
+				continue
+			}
+			x, _, err := d.freeValue(elemPath, depth+1)
+			if err != nil {
+				return nil, false, err
+			}
+			m[key] = x
+		}
+		return m, true, nil
+	}
+	d.fieldError(path, "must be nil, a boolean, a number, a string, an array or a map (got "+codeType(c)+")")
+	return nil, false, d.skip(depth)
+}
+
+// wrap turns a reader error into the *DecodeError that ends decoding; nil
+// stays nil.
+func (d *decoder) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	return d.malformed(err)
 }
 
 // element reads an array element or a map value, where nil is not allowed.
@@ -489,7 +607,7 @@ func (d *decoder) element(v reflect.Value, path string, depth int) error {
 	if err != nil {
 		return d.malformed(err)
 	}
-	if c == msgpcode.Nil {
+	if c == msgpcode.Nil && v.Kind() != reflect.Interface {
 		if err := d.dec.DecodeNil(); err != nil {
 			return d.malformed(err)
 		}

@@ -12,7 +12,8 @@
 // format evolve.
 //
 // Consumers call DecodeProvisionerMessage, DecodeAnsibleDeployMessage,
-// DecodeProvisionerResult, DecodeAnsibleDeployResult or DecodeProgressEvent;
+// DecodeAnsibleJobMessage, DecodeProvisionerResult,
+// DecodeAnsibleDeployResult, DecodeAnsibleJobResult or DecodeProgressEvent;
 // a bad input gives an error for which IsInvalid is true, to be rejected and
 // never retried. Producers fill the types and call Encode, whose output is
 // canonical (sorted keys, compact integers).
@@ -61,8 +62,8 @@ const MaxMessageSize = 1 << 20
 // "job:<kind>:", so one pattern (job:*) still covers all kinds for infra.
 type JobKind string
 
-// Job kinds. A future kind (e.g. "ansible" for general Ansible jobs) gets its
-// own names the same way: job:ansible:<job_id>:events.
+// Job kinds. Ansible jobs (StreamAnsibleJobQueue) are JobKindJob, in
+// job.go: job:job:<job_id>:events.
 const (
 	// JobKindProvision is a job of StreamProvisionerQueue.
 	JobKindProvision JobKind = "provision"
@@ -71,7 +72,7 @@ const (
 )
 
 // JobKinds returns every job kind, in a fixed order (a new slice each call).
-func JobKinds() []JobKind { return []JobKind{JobKindProvision, JobKindDeploy} }
+func JobKinds() []JobKind { return []JobKind{JobKindProvision, JobKindDeploy, JobKindJob} }
 
 // ProgressStream returns the name of the stream that carries the
 // ProgressEvents of job jobID of kind kind: "job:<kind>:<job_id>:events".

@@ -427,7 +427,13 @@ func NewProvisionerResult(msg *ProvisionerMessage, requestID string) *Provisione
 func (r *ProvisionerResult) Validate() error {
 	var c checker
 	r.Outcome.validate(&c)
-	for i, p := range r.Playbooks {
+	validatePlaybooks(&c, r.Playbooks)
+	return c.err()
+}
+
+// validatePlaybooks checks the per-playbook outcomes of a result.
+func validatePlaybooks(c *checker, playbooks []PlaybookOutcome) {
+	for i, p := range playbooks {
 		field := "playbooks[" + strconv.Itoa(i) + "]."
 		if p.Playbook == "" {
 			c.add(field+"playbook", msgRequired)
@@ -443,7 +449,6 @@ func (r *ProvisionerResult) Validate() error {
 		}
 		c.nonNegative(field+"duration_ms", p.DurationMS)
 	}
-	return c.err()
 }
 
 func (r *ProvisionerResult) normalize() { r.Outcome.normalize() }
@@ -523,7 +528,8 @@ func newOutcome(meta *RequestMeta, requestID string) Outcome {
 	return o
 }
 
-// EncodeResult encodes a *ProvisionerResult or *AnsibleDeployResult like
+// EncodeResult encodes a *ProvisionerResult, *AnsibleDeployResult or
+// *AnsibleJobResult like
 // Encode. When the result cannot be encoded as it is (larger than
 // MaxMessageSize, or a text that is not UTF-8), it encodes a minimal result
 // instead: the same job, request, status and error kind with a short
@@ -546,6 +552,11 @@ func EncodeResult(result any) ([]byte, error) {
 			return nil, err
 		}
 		min = &AnsibleDeployResult{Outcome: r.Outcome.minimal(err), ProjectID: echo(r.ProjectID), ServerIP: echo(r.ServerIP), Port: r.Port}
+	case *AnsibleJobResult:
+		if r == nil {
+			return nil, err
+		}
+		min = &AnsibleJobResult{Outcome: r.Outcome.minimal(err), ProjectID: echo(r.ProjectID), Pool: r.Pool, Commit: r.Commit}
 	default:
 		return nil, err
 	}

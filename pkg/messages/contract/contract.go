@@ -51,6 +51,13 @@ const (
 	secretRefPattern = `^(vault|env|file):[!-~]+$`
 	entryIDPattern   = `^[0-9]{1,20}-[0-9]{1,20}$`
 	errorKindPattern = `^[a-z][a-z0-9_]{0,63}$`
+	// An http(s) URL without user, query or fragment (the Go check also
+	// parses it).
+	urlPattern = `^https?://[^/@?#\s]+(/[^?#\s]*)?$`
+	// A relative path inside a repository: not absolute, no ".." part, no
+	// backslash or control character.
+	repoPathPattern    = `^[^/\\\x00-\x1f\x7f][^\\\x00-\x1f\x7f]*$`
+	repoPathBadPattern = `(^|/)\.\.(/|$)|^\.?/*$`
 )
 
 // File is one generated schema.
@@ -78,6 +85,8 @@ func Generate(srcDir string) ([]File, error) {
 		{"provisioner_result", &messages.ProvisionerResult{}, result},
 		{"ansible_deploy_result", &messages.AnsibleDeployResult{}, result},
 		{"progress_event", &messages.ProgressEvent{}, progressEvent},
+		{"ansible_job_message", &messages.AnsibleJobMessage{}, jobMessage},
+		{"ansible_job_result", &messages.AnsibleJobResult{}, result},
 		{"stream_entry", &messages.StreamEntry{}, streamEntry},
 	}
 	var files []File
@@ -139,6 +148,10 @@ func mapType(t reflect.Type) *jsonschema.Schema {
 		return &jsonschema.Schema{Type: "string", Enum: anys(messages.Statuses())}
 	case reflect.TypeFor[messages.PlaybookStatus]():
 		return &jsonschema.Schema{Type: "string", Enum: anys(messages.PlaybookStatuses())}
+	case reflect.TypeFor[messages.SourceType]():
+		return &jsonschema.Schema{Type: "string", Enum: anys(messages.SourceTypes())}
+	case reflect.TypeFor[messages.InventoryType]():
+		return &jsonschema.Schema{Type: "string", Enum: anys(messages.InventoryTypes())}
 	case reflect.TypeFor[messages.EventType]():
 		return &jsonschema.Schema{Type: "string", Enum: anys(messages.EventTypes())}
 	case reflect.TypeFor[messages.ErrorKind]():
@@ -175,7 +188,7 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 			p.Pattern = messages.ServerHandlePattern
 		}
 	case "project_id":
-		if owner == "AnsibleDeployMessage" {
+		if owner == "AnsibleDeployMessage" || owner == "AnsibleJobMessage" {
 			p.Pattern = uuidPattern
 		}
 	case "repo_full_name":
@@ -214,7 +227,8 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 		if owner == "PlaybookOutcome" {
 			p.MinLength = ptr(uint64(1))
 		}
-	case "github_token_ref", "secrets_ref":
+	case "github_token_ref", "secrets_ref", "git_credential", "credential", "ssh", "become_password",
+		"vault_password", "cloud", "galaxy":
 		p.Pattern = secretRefPattern
 		p.MaxLength = ptr(uint64(messages.MaxSecretRefLen))
 	case "timeout_seconds":
@@ -228,7 +242,70 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 		p.Pattern = messages.TracestatePattern
 		p.MaxLength = ptr(uint64(messages.MaxTracestateLen))
 	case "hosts":
-		p.PropertyNames = &jsonschema.Schema{MinLength: ptr(uint64(1))}
+		switch owner {
+		case "JobInventory":
+			p.PropertyNames = &jsonschema.Schema{Pattern: messages.HostNamePattern}
+			p.MaxProperties = ptr(uint64(messages.MaxJobHosts))
+			p.AdditionalProperties = inventoryVarsSchema()
+		case "InventoryGroup":
+		default:
+			p.PropertyNames = &jsonschema.Schema{MinLength: ptr(uint64(1))}
+		}
+	case "groups":
+		p.PropertyNames = &jsonschema.Schema{Pattern: messages.GroupNamePattern}
+		p.MaxProperties = ptr(uint64(messages.MaxJobGroups))
+	case "vars":
+		if owner == "InventoryGroup" {
+			*p = *inventoryVarsSchema()
+		}
+	case "extra_vars", "role_vars":
+		p.PropertyNames = &jsonschema.Schema{Pattern: messages.VarNamePattern,
+			Not: &jsonschema.Schema{Pattern: "^[Aa][Nn][Ss][Ii][Bb][Ll][Ee]_"}}
+	case "repository", "url", "galaxy_server", "callback_url":
+		p.Pattern = urlPattern
+		p.MaxLength = ptr(uint64(messages.MaxURLLen))
+	case "ref":
+		p.Pattern = messages.RefPattern
+		p.Not = &jsonschema.Schema{Pattern: branchBadPattern}
+		p.MaxLength = ptr(uint64(messages.MaxRefLen))
+	case "paths":
+		p.MaxItems = ptr(uint64(messages.MaxJobPlaybooks))
+		p.UniqueItems = true
+		p.Items.Pattern = repoPathPattern
+		p.Items.Not = &jsonschema.Schema{Pattern: repoPathBadPattern}
+		p.Items.MaxLength = ptr(uint64(messages.MaxJobPathLen))
+	case "role_path", "path":
+		p.Pattern = repoPathPattern
+		p.Not = &jsonschema.Schema{Pattern: repoPathBadPattern}
+		p.MaxLength = ptr(uint64(messages.MaxJobPathLen))
+	case "collection":
+		p.Pattern = messages.CollectionPattern
+	case "role":
+		p.Pattern = messages.RoleNamePattern
+	case "version":
+		p.Pattern = messages.VersionPattern
+	case "plugin":
+		p.Pattern = messages.PluginPattern
+	case "config":
+		p.Not = &jsonschema.Schema{Required: []string{"plugin"}}
+	case "tags", "skip_tags":
+		p.MaxItems = ptr(uint64(messages.MaxJobTags))
+		p.UniqueItems = true
+		p.Items.Pattern = messages.TagPattern
+	case "limit":
+		p.Pattern = messages.LimitPattern
+		p.Not = &jsonschema.Schema{Pattern: "^@"}
+		p.MaxLength = ptr(uint64(messages.MaxJobLimitLen))
+	case "verbosity":
+		p.Minimum = "0"
+		p.Maximum = json.Number(strconv.Itoa(messages.MaxJobVerbosity))
+	case "forks":
+		p.Minimum = "0" // 0 is the same as absent
+		p.Maximum = json.Number(strconv.Itoa(messages.MaxJobForks))
+	case "pool":
+		p.Pattern = messages.PoolPattern
+	case "commit", "inventory_commit":
+		p.Pattern = messages.CommitPattern
 	case "duration_ms", "attempt", "ok", "changed", "failed", "unreachable", "skipped", "rescued", "ignored":
 		p.Minimum = "0"
 	case "seq":
@@ -305,6 +382,77 @@ func progressEvent(s *jsonschema.Schema) {
 			Else: withProps(&jsonschema.Schema{},
 				map[string]*jsonschema.Schema{"status": {AnyOf: []*jsonschema.Schema{{Type: "null"}, {Const: ""}}}}),
 		},
+	}
+}
+
+// inventoryVarsSchema is the schema of an inventory's host or group
+// variables: variable names, no connection variables but the allowed ones.
+func inventoryVarsSchema() *jsonschema.Schema {
+	allowed := messages.InventoryConnectionVars()
+	return &jsonschema.Schema{
+		Type: "object",
+		PropertyNames: &jsonschema.Schema{Pattern: messages.VarNamePattern, AnyOf: []*jsonschema.Schema{
+			{Not: &jsonschema.Schema{Pattern: "^[Aa][Nn][Ss][Ii][Bb][Ll][Ee]_"}},
+			{Enum: anys(allowed)},
+		}},
+	}
+}
+
+// jobMessage adds the keys each source and inventory type requires, and
+// refuses (non-empty) the keys that belong to other types.
+func jobMessage(s *jsonschema.Schema) {
+	nonEmpty := &jsonschema.Schema{AnyOf: []*jsonschema.Schema{
+		{Type: "string", MinLength: ptr(uint64(1))}, {Type: "array", MinItems: ptr(uint64(1))},
+		{Type: "object", MinProperties: ptr(uint64(1))}, {Type: "boolean"}, {Type: "number"},
+	}}
+	rules := func(keys map[string][]string, required map[string][]string) []*jsonschema.Schema {
+		all := map[string]bool{}
+		for _, ks := range keys {
+			for _, k := range ks {
+				all[k] = true
+			}
+		}
+		var out []*jsonschema.Schema
+		for _, typ := range slices.Sorted(maps.Keys(keys)) {
+			then := &jsonschema.Schema{Required: required[typ]}
+			for _, k := range slices.Sorted(maps.Keys(all)) {
+				if slices.Contains(keys[typ], k) {
+					continue
+				}
+				then.AllOf = append(then.AllOf, &jsonschema.Schema{Not: withProps(
+					&jsonschema.Schema{Required: []string{k}}, map[string]*jsonschema.Schema{k: nonEmpty})})
+			}
+			out = append(out, &jsonschema.Schema{
+				If: withProps(&jsonschema.Schema{Required: []string{"type"}},
+					map[string]*jsonschema.Schema{"type": {Const: typ}}),
+				Then: then,
+			})
+		}
+		return out
+	}
+	if src, ok := s.Definitions["JobSource"]; ok {
+		src.AllOf = rules(map[string][]string{
+			string(messages.SourcePlaybook):       {"repository", "ref", "paths", "git_credential"},
+			string(messages.SourceRole):           {"repository", "ref", "git_credential", "role_path", "role_vars"},
+			string(messages.SourceCollectionRole): {"role_vars", "collection", "role", "version", "galaxy_server"},
+		}, map[string][]string{
+			string(messages.SourcePlaybook):       {"repository", "paths"},
+			string(messages.SourceRole):           {"repository", "role_path"},
+			string(messages.SourceCollectionRole): {"collection", "role"},
+		})
+	}
+	if inv, ok := s.Definitions["JobInventory"]; ok {
+		inv.AllOf = rules(map[string][]string{
+			string(messages.InventoryInline):  {"hosts", "groups"},
+			string(messages.InventoryGit):     {"repository", "ref", "path", "credential"},
+			string(messages.InventoryURL):     {"url", "credential"},
+			string(messages.InventoryDynamic): {"plugin", "config"},
+		}, map[string][]string{
+			string(messages.InventoryInline):  {"hosts"},
+			string(messages.InventoryGit):     {"repository", "path"},
+			string(messages.InventoryURL):     {"url"},
+			string(messages.InventoryDynamic): {"plugin"},
+		})
 	}
 }
 

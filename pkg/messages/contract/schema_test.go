@@ -47,6 +47,8 @@ var schemaFiles = map[string]string{
 	"ProvisionerResult":    "provisioner_result.schema.json",
 	"AnsibleDeployResult":  "ansible_deploy_result.schema.json",
 	"ProgressEvent":        "progress_event.schema.json",
+	"AnsibleJobMessage":    "ansible_job_message.schema.json",
+	"AnsibleJobResult":     "ansible_job_result.schema.json",
 	"StreamEntry":          "stream_entry.schema.json",
 }
 

@@ -124,7 +124,7 @@ func enqueue(g *globals, r request) error {
 // a job's progress stream and cancel key are named after its kind
 // (messages.JobKind), which its id does not tell.
 type kindFlag struct {
-	Kind string `enum:"auto,provision,deploy" default:"auto" help:"the job's kind: provision, deploy, or auto (every kind: a job id is never used by two kinds)"`
+	Kind string `enum:"auto,provision,deploy,job" default:"auto" help:"the job's kind: provision, deploy, job, or auto (every kind: a job id is never used by two kinds)"`
 }
 
 // kinds returns the kinds to look at: the one named, or every kind.
@@ -136,12 +136,7 @@ func (f kindFlag) kinds() []messages.JobKind {
 }
 
 // resultsStream returns the stream of the results of jobs of kind k.
-func resultsStream(k messages.JobKind) string {
-	if k == messages.JobKindDeploy {
-		return messages.StreamDeployResults
-	}
-	return messages.StreamProvisionerResults
-}
+func resultsStream(k messages.JobKind) string { return messages.ResultsStream(k) }
 
 // followCmd prints a job's progress until it ends.
 type followCmd struct {

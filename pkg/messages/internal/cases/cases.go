@@ -24,7 +24,7 @@ type Golden struct {
 
 // Goldens returns every golden vector.
 func Goldens() []Golden {
-	return []Golden{
+	return append([]Golden{
 		{"provisioner_message.msgpack", "ProvisionerMessage", &messages.ProvisionerMessage{
 			RequestMeta: messages.RequestMeta{
 				SchemaVersion: 1,
@@ -235,7 +235,7 @@ func Goldens() []Golden {
 			Message:       "1 host failed",
 			Status:        messages.StatusFailed,
 		}},
-	}
+	}, jobGoldens()...)
 }
 
 // PythonVector is a vector written by testdata/python/gen_vectors.py with
@@ -875,6 +875,8 @@ func Validations() map[string][]Validation {
 		"ProvisionerResult":    provisionerResultCases(),
 		"AnsibleDeployResult":  deployResultCases(),
 		"ProgressEvent":        progressCases(),
+		"AnsibleJobMessage":    jobCases(),
+		"AnsibleJobResult":     jobResultCases(),
 	}
 }
 
@@ -891,6 +893,10 @@ func DecodeAny(typ string, data []byte) (any, error) {
 		return asAny(messages.DecodeAnsibleDeployResult(data))
 	case "ProgressEvent":
 		return asAny(messages.DecodeProgressEvent(data))
+	case "AnsibleJobMessage":
+		return asAny(messages.DecodeAnsibleJobMessage(data))
+	case "AnsibleJobResult":
+		return asAny(messages.DecodeAnsibleJobResult(data))
 	}
 	panic("unknown message type " + typ)
 }
