@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -59,6 +60,10 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if streams == (deployments.Streams{}) {
 		streams = deployments.DefaultStreams()
 	}
+	if streams.JobQueue == "" || streams.JobResults == "" {
+		def := deployments.DefaultStreams()
+		streams.JobQueue, streams.JobResults = cmp.Or(streams.JobQueue, def.JobQueue), cmp.Or(streams.JobResults, def.JobResults)
+	}
 	p := &Parts{cfg: cfg, log: log}
 
 	logs, err := runlog.Open(ctx, cfg.RunLog, d.DB)
@@ -92,7 +97,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	p.Credentials = credentials.NewService(d.DB, ccfg)
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
-		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs}
+		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs, Credentials: p.Credentials}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
 			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),
@@ -122,9 +127,9 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	p.Results, err = stream.NewConsumer(d.Redis, stream.Config{
-		Group: cfg.Stream.Group, Streams: []string{streams.Results}, Consumer: cfg.Stream.ConsumerName,
+		Group: cfg.Stream.Group, Streams: []string{streams.Results, streams.JobResults}, Consumer: cfg.Stream.ConsumerName,
 		Concurrency: cfg.Stream.Concurrency, ShutdownGrace: 10 * time.Second, Logger: log, Metrics: streamMetrics,
-	}, p.Deployments.ResultsHandler())
+	}, resultsHandler(streams, p.Deployments))
 	if err != nil {
 		return nil, err
 	}
@@ -163,6 +168,17 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	return p, nil
+}
+
+// resultsHandler records the results of deploy:results and job:results.
+func resultsHandler(streams deployments.Streams, svc *deployments.Service) stream.Handler {
+	deploys, jobs := svc.ResultsHandler(), svc.JobResultsHandler()
+	return stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		if msg.Stream == streams.JobResults {
+			return jobs.Handle(ctx, msg)
+		}
+		return deploys.Handle(ctx, msg)
+	})
 }
 
 // Components lists the parts in start order (stopped in reverse).

@@ -18,5 +18,24 @@ CREATE TABLE credentials (
     PRIMARY KEY (project_id, name)
 );
 
+-- Ansible jobs (issue 23) are deployments of another kind: they share the
+-- table, and with it idempotency keys, publishing, results, webhooks,
+-- cancel and retention. A job's request (JSON, references only) is
+-- job_request; queue is the stream it was published to (its pool's).
+ALTER TABLE deployments
+    ADD COLUMN kind        text NOT NULL DEFAULT 'deploy' CHECK (kind IN ('deploy', 'job')),
+    ADD COLUMN job_request jsonb,
+    ADD COLUMN queue       text;
+CREATE INDEX deployments_kind_idx ON deployments (kind, created_at DESC, id DESC);
+
+-- infra's runs of jobs (and the deployer's record of a job cancelled
+-- before it started).
+ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_kind_check;
+ALTER TABLE runs ADD CONSTRAINT runs_kind_check CHECK (kind IN ('provision', 'deploy', 'job'));
+
 -- +goose Down
+ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_kind_check;
+ALTER TABLE runs ADD CONSTRAINT runs_kind_check CHECK (kind IN ('provision', 'deploy'));
+DROP INDEX deployments_kind_idx;
+ALTER TABLE deployments DROP COLUMN queue, DROP COLUMN job_request, DROP COLUMN kind;
 DROP TABLE credentials;
