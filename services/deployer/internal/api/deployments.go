@@ -359,7 +359,9 @@ func (a *API) list(w http.ResponseWriter, r *http.Request, kind, base string,
 	writeJSON(w, http.StatusOK, page(items, pg.Next, nextLink))
 }
 
-func (a *API) cancelDeployment(w http.ResponseWriter, r *http.Request) { a.cancel(w, r, deploymentView) }
+func (a *API) cancelDeployment(w http.ResponseWriter, r *http.Request) {
+	a.cancel(w, r, deploymentView)
+}
 
 // cancel answers DELETE of a deployment or job, shown with show.
 func (a *API) cancel(w http.ResponseWriter, r *http.Request, show view) {

@@ -179,7 +179,8 @@ func JobMessage(r *JobRequest, jobID string, at time.Time) *messages.AnsibleJobM
 			ExtraVars: vars(r.Options.ExtraVars), Tags: r.Options.Tags, SkipTags: r.Options.SkipTags,
 			Limit: r.Options.Limit, Check: r.Options.Check, Diff: r.Options.Diff, Verbosity: r.Options.Verbosity,
 			Forks: r.Options.Forks, TimeoutSeconds: r.Options.Timeout, Pool: r.Options.Pool,
-			CallbackURL: r.Options.CallbackURL,
+			// callback_url stays with the deployer, which sends the signed
+			// webhook: its path and query often hold the receiver's tokens.
 		},
 	}
 	if r.Inventory.Hosts != nil {

@@ -80,9 +80,6 @@ func (s *Service) jobMessage(ctx context.Context, r *JobRequest, v Visibility, j
 	if len(fields) > 0 {
 		return nil, &InvalidError{Fields: fields}
 	}
-	// The callback URL (its path and query often hold the receiver's
-	// tokens) stays with the deployer: infra never calls it.
-	m.Options.CallbackURL = ""
 	return m, nil
 }
 

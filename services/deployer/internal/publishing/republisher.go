@@ -74,7 +74,6 @@ func (p *Publisher) republishBatch(ctx context.Context, after time.Duration, lim
 		var err error
 		if d.Kind == deployments.KindJob && d.Job != nil {
 			msg := deployments.JobMessage(d.Job, d.JobID, d.CreatedAt)
-			msg.Options.CallbackURL = "" // the deployer's, never on the wire
 			entry, err = p.republishOne(ctx, d.ID, d.JobID, d.Queue(), func(tc messages.TraceContext) ([]byte, error) {
 				msg.TraceContext = tc
 				return messages.Encode(msg)
