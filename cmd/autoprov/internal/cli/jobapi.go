@@ -130,9 +130,14 @@ type apiJob struct {
 	raw json.RawMessage
 }
 
-func (c *apiClient) job(ctx context.Context, id string) (*apiJob, error) {
+// job reads a job; with wait, the answer waits (up to it) for its end.
+func (c *apiClient) job(ctx context.Context, id string, wait time.Duration) (*apiJob, error) {
 	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodGet, "/api/v1/jobs/"+id, nil, nil, &raw); err != nil {
+	path := "/api/v1/jobs/" + id
+	if wait > 0 {
+		path += "?wait=" + wait.String()
+	}
+	if _, err := c.do(ctx, http.MethodGet, path, nil, nil, &raw); err != nil {
 		return nil, err
 	}
 	j := &apiJob{raw: raw}
@@ -232,7 +237,7 @@ func (c *jobStatusCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
-	j, err := api.job(g.ctx, c.ID)
+	j, err := api.job(g.ctx, c.ID, 0)
 	if err != nil {
 		return err
 	}
@@ -296,7 +301,9 @@ func followJob(g *globals, api *apiClient, id string, timeout time.Duration) err
 		case <-time.After(time.Duration(min(attempt+1, 5)) * time.Second):
 		}
 	}
-	j, err := api.job(g.ctx, id)
+	// The stream's end comes a moment before the result is recorded: the
+	// answer waits for the job's final state.
+	j, err := api.job(g.ctx, id, time.Minute)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,11 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -265,5 +270,46 @@ func TestJobTenancyAndCancel(t *testing.T) {
 	resp, body = e.Do("GET", "/api/v1/jobs/"+j.ID+"?wait=30s", keyA, nil)
 	if resp.StatusCode != 200 || dt.JSON[api.Job](t, body).Status != "cancelled" {
 		t.Errorf("after cancel: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestPythonJobClient runs docs/examples/ansible_job.py (standard library
+// only) against the deployer: it submits, follows the stream to the end
+// and exits 0 for a job that succeeded; a refused job exits 2.
+func TestPythonJobClient(t *testing.T) {
+	e := dt.Start(t, dt.Options{})
+	key := e.Key("ci-py", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
+	dir := t.TempDir()
+	good, _ := json.Marshal(jobRequest())
+	bad := jobRequest()
+	bad["project_id"] = projectB
+	refused, _ := json.Marshal(bad)
+	for _, tc := range []struct {
+		name string
+		body []byte
+		code int
+		want string
+	}{
+		{"succeeds", good, 0, "run finished: succeeded"},
+		{"refused", refused, 2, "job refused: HTTP 403"},
+	} {
+		file := filepath.Join(dir, tc.name+".json")
+		if err := os.WriteFile(file, tc.body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("/usr/bin/python3", filepath.Join("..", "..", "..", "..", "docs", "examples", "ansible_job.py"), file,
+			"--idempotency-key", "py-"+tc.name, "--timeout", "60")
+		cmd.Env = []string{"AUTOPROV_API_URL=" + e.URL, "AUTOPROV_API_KEY=" + key, "PATH=/usr/bin:/bin"}
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.code || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%s: exit %d, output:\n%s", tc.name, code, out)
+		}
 	}
 }
