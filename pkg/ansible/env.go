@@ -31,6 +31,7 @@ func (r *Runner) childEnv(d *runDir, spec *Spec) []string {
 		"SSH_AUTH_SOCK=" + d.agentSock,
 		"AUTOPROV_EVENTS_PATH=/dev/fd/3",
 	}
+	env = append(env, spec.env...) // a job's own (RunJob)
 	for name, value := range spec.SecretEnv {
 		env = append(env, name+"="+value)
 	}

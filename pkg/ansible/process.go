@@ -114,6 +114,9 @@ func (e *execution) start() error {
 	}
 	argv := []string{r.cfg.PlaybookBin, "-i", rd.inventory, "-e", "@" + rd.vars,
 		filepath.Join(r.cfg.AnsibleDir, "playbooks", spec.Playbook)}
+	if spec.argv != nil { // a job (RunJob)
+		argv = spec.argv
+	}
 	var cmd *exec.Cmd
 	var guardEnd *os.File
 	if r.guard != "" {

@@ -78,6 +78,11 @@ type Spec struct {
 	// the goroutine that drains the pipe: it must return quickly and not
 	// panic. The Result's OutputTail keeps only the end.
 	OnOutput func(line string)
+
+	// argv and env are set by RunJob only: the command line in place of
+	// the playbook run's, and variables added to the child's environment.
+	argv []string
+	env  []string
 }
 
 var (
@@ -185,31 +190,8 @@ func (r *Runner) validateSpec(spec *Spec) (pinnedKey, error) {
 	if err != nil {
 		return pinnedKey{}, fmt.Errorf("spec: %w", err)
 	}
-	for name, value := range spec.SecretEnv {
-		if err := validateEnvName(name); err != nil {
-			return pinnedKey{}, fmt.Errorf("spec: secret env: %w", err)
-		}
-		if strings.IndexByte(value, 0) >= 0 {
-			return pinnedKey{}, fmt.Errorf("spec: secret env %s: value holds a NUL byte", name)
-		}
-		if n := len(name) + 1 + len(value); n > maxEnvString {
-			return pinnedKey{}, fmt.Errorf("spec: secret env %s: %d bytes, more than the %d bytes an environment variable may hold", name, n, maxEnvString)
-		}
-	}
-	if spec.Timeout < 0 || spec.IdleTimeout < 0 {
-		return pinnedKey{}, errors.New("spec: negative timeout")
-	}
-	if spec.Timeout == 0 {
-		spec.Timeout = r.cfg.Timeout
-	}
-	if spec.TimeoutCap > 0 && spec.TimeoutCap < spec.Timeout {
-		spec.Timeout = spec.TimeoutCap
-	}
-	if spec.IdleTimeout == 0 {
-		spec.IdleTimeout = r.cfg.IdleTimeout
-	}
-	if spec.Redact == nil {
-		spec.Redact = func(s string) string { return s }
+	if err := r.validateShared(spec); err != nil {
+		return pinnedKey{}, err
 	}
 	return key, nil
 }

@@ -51,6 +51,18 @@ func unsafeYAML(vars map[string]any) (string, error) {
 	return b.String(), nil
 }
 
+// UnsafeYAML renders v as one YAML flow value in which every string (map
+// keys included) is a double-quoted scalar tagged !unsafe, with the value
+// kinds and limits of Spec.Vars: for the role variables of generated plays
+// and the host variables of generated inventories.
+func UnsafeYAML(v any) (string, error) {
+	var b strings.Builder
+	if err := writeYAMLValue(&b, reflect.ValueOf(v), 1); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
 func writeYAMLValue(b *strings.Builder, v reflect.Value, depth int) error {
 	if depth > maxVarDepth {
 		return fmt.Errorf("nested deeper than %d levels", maxVarDepth)

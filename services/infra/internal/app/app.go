@@ -164,6 +164,10 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
+	jobStreams, err := serveAnsibleJobs(cfg, handler, authorizer.Guard(), log)
+	if err != nil {
+		return nil, err
+	}
 	drainGrace, short := cfg.DrainGrace()
 	if short {
 		log.Warn().Dur("shutdown_grace", cfg.ShutdownGrace).Dur("cancel_grace", cfg.CancelGrace()).
@@ -171,7 +175,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	}
 	consumer, err := stream.NewConsumer(d.Redis, stream.Config{
 		Group:         cfg.Stream.Group,
-		Streams:       []string{messages.StreamProvisionerQueue, messages.StreamAnsibleDeployQueue},
+		Streams:       append([]string{messages.StreamProvisionerQueue, messages.StreamAnsibleDeployQueue}, jobStreams...),
 		Consumer:      consumerName,
 		Concurrency:   cfg.Stream.Concurrency,
 		Lease:         cfg.Stream.Lease,

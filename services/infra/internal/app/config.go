@@ -18,8 +18,10 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/time4vps"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/inventory"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/jobs"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/signing"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sshcheck"
 )
 
@@ -43,8 +45,16 @@ type Config struct {
 	Secrets  secrets.Config
 	// Project holds the backends of the secret references requests carry
 	// (PROJECT_*), apart from the service's own (Secrets).
-	Project  secrets.ProjectConfig `envPrefix:"PROJECT_"`
-	Authz    authz.Config
+	Project secrets.ProjectConfig `envPrefix:"PROJECT_"`
+	Authz   authz.Config
+	// Sources holds the Ansible jobs' repository cache (JOB_SOURCES_*).
+	Sources sources.Config `envPrefix:"JOB_SOURCES_"`
+	// Inventory holds the limits of the Ansible jobs' inventories
+	// (JOB_INVENTORY_*; JOB_INVENTORY_MAX_HOSTS bounds every job).
+	Inventory inventory.Config `envPrefix:"JOB_INVENTORY_"`
+	// Galaxy lists the Galaxy servers Ansible jobs may install from
+	// (JOB_GALAXY_*).
+	Galaxy   sources.GalaxyConfig `envPrefix:"JOB_GALAXY_"`
 	Signing  signing.Config
 	Time4VPS time4vps.Config
 	// RunLog is where the whole output of every run is kept (the
@@ -100,6 +110,8 @@ type JobsConfig struct {
 	BusyRecheck      time.Duration `env:"SERVER_BUSY_RECHECK" envDefault:"1s" desc:"how often a request for a server another run holds tries the server again; it waits pending in the stream, not in one of the CONCURRENCY slots"`
 	OutageWait       time.Duration `env:"DB_OUTAGE_WAIT" envDefault:"3m" desc:"how long a job waits out a Postgres outage (retrying with backoff) before it counts as an infrastructure error; a job never fails for an outage shorter than this"`
 	RedisOutageWait  time.Duration `env:"REDIS_OUTAGE_WAIT" envDefault:"3m" desc:"how long publishing a job's result waits out Redis being unreachable (a restart, a failover) before the request is retried; the play itself goes on through a Redis outage"`
+	Pools            []string      `env:"JOB_POOLS" envDefault:"default" envSeparator:"," desc:"pools of Ansible jobs this instance serves: default (ansible:job:queue) and/or names of ansible:job:queue:<pool>; none: no Ansible jobs"`
+	WorkDir          string        `env:"JOB_WORK_DIR" desc:"parent of the Ansible jobs' private directories (checkouts, generated plays); default: jobs next to PLAYBOOK_RUN_ROOT"`
 }
 
 // stopMargin is the part of SHUTDOWN_GRACE kept for what follows the

@@ -47,6 +47,7 @@ type job struct {
 	started      time.Time
 
 	server   *store.Server     // nil for a deploy to an unregistered address
+	targets  []string          // an Ansible job's hosts' lock keys (runLocked takes them all)
 	run      *store.Run        // set once the run row is ours
 	playbook string            // what the run is for (result.playbook unless a play says otherwise)
 	red      *secrets.Redactor // this job's secrets; released when the job ends
@@ -154,7 +155,12 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		// Neither lock is waited for: a request for a busy server must not
 		// hold one of the handler slots (CONCURRENCY) that runs on other
 		// servers need while it waits.
-		locks, err = j.h.Locker.Acquire(ctx, j.id, target, store.LockOptions{PingInterval: j.h.cfg.LockCheck, NoWait: true})
+		opts := store.LockOptions{PingInterval: j.h.cfg.LockCheck, NoWait: true}
+		if len(j.targets) > 0 {
+			locks, err = j.h.Locker.AcquireAll(ctx, j.id, j.targets, opts)
+			return err
+		}
+		locks, err = j.h.Locker.Acquire(ctx, j.id, target, opts)
 		return err
 	})
 	if errors.Is(err, store.ErrTargetBusy) {

@@ -1,0 +1,484 @@
+package ansible
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A job (RunJob) is a general Ansible run: a playbook of the caller's
+// checkout on several hosts, with the options of ansible-playbook a CI
+// pipeline uses. It keeps every safety of Run (private run directory,
+// allow-listed environment, in-process ssh-agent, pinned host keys, extra
+// vars as !unsafe data, runguard, redaction, time limits), and adds:
+//
+//   - an inventory of many hosts, each pinned to its own host key; a host
+//     that failed its SSH check stays in the inventory (so plays, limits and
+//     the recap see it) but its ssh fails at once without a packet sent
+//     (ProxyCommand /bin/false), so Ansible reports it unreachable and goes
+//     on with the others;
+//   - the vault password through a --vault-password-file script that prints
+//     it from the environment: it is never written to disk or argv;
+//   - the become password through the environment (a lookup in the
+//     generated inventory), never on disk;
+//   - a fact cache of its own (memory): a job's host names are the
+//     caller's, and must never read the facts another run cached.
+//
+// There is no takeover or remote cleanup (remote.go) for jobs: they hold
+// their hosts' locks, but their remote processes carry no marker.
+
+// Environment variables of a job's secrets (in the child's environment
+// only).
+const (
+	envVaultPassword  = "AUTOPROV_VAULT_PASSWORD"
+	envBecomePassword = "AUTOPROV_BECOME_PASSWORD"
+)
+
+// JobHost is one host of a job.
+type JobHost struct {
+	// Host is where and as whom to connect. Alias is the inventory name the
+	// caller chose: [A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}. KnownHostsKey may
+	// be empty only when Blocked.
+	Host
+	// Vars are the host's own inventory variables (data: every string is
+	// tagged !unsafe). Connection variables are the runner's: only
+	// ansible_python_interpreter, ansible_become, ansible_become_user and
+	// ansible_become_method may be set among the ansible_* names.
+	Vars map[string]any
+	// Blocked: the host did not pass its SSH check. Ansible sees it
+	// unreachable, without a connection attempt.
+	Blocked bool
+}
+
+// JobGroup is a group of a job's generated inventory.
+type JobGroup struct {
+	Hosts    []string
+	Children []string
+	Vars     map[string]any
+}
+
+// JobOptions are the ansible-playbook options a job may set.
+type JobOptions struct {
+	Tags, SkipTags []string
+	Limit          string
+	Check, Diff    bool
+	Verbosity      int // 0-4
+	Forks          int // 0: ansible.cfg's
+}
+
+// JobSpec describes one ansible-playbook run of a job. Of the embedded
+// Spec, Playbook and Host are unused; Vars are the job's extra vars.
+type JobSpec struct {
+	Spec
+	// PlaybookPath is the absolute path of the playbook (a regular file in
+	// the job's checkout).
+	PlaybookPath string
+	// Hosts are every host of the inventory, with their connection.
+	Hosts []JobHost
+	// Groups of the generated inventory (inline inventories).
+	Groups map[string]JobGroup
+	// InventoryFile is a resolved inventory (git, url) read before the
+	// generated one, whose connection settings win; "": none.
+	InventoryFile string
+	// InventoryEnabled is the inventory plugin that reads InventoryFile
+	// (e.g. ansible.builtin.ini); the generated inventory is YAML, and no
+	// other plugin is enabled (no script, no plugin configuration).
+	InventoryEnabled string
+	// Options of ansible-playbook.
+	Options JobOptions
+	// VaultPassword and BecomePassword are secrets ("": none); they reach
+	// Ansible through the environment only.
+	VaultPassword, BecomePassword string
+	// Env adds ANSIBLE_COLLECTIONS_PATH or ANSIBLE_ROLES_PATH (where the
+	// job's requirements were installed); other names are refused.
+	Env map[string]string
+}
+
+var (
+	jobAliasRe   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$`)
+	groupNameRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	jobTagRe     = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+	pluginNameRe = regexp.MustCompile(`^[a-z0-9_]+\.[a-z0-9_]+\.[a-z0-9_]+$`)
+	jobLimitRe   = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]+$`)
+)
+
+// jobEnvNames are the names JobSpec.Env may set.
+var jobEnvNames = []string{"ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_ROLES_PATH"}
+
+// jobHostVars are the ansible_* variables a JobHost's or JobGroup's Vars
+// may set.
+var jobHostVars = []string{"ansible_python_interpreter", "ansible_become", "ansible_become_user", "ansible_become_method"}
+
+// placeholderKey stands in for the missing pinned key of a blocked host
+// while its other fields are checked.
+const placeholderKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+
+// validateJob checks js and fills the defaults of its Spec.
+func (r *Runner) validateJob(js *JobSpec) ([]pinnedKey, error) {
+	if js.JobID == "" {
+		return nil, errors.New("job spec: empty job id")
+	}
+	if !filepath.IsAbs(js.PlaybookPath) {
+		return nil, fmt.Errorf("job spec: playbook %q is not an absolute path", js.PlaybookPath)
+	}
+	if st, err := os.Lstat(js.PlaybookPath); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("job spec: playbook %s is not a regular file", filepath.Base(js.PlaybookPath))
+	}
+	if js.InventoryFile != "" {
+		if st, err := os.Lstat(js.InventoryFile); err != nil || !filepath.IsAbs(js.InventoryFile) || !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("job spec: inventory file %s is not a regular file", filepath.Base(js.InventoryFile))
+		}
+	}
+	if js.InventoryEnabled != "" && !pluginNameRe.MatchString(js.InventoryEnabled) {
+		return nil, fmt.Errorf("job spec: inventory plugin %q", js.InventoryEnabled)
+	}
+	if len(js.Hosts) == 0 {
+		return nil, errors.New("job spec: no host")
+	}
+	keys := make([]pinnedKey, len(js.Hosts))
+	seen := map[string]bool{}
+	for i := range js.Hosts {
+		h := &js.Hosts[i]
+		if !jobAliasRe.MatchString(h.Alias) {
+			return nil, fmt.Errorf("job spec: host name %q: want %s", h.Alias, jobAliasRe)
+		}
+		if seen[h.Alias] {
+			return nil, fmt.Errorf("job spec: host %s listed twice", h.Alias)
+		}
+		seen[h.Alias] = true
+		c := h.Host
+		c.Alias = "h"
+		if h.Blocked && c.KnownHostsKey == "" {
+			c.KnownHostsKey = placeholderKey
+		}
+		key, err := validateHost(&c)
+		if err != nil {
+			return nil, fmt.Errorf("job spec: host %s: %w", h.Alias, err)
+		}
+		h.Port = c.Port
+		if !h.Blocked {
+			keys[i] = key
+		}
+		if err := checkJobVars(h.Vars); err != nil {
+			return nil, fmt.Errorf("job spec: host %s: %w", h.Alias, err)
+		}
+	}
+	for name, g := range js.Groups {
+		if !groupNameRe.MatchString(name) || name == "all" || name == "ungrouped" {
+			return nil, fmt.Errorf("job spec: group name %q", name)
+		}
+		for _, h := range g.Hosts {
+			if !seen[h] {
+				return nil, fmt.Errorf("job spec: group %s: unknown host %q", name, h)
+			}
+		}
+		for _, c := range g.Children {
+			if _, ok := js.Groups[c]; !ok || c == name {
+				return nil, fmt.Errorf("job spec: group %s: unknown child group %q", name, c)
+			}
+		}
+		if err := checkJobVars(g.Vars); err != nil {
+			return nil, fmt.Errorf("job spec: group %s: %w", name, err)
+		}
+	}
+	o := js.Options
+	for _, t := range slices.Concat(o.Tags, o.SkipTags) {
+		if !jobTagRe.MatchString(t) {
+			return nil, fmt.Errorf("job spec: tag %q: want %s", t, jobTagRe)
+		}
+	}
+	if o.Limit != "" && (len(o.Limit) > 4096 || !jobLimitRe.MatchString(o.Limit) || strings.HasPrefix(o.Limit, "@")) {
+		return nil, fmt.Errorf("job spec: limit %q: want a host pattern", o.Limit)
+	}
+	if o.Verbosity < 0 || o.Verbosity > 4 || o.Forks < 0 || o.Forks > 1000 {
+		return nil, errors.New("job spec: verbosity or forks out of range")
+	}
+	for name, v := range js.Env {
+		if !slices.Contains(jobEnvNames, name) {
+			return nil, fmt.Errorf("job spec: env %s: only %s may be set", name, strings.Join(jobEnvNames, ", "))
+		}
+		if strings.ContainsAny(v, "\x00\n") {
+			return nil, fmt.Errorf("job spec: env %s: NUL or newline", name)
+		}
+	}
+	// The shared checks of Spec (secret env, time limits) on a copy that
+	// names a playbook and a host they accept.
+	spec := js.Spec
+	if js.VaultPassword != "" || js.BecomePassword != "" {
+		spec.SecretEnv = make(map[string]string, len(js.SecretEnv)+2)
+		for k, v := range js.SecretEnv {
+			spec.SecretEnv[k] = v
+		}
+		if js.VaultPassword != "" {
+			spec.SecretEnv[envVaultPassword] = js.VaultPassword
+		}
+		if js.BecomePassword != "" {
+			spec.SecretEnv[envBecomePassword] = js.BecomePassword
+		}
+	}
+	if err := r.validateShared(&spec); err != nil {
+		return nil, err
+	}
+	js.Spec = spec
+	return keys, nil
+}
+
+// validateShared checks a Spec's secret environment and fills its time
+// limits and Redact: the part of validateSpec that jobs share.
+func (r *Runner) validateShared(spec *Spec) error {
+	for name, value := range spec.SecretEnv {
+		if err := validateEnvName(name); err != nil {
+			return fmt.Errorf("spec: secret env: %w", err)
+		}
+		if strings.IndexByte(value, 0) >= 0 {
+			return fmt.Errorf("spec: secret env %s: value holds a NUL byte", name)
+		}
+		if n := len(name) + 1 + len(value); n > maxEnvString {
+			return fmt.Errorf("spec: secret env %s: %d bytes, more than the %d bytes an environment variable may hold", name, n, maxEnvString)
+		}
+	}
+	if spec.Timeout < 0 || spec.IdleTimeout < 0 {
+		return errors.New("spec: negative timeout")
+	}
+	if spec.Timeout == 0 {
+		spec.Timeout = r.cfg.Timeout
+	}
+	if spec.TimeoutCap > 0 && spec.TimeoutCap < spec.Timeout {
+		spec.Timeout = spec.TimeoutCap
+	}
+	if spec.IdleTimeout == 0 {
+		spec.IdleTimeout = r.cfg.IdleTimeout
+	}
+	if spec.Redact == nil {
+		spec.Redact = func(s string) string { return s }
+	}
+	return nil
+}
+
+// checkJobVars refuses inventory variables that would change how or where
+// ssh connects.
+func checkJobVars(vars map[string]any) error {
+	for k := range vars {
+		if !varNameRe.MatchString(k) {
+			return fmt.Errorf("variable name %q", k)
+		}
+		if strings.HasPrefix(strings.ToLower(k), "ansible_") && !slices.Contains(jobHostVars, k) {
+			return fmt.Errorf("variable %s: connection variables are the runner's", k)
+		}
+	}
+	return nil
+}
+
+// RunJob runs js.PlaybookPath on js.Hosts; see the package comment and the
+// comment of JobSpec. Errors and the Result are as for Run; the Result's
+// Hosts hold every host's recap.
+func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
+	called := monoNow()
+	keys, err := r.validateJob(&js)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
+	}
+	spec := &js.Spec
+	log := r.log.With().Str("job_id", spec.JobID).Str("playbook", filepath.Base(js.PlaybookPath)).Int("hosts", len(js.Hosts)).Logger()
+	if err := ctx.Err(); err != nil {
+		now := time.Now()
+		return &Result{Outcome: OutcomeCancelled, ExitCode: -1, Hosts: map[string]Recap{}, StartedAt: now, FinishedAt: now,
+			Err: errors.New(spec.Redact(fmt.Sprintf("cancelled before start: %v", context.Cause(ctx))))}, nil
+	}
+	rd, err := r.newRunDir(spec.JobID)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := rd.remove(); err != nil {
+			log.Error().Err(err).Msg("remove run dir")
+		}
+	}()
+	if err := rd.writeJobInputs(&js, keys); err != nil {
+		return nil, err
+	}
+	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
+	if err != nil {
+		return nil, err
+	}
+	if err := rd.own(rd.agentSock); err != nil {
+		ag.close()
+		return nil, err
+	}
+	defer ag.close()
+
+	spec.argv = r.jobArgv(rd, &js)
+	spec.env = []string{
+		// Host names are the caller's: no facts of another run.
+		"ANSIBLE_CACHE_PLUGIN=memory",
+		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + filepath.Join(rd.tmpDir, "facts"),
+		"ANSIBLE_INVENTORY_ENABLED=" + strings.Trim("ansible.builtin.yaml,"+js.InventoryEnabled, ","),
+		"ANSIBLE_RETRY_FILES_ENABLED=False",
+	}
+	for _, name := range jobEnvNames {
+		if v, ok := js.Env[name]; ok {
+			spec.env = append(spec.env, name+"="+v)
+		}
+	}
+	spec.Host.Alias = "of the job" // in the runner's messages: "host of the job unreachable"
+	e := &execution{r: r, spec: spec, rd: rd, log: log}
+	e.t.runCalled = called
+	defer e.cleanup()
+	if err := e.start(); err != nil {
+		return nil, err
+	}
+	res, err := e.supervise(ctx)
+	if e.deliverPanic != nil {
+		panic(e.deliverPanic)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// jobArgv is a job's command line: only paths and validated options.
+func (r *Runner) jobArgv(rd *runDir, js *JobSpec) []string {
+	argv := []string{r.cfg.PlaybookBin}
+	if js.InventoryFile != "" {
+		argv = append(argv, "-i", js.InventoryFile)
+	}
+	argv = append(argv, "-i", rd.inventory, "-e", "@"+rd.vars)
+	if js.VaultPassword != "" {
+		argv = append(argv, "--vault-password-file="+filepath.Join(rd.path, "vault-pass"))
+	}
+	o := js.Options
+	if len(o.Tags) > 0 {
+		argv = append(argv, "--tags="+strings.Join(o.Tags, ","))
+	}
+	if len(o.SkipTags) > 0 {
+		argv = append(argv, "--skip-tags="+strings.Join(o.SkipTags, ","))
+	}
+	if o.Limit != "" {
+		argv = append(argv, "--limit="+o.Limit)
+	}
+	if o.Check {
+		argv = append(argv, "--check")
+	}
+	if o.Diff {
+		argv = append(argv, "--diff")
+	}
+	if o.Verbosity > 0 {
+		argv = append(argv, "-"+strings.Repeat("v", o.Verbosity))
+	}
+	if o.Forks > 0 {
+		argv = append(argv, "--forks="+strconv.Itoa(o.Forks))
+	}
+	return append(argv, js.PlaybookPath)
+}
+
+// vaultScript prints the vault password from the environment: Ansible runs
+// an executable --vault-password-file and reads its output, so the password
+// never touches the disk.
+const vaultScript = "#!/bin/sh\nexec /usr/bin/printenv " + envVaultPassword + "\n"
+
+// writeJobInputs writes a job's inventory, known_hosts, vars and vault
+// script.
+func (d *runDir) writeJobInputs(js *JobSpec, keys []pinnedKey) error {
+	var inv, known strings.Builder
+	inv.WriteString("all:\n  hosts:\n")
+	for i, h := range js.Hosts {
+		ssh := []string{"-F /dev/null", "-o UserKnownHostsFile=" + d.knownHosts, "-o GlobalKnownHostsFile=/dev/null",
+			"-o StrictHostKeyChecking=yes"}
+		if h.Blocked {
+			// No packet leaves for a host that failed its check.
+			ssh = append(ssh, "-o ProxyCommand=/bin/false")
+		} else {
+			ssh = append(ssh, "-o HostKeyAlgorithms="+keys[i].algorithms)
+			known.WriteString(knownHostsLine(h.Host, keys[i]))
+		}
+		fmt.Fprintf(&inv, "    %s:\n      ansible_host: !unsafe %s\n      ansible_port: %d\n      ansible_user: !unsafe %s\n"+
+			"      ansible_ssh_common_args: !unsafe %s\n      ansible_connection: ssh\n",
+			quoted(h.Alias), quoted(h.Address), h.Port, quoted(h.User), quoted(strings.Join(ssh, " ")))
+		if err := writeJobVars(&inv, "      ", h.Vars); err != nil {
+			return fmt.Errorf("host %s: %w", h.Alias, err)
+		}
+	}
+	if js.BecomePassword != "" {
+		inv.WriteString("  vars:\n    ansible_become_password: \"{{ lookup('env', '" + envBecomePassword + "') }}\"\n")
+	}
+	if len(js.Groups) > 0 {
+		inv.WriteString("  children:\n")
+		for _, name := range sortedKeys(js.Groups) {
+			g := js.Groups[name]
+			fmt.Fprintf(&inv, "    %s:\n", quoted(name))
+			if len(g.Hosts) > 0 {
+				inv.WriteString("      hosts:\n")
+				for _, h := range g.Hosts {
+					fmt.Fprintf(&inv, "        %s: {}\n", quoted(h))
+				}
+			}
+			if len(g.Children) > 0 {
+				inv.WriteString("      children:\n")
+				for _, c := range g.Children {
+					fmt.Fprintf(&inv, "        %s: {}\n", quoted(c))
+				}
+			}
+			if len(g.Vars) > 0 {
+				inv.WriteString("      vars:\n")
+				if err := writeJobVars(&inv, "        ", g.Vars); err != nil {
+					return fmt.Errorf("group %s: %w", name, err)
+				}
+			}
+		}
+	}
+	if err := d.writeFile(d.inventory, []byte(inv.String())); err != nil {
+		return fmt.Errorf("write inventory: %w", err)
+	}
+	if err := d.writeFile(d.knownHosts, []byte(known.String())); err != nil {
+		return fmt.Errorf("write known_hosts: %w", err)
+	}
+	vars, err := unsafeYAML(js.Vars)
+	if err != nil {
+		return err
+	}
+	if err := d.writeFile(d.vars, []byte(vars)); err != nil {
+		return fmt.Errorf("write vars: %w", err)
+	}
+	if js.VaultPassword != "" {
+		path := filepath.Join(d.path, "vault-pass")
+		if err := d.writeFile(path, []byte(vaultScript)); err != nil {
+			return fmt.Errorf("write vault password script: %w", err)
+		}
+		if err := os.Chmod(path, 0o700); err != nil {
+			return fmt.Errorf("vault password script: %w", err)
+		}
+	}
+	return nil
+}
+
+// writeJobVars writes vars as block-mapping lines at indent, each value a
+// flow value with every string !unsafe.
+func writeJobVars(b *strings.Builder, indent string, vars map[string]any) error {
+	for _, k := range sortedKeys(vars) {
+		b.WriteString(indent)
+		writeKey(b, k)
+		if err := writeYAMLValue(b, reflect.ValueOf(vars[k]), 1); err != nil {
+			return fmt.Errorf("variable %s: %w", k, err)
+		}
+		b.WriteByte('\n')
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

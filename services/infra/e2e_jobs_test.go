@@ -1,0 +1,571 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources/sourcestest"
+)
+
+// The Ansible job tests (issue 23) run the real infra binary on real
+// loopback sshd targets, with playbooks from a real git repository served
+// over HTTP with a token, and real ansible-playbook.
+
+const jobProject = "5d7e2a1c-3b4f-4e6a-9c8d-1f2e3a4b5c6d"
+
+// jobWorld is one test's infra, targets and repository.
+type jobWorld struct {
+	*e2e
+	sshds []*testenv.SSHD
+	repo  *sourcestest.WorkRepo
+	out   string // where the test plays write (the targets are this machine)
+	env   []string
+}
+
+// newJobWorld starts n sshd targets that all accept the first one's client
+// key (the service's default key) and a git server with one repository.
+func newJobWorld(t *testing.T, n int) *jobWorld {
+	t.Helper()
+	w := &jobWorld{}
+	for range n {
+		w.sshds = append(w.sshds, testenv.StartSSHD(t, testenv.SSHDOptions{}))
+	}
+	for _, s := range w.sshds[1:] {
+		f, err := os.OpenFile(filepath.Join(s.Dir, "authorized_keys"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintln(f, w.sshds[0].ClientPublicKey)
+		f.Close()
+	}
+	w.e2e = newE2E(t, w.sshds[0])
+	git := sourcestest.NewGitServer(t, "job-token")
+	w.repo = git.NewRepo(t, "ops.git")
+	w.out = t.TempDir()
+	w.env = []string{
+		"JOB_SOURCES_ALLOW_HTTP=true",
+		"JOB_WORK_DIR=" + filepath.Join(t.TempDir(), "jobs"),
+		"JOB_SOURCES_CACHE_DIR=" + filepath.Join(t.TempDir(), "sources"),
+		"DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
+		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_",
+		"DEPLOY_SECRET_REFS=env:PROJ_SECRET_*",
+		"PROJ_SECRET_GIT=job-token",
+	}
+	return w
+}
+
+// start starts an infra process with the world's settings and extra.
+func (w *jobWorld) start(extra ...string) *infraProc {
+	return w.infra(append(append([]string{}, w.env...), extra...)...)
+}
+
+// host is an inline inventory host on sshd i.
+func (w *jobWorld) host(i int) messages.Vars {
+	s := w.sshds[i]
+	return messages.Vars{"ansible_host": s.Host, "ansible_port": int64(s.Port), "ansible_user": s.User}
+}
+
+// deadHost is an inline inventory host on a loopback port nothing listens on.
+func (w *jobWorld) deadHost(t *testing.T) messages.Vars {
+	return messages.Vars{"ansible_host": "127.0.0.1", "ansible_port": int64(testenv.FreePort(t))}
+}
+
+// job returns a playbook job of the world's repository.
+func (w *jobWorld) job(id string, hosts map[string]messages.Vars, paths ...string) *messages.AnsibleJobMessage {
+	return &messages.AnsibleJobMessage{
+		RequestMeta: messages.RequestMeta{JobID: id},
+		ProjectID:   jobProject,
+		Source: messages.JobSource{Type: messages.SourcePlaybook, Repository: w.repo.URL, Paths: paths,
+			GitCredential: "env:PROJ_SECRET_GIT"},
+		Inventory: messages.JobInventory{Type: messages.InventoryInline, Hosts: hosts},
+		Options:   messages.JobOptions{ExtraVars: messages.Vars{"out": w.out}},
+	}
+}
+
+// submit publishes m on its pool's stream.
+func (w *jobWorld) submit(m *messages.AnsibleJobMessage) {
+	w.publish(messages.AnsibleJobQueue(m.Options.Pool), m)
+}
+
+// jobResults returns the results of jobID.
+func (e *e2e) jobResults(jobID string) []*messages.AnsibleJobResult {
+	var out []*messages.AnsibleJobResult
+	for _, m := range e.results(messages.StreamJobResults) {
+		r, err := messages.DecodeAnsibleJobResult([]byte(m.Values["data"].(string)))
+		if err != nil {
+			e.t.Fatalf("undecodable result %s: %v", m.ID, err)
+		}
+		if r.JobID == jobID {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// waitJob waits for the result of jobID.
+func (e *e2e) waitJob(jobID string, timeout time.Duration) *messages.AnsibleJobResult {
+	e.t.Helper()
+	var got *messages.AnsibleJobResult
+	testenv.WaitFor(e.t, timeout, "the result of job "+jobID, func() bool {
+		if rs := e.jobResults(jobID); len(rs) > 0 {
+			got = rs[0]
+			return true
+		}
+		return false
+	})
+	return got
+}
+
+// jobStatus checks a job result's status and error kind.
+func jobStatus(t *testing.T, r *messages.AnsibleJobResult, status messages.Status, kind messages.ErrorKind) {
+	t.Helper()
+	var gotKind messages.ErrorKind
+	msg := ""
+	if r.Error != nil {
+		gotKind, msg = r.Error.Kind, r.Error.Message
+	}
+	if r.Status != status || gotKind != kind {
+		t.Fatalf("job %s: %s/%s (%s), want %s/%s\noutput:\n%s", r.JobID, r.Status, gotKind, msg, status, kind, r.OutputTail)
+	}
+}
+
+// The plays of the test repository. site.yml writes a marker per host and
+// tag; slow.yml records its start and end and sleeps in between.
+const (
+	sitePlay = `- name: Site
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Tag a
+      ansible.builtin.copy:
+        content: "a"
+        dest: "{{ out }}/{{ inventory_hostname }}.a"
+        mode: "0644"
+      tags: [a]
+    - name: Tag b
+      ansible.builtin.copy:
+        content: "b"
+        dest: "{{ out }}/{{ inventory_hostname }}.b"
+        mode: "0644"
+      tags: [b]
+`
+	slowPlay = `- name: Slow
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Hold the host
+      ansible.builtin.shell: >-
+        echo "start job {{ inventory_hostname }} $(date +%s.%N)" >> {{ out }}/spans.log;
+        sleep {{ hold | default(2) }};
+        echo "end job {{ inventory_hostname }} $(date +%s.%N)" >> {{ out }}/spans.log
+      changed_when: true
+`
+)
+
+// TestAnsibleJobInlineInventory: three inline hosts, one of them down: the
+// two others run, the recap shows the third unreachable, the result names
+// the commit of the tag; tags, limit and check are honoured.
+func TestAnsibleJobInlineInventory(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 2)
+	commit := w.repo.Commit(t, map[string]string{"site.yml": sitePlay})
+	w.repo.Tag(t, "v1")
+	w.repo.Commit(t, map[string]string{"site.yml": "not: a play at main\n"})
+	w.start()
+
+	hosts := map[string]messages.Vars{"t1": w.host(0), "t2": w.host(1), "t3": w.deadHost(t)}
+	m := w.job("job-inline", hosts, "site.yml")
+	m.Source.Ref = "v1"
+	m.Options.Tags = []string{"b"}
+	w.submit(m)
+	r := w.waitJob("job-inline", 2*time.Minute)
+	jobStatus(t, r, messages.StatusFailed, messages.KindHostsUnreachable)
+	if r.Commit != commit {
+		t.Errorf("commit %q, want the tag's %s", r.Commit, commit)
+	}
+	for _, h := range []string{"t1", "t2"} {
+		if got := r.Hosts[h]; got.Changed != 1 || got.Unreachable != 0 || got.Failed != 0 {
+			t.Errorf("recap of %s: %+v, want one change (only tag b ran)", h, got)
+		}
+		if _, err := os.Stat(filepath.Join(w.out, h+".b")); err != nil {
+			t.Errorf("%s: tag b did not run: %v", h, err)
+		}
+		if _, err := os.Stat(filepath.Join(w.out, h+".a")); err == nil {
+			t.Errorf("%s: tag a ran although tags=[b]", h)
+		}
+	}
+	if got := r.Hosts["t3"]; got.Unreachable == 0 {
+		t.Errorf("recap of the down host: %+v, want unreachable", got)
+	}
+	if len(r.Playbooks) != 1 || r.Playbooks[0].Status != messages.PlaybookUnreachable || r.Playbooks[0].Playbook != "site.yml" {
+		t.Errorf("playbooks %+v", r.Playbooks)
+	}
+
+	// limit t1 and check mode: nothing written, t2 and t3 not touched.
+	m = w.job("job-check", hosts, "site.yml")
+	m.Source.Ref = "v1"
+	m.Options.Limit, m.Options.Check, m.Options.Tags = "t1", true, []string{"a"}
+	w.submit(m)
+	r = w.waitJob("job-check", 2*time.Minute)
+	jobStatus(t, r, messages.StatusSucceeded, "")
+	if _, ok := r.Hosts["t2"]; ok || len(r.Hosts) != 1 || r.Hosts["t1"].Changed != 1 {
+		t.Errorf("recap %+v, want t1 alone with one (checked) change", r.Hosts)
+	}
+	if _, err := os.Stat(filepath.Join(w.out, "t1.a")); err == nil {
+		t.Error("check mode wrote the file")
+	}
+	if run := w.run("job-check"); run.Kind != "job" || run.Status != string(messages.StatusSucceeded) {
+		t.Errorf("run row %+v", run)
+	}
+	// The progress stream of the job's kind.
+	if n := w.rdb.XLen(context.Background(), messages.ProgressStream(messages.JobKindJob, "job-check")).Val(); n < 3 {
+		t.Errorf("%d progress events, want the run's", n)
+	}
+}
+
+// TestAnsibleJobRejectsBadInput: an invalid job and a job on another pool's
+// stream are rejected with field errors and dead-lettered; a repository
+// with a symlink out of the checkout is rejected before anything runs.
+func TestAnsibleJobRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	if err := os.Symlink("/etc/hostname", filepath.Join(w.repo.Dir, "escape.yml")); err != nil {
+		t.Fatal(err)
+	}
+	w.repo.Commit(t, map[string]string{"site.yml": sitePlay})
+	w.start()
+
+	bad := w.job("job-bad", map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
+	bad.Options.ExtraVars = messages.Vars{"ansible_connection": "local"}
+	w.submit(bad)
+	r := w.waitJob("job-bad", time.Minute)
+	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
+	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "options.extra_vars[ansible_connection]" {
+		t.Errorf("fields %+v", r.Error.Fields)
+	}
+	other := w.job("job-other-pool", map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
+	other.Options.Pool = "gpu"
+	w.publish(messages.StreamAnsibleJobQueue, other) // on the default pool's stream
+	r = w.waitJob("job-other-pool", time.Minute)
+	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
+
+	esc := w.job("job-escape", map[string]messages.Vars{"t1": w.host(0)}, "escape.yml")
+	w.submit(esc)
+	r = w.waitJob("job-escape", time.Minute)
+	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
+	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "source.repository" || !strings.Contains(r.Error.Fields[0].Message, "escape.yml") {
+		t.Errorf("fields %+v", r.Error.Fields)
+	}
+	w.waitAcked(messages.StreamAnsibleJobQueue, time.Minute)
+	if n := w.rdb.XLen(context.Background(), messages.StreamAnsibleJobQueue+stream.DeadLetterSuffix).Val(); n != 3 {
+		t.Errorf("%d dead letters, want 3", n)
+	}
+}
+
+// TestAnsibleJobUnauthorizedHostRefused: a job with one host outside the
+// operator's networks and one at the metadata address is refused before
+// any connection: no SSH attempt, not even to its authorized host.
+func TestAnsibleJobUnauthorizedHostRefused(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	w.repo.Commit(t, map[string]string{"site.yml": sitePlay})
+	p := w.start()
+	m := w.job("job-refused", map[string]messages.Vars{
+		"ok":       w.host(0),
+		"outside":  {"ansible_host": "198.51.100.7"},
+		"metadata": {"ansible_host": "169.254.169.254"},
+	}, "site.yml")
+	w.submit(m)
+	r := w.waitJob("job-refused", time.Minute)
+	jobStatus(t, r, messages.StatusUnreachable, messages.KindSSHUnreachable)
+	if r.Hosts["outside"].Unreachable != 1 || r.Hosts["metadata"].Unreachable != 1 {
+		t.Errorf("recap %+v, want the refused hosts unreachable", r.Hosts)
+	}
+	if _, ok := r.Hosts["ok"]; ok {
+		t.Errorf("recap %+v names the authorized host, which never ran", r.Hosts)
+	}
+	if n := p.sshAttempts(t); n != 0 {
+		t.Errorf("%v SSH attempts, want none", n)
+	}
+	if r.Commit != "" {
+		t.Errorf("the source was fetched (%s) for a refused job", r.Commit)
+	}
+}
+
+// TestAnsibleJobVaultPassword: vault-encrypted vars decrypt with the vault
+// password given by reference; the password is never in a process's argv,
+// infra's logs, the results, the rows, or a file left behind.
+func TestAnsibleJobVaultPassword(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	canary := "vault-CANARY-" + testenv.Unique("pw")
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte(canary), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := exec.Command("ansible-vault", "encrypt_string", "--vault-password-file", pwFile,
+		"--name", "secret_value", "the decrypted value").Output()
+	if err != nil {
+		t.Fatalf("ansible-vault: %v", err)
+	}
+	os.Remove(pwFile)
+	w.repo.Commit(t, map[string]string{
+		"vars/secret.yml": string(enc),
+		"vault.yml": `- name: Vault
+  hosts: all
+  gather_facts: false
+  vars_files: [vars/secret.yml]
+  tasks:
+    - name: Use the secret
+      ansible.builtin.copy:
+        content: "{{ secret_value | hash('sha256') }}"
+        dest: "{{ out }}/{{ inventory_hostname }}.vault"
+        mode: "0644"
+    - name: Take a moment (argv is watched meanwhile)
+      ansible.builtin.command: sleep 1
+      changed_when: false
+`,
+	})
+	p := w.start("PROJ_SECRET_VAULT=" + canary)
+	var inArgv atomic.Bool
+	stop := make(chan struct{})
+	go watchArgv(canary, &inArgv, stop)
+	m := w.job("job-vault", map[string]messages.Vars{"t1": w.host(0)}, "vault.yml")
+	m.Credentials.VaultPassword = "env:PROJ_SECRET_VAULT"
+	m.Options.Verbosity = 4
+	w.submit(m)
+	r := w.waitJob("job-vault", 2*time.Minute)
+	close(stop)
+	jobStatus(t, r, messages.StatusSucceeded, "")
+	got, err := os.ReadFile(filepath.Join(w.out, "t1.vault"))
+	if err != nil || len(got) != 64 {
+		t.Fatalf("vaulted var not used: %q %v", got, err)
+	}
+	if inArgv.Load() {
+		t.Error("the vault password was in a process's argv")
+	}
+	w.assertNowhere(t, p, map[string]string{"vault password": canary})
+	for _, dir := range []string{w.runRoot, filepath.Dir(w.env[1][len("JOB_WORK_DIR="):])} {
+		_ = filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
+			if err == nil && info.Mode().IsRegular() {
+				if data, _ := os.ReadFile(path); strings.Contains(string(data), canary) {
+					t.Errorf("file %s holds the vault password", path)
+				}
+			}
+			return nil
+		})
+	}
+}
+
+// watchArgv sets found when any process's command line holds s.
+func watchArgv(s string, found *atomic.Bool, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if _, err := strconv.Atoi(e.Name()); err != nil {
+				continue
+			}
+			if data, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && strings.Contains(string(data), s) {
+				found.Store(true)
+			}
+		}
+	}
+}
+
+// TestAnsibleJobAndDeployNeverOverlap: a job on a registered server's
+// address and port takes the server's lock: the deploy to it and the job
+// run one after the other, never at once.
+func TestAnsibleJobAndDeployNeverOverlap(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	w.addServer("web-1", w.sshds[0])
+	w.repo.Commit(t, map[string]string{"slow.yml": slowPlay})
+	w.control("web-1", map[string]any{"sleep": 2})
+	w.start("STREAM_CONCURRENCY=4")
+	w.deploy("deploy-1", w.sshds[0].Host, "", "")
+	m := w.job("job-slow", map[string]messages.Vars{"web": w.host(0)}, "slow.yml")
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-slow", 2*time.Minute), messages.StatusSucceeded, "")
+	if r := w.waitDeploy("deploy-1"); r.Status != messages.StatusSucceeded {
+		t.Fatalf("deploy: %s %+v", r.Status, r.Error)
+	}
+	deploys := w.spans("web-1")
+	var job []float64
+	for _, fs := range w.recordsIn(filepath.Join(w.out, "spans.log")) {
+		v, _ := strconv.ParseFloat(fs[3], 64)
+		job = append(job, v)
+	}
+	if len(deploys) != 1 || len(job) != 2 {
+		t.Fatalf("spans: deploys %+v, job %v", deploys, job)
+	}
+	d := deploys[0]
+	if d.start < job[1] && job[0] < d.end {
+		t.Errorf("the job [%f, %f] and the deploy [%f, %f] overlapped on web-1", job[0], job[1], d.start, d.end)
+	}
+}
+
+// recordsIn returns the four-field lines of a file.
+func (e *e2e) recordsIn(path string) [][]string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out [][]string
+	for _, line := range strings.Split(string(data), "\n") {
+		if fs := strings.Fields(line); len(fs) == 4 {
+			out = append(out, fs)
+		}
+	}
+	return out
+}
+
+// TestAnsibleJobCancel: setting the job's cancel key stops its play.
+func TestAnsibleJobCancel(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	w.repo.Commit(t, map[string]string{"slow.yml": slowPlay})
+	w.start()
+	m := w.job("job-cancel", map[string]messages.Vars{"t1": w.host(0)}, "slow.yml")
+	m.Options.ExtraVars["hold"] = int64(60)
+	w.submit(m)
+	testenv.WaitFor(t, time.Minute, "the play to hold the host", func() bool {
+		_, err := os.Stat(filepath.Join(w.out, "spans.log"))
+		return err == nil
+	})
+	began := time.Now()
+	if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindJob, "job-cancel"), "test", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := w.waitJob("job-cancel", time.Minute)
+	jobStatus(t, r, messages.StatusCancelled, messages.KindCancelled)
+	if d := time.Since(began); d > 30*time.Second {
+		t.Errorf("cancel took %s", d)
+	}
+}
+
+// TestAnsibleJobPools: each pool is its own stream, served by the replicas
+// whose JOB_POOLS name it.
+func TestAnsibleJobPools(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	w.repo.Commit(t, map[string]string{"site.yml": sitePlay})
+	w.start("STREAM_CONSUMER_NAME=infra-default", "JOB_POOLS=default")
+	w.start("STREAM_CONSUMER_NAME=infra-gpu", "JOB_POOLS=gpu")
+	for _, pool := range []string{"", "gpu"} {
+		m := w.job("job-pool-"+pool, map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
+		m.Options.Pool = pool
+		w.submit(m)
+	}
+	for pool, owner := range map[string]string{"": "infra-default", "gpu": "infra-gpu"} {
+		r := w.waitJob("job-pool-"+pool, 2*time.Minute)
+		jobStatus(t, r, messages.StatusSucceeded, "")
+		if r.Pool != pool {
+			t.Errorf("result pool %q, want %q", r.Pool, pool)
+		}
+		if run := w.run("job-pool-" + pool); run.Owner != owner || run.Stream != messages.AnsibleJobQueue(pool) {
+			t.Errorf("job of pool %q ran on %s from %s", pool, run.Owner, run.Stream)
+		}
+	}
+}
+
+// TestAnsibleJobGitAndURLInventories: a git inventory runs on its hosts; a
+// URL inventory with a host outside the operator's networks is refused
+// before any connection.
+func TestAnsibleJobGitAndURLInventories(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	s := w.sshds[0]
+	w.repo.Commit(t, map[string]string{
+		"site.yml":      sitePlay,
+		"inventory.ini": fmt.Sprintf("[web]\nt1 ansible_host=%s ansible_port=%d ansible_user=%s\n", s.Host, s.Port, s.User),
+	})
+	urlInv := fmt.Sprintf("[web]\nt1 ansible_host=%s ansible_port=%d\nfar ansible_host=198.51.100.9\n", s.Host, s.Port)
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer inv-token" {
+			http.Error(rw, "no", http.StatusUnauthorized)
+			return
+		}
+		rw.Header().Set("Content-Type", "text/plain")
+		fmt.Fprint(rw, urlInv)
+	}))
+	t.Cleanup(srv.Close)
+	p := w.start("PROJ_SECRET_INV=inv-token")
+
+	m := w.job("job-git-inv", nil, "site.yml")
+	m.Inventory = messages.JobInventory{Type: messages.InventoryGit, Repository: w.repo.URL, Path: "inventory.ini",
+		Credential: "env:PROJ_SECRET_GIT"}
+	m.Options.Limit = "web"
+	w.submit(m)
+	r := w.waitJob("job-git-inv", 2*time.Minute)
+	jobStatus(t, r, messages.StatusSucceeded, "")
+	if len(r.Hosts) != 1 || r.Hosts["t1"].Changed != 2 {
+		t.Errorf("recap %+v, want t1 with two changes", r.Hosts)
+	}
+	attempts := p.sshAttempts(t)
+
+	m = w.job("job-url-inv", nil, "site.yml")
+	m.Inventory = messages.JobInventory{Type: messages.InventoryURL, URL: srv.URL + "/hosts.ini", Credential: "env:PROJ_SECRET_INV"}
+	w.submit(m)
+	r = w.waitJob("job-url-inv", time.Minute)
+	jobStatus(t, r, messages.StatusUnreachable, messages.KindSSHUnreachable)
+	if r.Hosts["far"].Unreachable != 1 {
+		t.Errorf("recap %+v, want the refused host unreachable", r.Hosts)
+	}
+	if n := p.sshAttempts(t); n != attempts {
+		t.Errorf("%v SSH attempts during the refused job, want none", n-attempts)
+	}
+}
+
+// TestAnsibleJobRoles: a role from a repository runs through a generated
+// play with its role_vars; a collection's role is installed from an
+// allowed Galaxy server with the job's Galaxy credential and runs.
+func TestAnsibleJobRoles(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	role := "- name: Write the greeting\n  ansible.builtin.copy:\n    content: \"{{ greeting }}\"\n" +
+		"    dest: \"{{ out }}/{{ inventory_hostname }}.{{ marker }}\"\n    mode: \"0644\"\n"
+	w.repo.Commit(t, map[string]string{"roles/greet/tasks/main.yml": role})
+	hub := sourcestest.NewGalaxyServer(t, "galaxy-token")
+	hub.Add(t, sourcestest.BuildCollection(t, "acme", "web", "1.2.0", map[string]string{"roles/greet/tasks/main.yml": role}))
+	w.start("JOB_GALAXY_SERVERS=hub="+hub.URL, "JOB_GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_GALAXY=galaxy-token")
+
+	m := w.job("job-role", map[string]messages.Vars{"t1": w.host(0)})
+	m.Source = messages.JobSource{Type: messages.SourceRole, Repository: w.repo.URL, RolePath: "roles/greet",
+		GitCredential: "env:PROJ_SECRET_GIT", RoleVars: messages.Vars{"greeting": "{{ not templated }}", "marker": "role"}}
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-role", 2*time.Minute), messages.StatusSucceeded, "")
+	if got, err := os.ReadFile(filepath.Join(w.out, "t1.role")); err != nil || string(got) != "{{ not templated }}" {
+		t.Errorf("role output %q %v, want the role var as data", got, err)
+	}
+
+	m = w.job("job-collection", map[string]messages.Vars{"t1": w.host(0)})
+	m.Source = messages.JobSource{Type: messages.SourceCollectionRole, Collection: "acme.web", Role: "greet",
+		Version: ">=1.0.0", GalaxyServer: hub.URL, RoleVars: messages.Vars{"greeting": "hi", "marker": "collection"}}
+	m.Credentials.Galaxy = "env:PROJ_SECRET_GALAXY"
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-collection", 2*time.Minute), messages.StatusSucceeded, "")
+	if got, err := os.ReadFile(filepath.Join(w.out, "t1.collection")); err != nil || string(got) != "hi" {
+		t.Errorf("collection role output %q %v", got, err)
+	}
+	if hub.Downloads() != 1 {
+		t.Errorf("%d downloads from the Galaxy stand-in, want 1", hub.Downloads())
+	}
+}

@@ -1,0 +1,335 @@
+package jobs
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+)
+
+var poolRE = regexp.MustCompile(messages.PoolPattern)
+
+// jobHost is one host of an Ansible job.
+type jobHost struct {
+	name   string         // inventory name
+	given  string         // the address or name the inventory gave
+	ep     endpoint       // where to connect; ep.address canonical
+	server *store.Server  // nil: not a registered server
+	target string         // lock key: the deploy path's for the same host
+	vars   map[string]any // inventory vars but the connection ones
+	keyRef string         // SSH key reference ("": the default)
+	own    bool           // keyRef is the service's (else the project's)
+	pinned string         // pinned host key, after the check
+	reason string         // why the check failed ("": passed)
+}
+
+// connectionVars are the inline inventory variables that say where and as
+// whom to connect: read into the host's endpoint, not passed on.
+var connectionVars = []string{"ansible_host", "ansible_port", "ansible_user"}
+
+// resolveHosts turns the request's inventory into hosts: where each is,
+// whether it is a registered server, its lock key. Git, URL and dynamic
+// inventories are resolved by Inventories (ansible-inventory --list).
+func (aj *ansibleJob) resolveHosts(ctx context.Context) error {
+	inv := aj.m.Inventory
+	if inv.Type != messages.InventoryInline {
+		return aj.resolveInventory(ctx)
+	}
+	if len(inv.Hosts) > aj.cfg.MaxHosts {
+		return &messages.ValidationError{Fields: []messages.FieldError{{Field: "inventory.hosts",
+			Message: fmt.Sprintf("must have at most %d hosts (this infra's JOB_MAX_HOSTS)", aj.cfg.MaxHosts)}}}
+	}
+	var fields []messages.FieldError
+	names := make([]string, 0, len(inv.Hosts))
+	for name := range inv.Hosts {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		h, problem, err := aj.inlineHost(ctx, name, inv.Hosts[name])
+		if err != nil {
+			return err
+		}
+		if problem != "" {
+			fields = append(fields, messages.FieldError{Field: "inventory.hosts[" + name + "]", Message: problem})
+			continue
+		}
+		aj.hosts = append(aj.hosts, h)
+	}
+	if len(fields) > 0 {
+		return &messages.ValidationError{Fields: fields}
+	}
+	aj.groups = map[string]ansible.JobGroup{}
+	for name, g := range inv.Groups {
+		aj.groups[name] = ansible.JobGroup{Hosts: g.Hosts, Children: g.Children, Vars: g.Vars}
+	}
+	return nil
+}
+
+// inlineHost reads the connection of inline host name from its variables.
+// A problem with the request (for a field error) comes back as text;
+// errors are infrastructure failures.
+func (aj *ansibleJob) inlineHost(ctx context.Context, name string, vars messages.Vars) (*jobHost, string, error) {
+	given, port, user := name, 0, ""
+	rest := map[string]any{}
+	for k, v := range vars {
+		if !slices.Contains(connectionVars, k) {
+			rest[k] = v
+			continue
+		}
+		switch k {
+		case "ansible_host":
+			s, ok := v.(string)
+			if !ok || s == "" || strings.ContainsAny(s, "{}% \t") {
+				return nil, "ansible_host must be an address or a host name", nil
+			}
+			given = s
+		case "ansible_port":
+			n, ok := v.(int64)
+			if !ok || n < 1 || n > 65535 {
+				return nil, "ansible_port must be an integer between 1 and 65535", nil
+			}
+			port = int(n)
+		case "ansible_user":
+			s, ok := v.(string)
+			if !ok || !sshUserRE.MatchString(s) {
+				return nil, "ansible_user must match " + sshUserRE.String(), nil
+			}
+			user = s
+		}
+	}
+	return aj.locate(ctx, name, given, port, user, rest)
+}
+
+// locate finds where host name (at given, an address or a host name) is:
+// a registered server at that address (and port, when given) is reached as
+// registered, with its own key and lock; any other host at the canonical
+// address, with the request's key (or the default) and the address's lock,
+// as a deploy to it would be.
+func (aj *ansibleJob) locate(ctx context.Context, name, given string, port int, user string, vars map[string]any) (*jobHost, string, error) {
+	h := &jobHost{name: name, given: given, vars: vars}
+	addr, problem := aj.address(ctx, given)
+	if problem != "" {
+		return nil, problem, nil
+	}
+	srv, err := findServer(ctx, aj.h.DB, addr, port)
+	if err != nil {
+		return nil, "", err
+	}
+	h.server = srv
+	h.ep = endpoint{address: addr, port: cmp.Or(port, messages.DefaultSSHPort), user: cmp.Or(user, aj.h.cfg.DeploySSHUser)}
+	if srv != nil {
+		// A registered server is reached as it is registered.
+		h.ep = endpoint{address: srv.Address, port: cmp.Or(srv.SSHPort, messages.DefaultSSHPort), user: cmp.Or(srv.SSHUser, aj.h.cfg.DeploySSHUser)}
+		h.target = "server:" + srv.Handle
+		h.keyRef, h.own = cmp.Or(srv.SSHKeyRef, aj.h.cfg.DefaultSSHKeyRef), true
+		if srv.SSHKeyRef != "" {
+			if err := CheckServerKeyRef(srv.SSHKeyRef, aj.h.cfg.OwnRefs); err != nil {
+				return nil, "", fail(messages.StatusFailed, messages.KindSecretUnavailable, "%v", err)
+			}
+		}
+	} else {
+		h.target = "address:" + addr
+		h.keyRef, h.own = aj.m.Credentials.SSH, aj.m.Credentials.SSH == ""
+		if h.own {
+			h.keyRef = aj.h.cfg.DefaultSSHKeyRef
+		}
+	}
+	h.ep.alias = hostAlias(h.name, h.ep.address)
+	return h, "", nil
+}
+
+// sshUserRE is what a login user may look like (ansible.Host's rule).
+var sshUserRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,31}$`)
+
+// address returns the canonical address of a host given by address or
+// name: an IP literal as it is, a name resolved once here (the job then
+// connects to that address: what was authorized is what is dialed).
+func (aj *ansibleJob) address(ctx context.Context, given string) (string, string) {
+	if addr, err := store.CanonicalAddress(given); err == nil {
+		return addr, ""
+	}
+	if _, err := netip.ParseAddr(given); err == nil {
+		return "", "is not a usable address"
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupNetIP(rctx, "ip", given)
+	if err != nil || len(ips) == 0 {
+		return "", "has no address (its name does not resolve)"
+	}
+	addr, err := store.CanonicalAddress(ips[0].String())
+	if err != nil {
+		return "", "resolves to an unusable address"
+	}
+	return addr, ""
+}
+
+// findServer returns the registered server at address and SSH port (port
+// 0: the only one at the address), or nil.
+func findServer(ctx context.Context, db store.Querier, address string, port int) (*store.Server, error) {
+	rows, err := db.Query(ctx, `SELECT handle, ssh_port FROM servers WHERE address = $1 ORDER BY handle`, address)
+	if err != nil {
+		return nil, fmt.Errorf("find server at %s: %w", address, err)
+	}
+	type row struct {
+		handle string
+		port   int
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.handle, &x.port)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find server at %s: %w", address, err)
+	}
+	found = slices.DeleteFunc(found, func(x row) bool {
+		return port != 0 && cmp.Or(x.port, messages.DefaultSSHPort) != port
+	})
+	if len(found) != 1 {
+		return nil, nil // none, or several that no port told apart: not one server
+	}
+	return store.GetServer(ctx, db, found[0].handle)
+}
+
+// authorizeHosts refuses the job when any host is one no run may reach,
+// before anything is dialed: the requester hears what a silent host would
+// say (infra is no port scanner), the log says why.
+func (aj *ansibleJob) authorizeHosts(ctx context.Context) error {
+	var refused []*jobHost
+	for _, h := range aj.hosts {
+		if err := aj.h.Authz.Target(ctx, h.ep.address, h.server != nil); err != nil {
+			aj.log.Warn().Str("host", h.name).Str("address", h.ep.address).Str("reason", err.Error()).
+				Msg("job host refused: nothing resolved, nothing dialed")
+			refused = append(refused, h)
+		}
+	}
+	if len(refused) == 0 {
+		return nil
+	}
+	aj.result.Hosts = map[string]messages.HostRecap{}
+	for _, h := range refused {
+		aj.result.Hosts[h.name] = messages.HostRecap{Unreachable: 1}
+	}
+	return fail(messages.StatusUnreachable, messages.KindSSHUnreachable, "%s", authz.UnreachableMessage(refused[0].ep.address, refused[0].ep.port))
+}
+
+// jobKeys are the SSH keys of a job's hosts.
+type jobKeys struct {
+	all   [][]byte                // every key, for the run's agent
+	byRef map[string]*credentials // by reference
+}
+
+// sshKeys resolves the SSH key of every host: a registered server's own (or
+// the service's default), the request's credentials.ssh for the others (or
+// the default).
+func (aj *ansibleJob) sshKeys(ctx context.Context) (*jobKeys, error) {
+	keys := &jobKeys{byRef: map[string]*credentials{}}
+	for _, h := range aj.hosts {
+		if h.keyRef == "" {
+			return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable, "host %s: %s", h.name, ErrNoSSHKey)
+		}
+		if _, ok := keys.byRef[h.keyRef]; ok {
+			continue
+		}
+		resolver := aj.project // the request's credentials.ssh
+		if h.own {
+			resolver = aj.job.res // a server's key, or the default
+		}
+		v, err := aj.resolveWith(ctx, resolver, "ssh key of "+h.name, h.keyRef)
+		if err != nil {
+			return nil, err
+		}
+		signer, err := ParseSSHKey(h.keyRef, v)
+		if err != nil {
+			v.Wipe()
+			return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable, "%v", err)
+		}
+		key := bytes.Clone(v.Bytes())
+		v.Wipe()
+		keys.byRef[h.keyRef] = &credentials{signers: []ssh.Signer{signer}, keys: [][]byte{key},
+			publicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey()))),
+			clients:   ssh.FingerprintSHA256(signer.PublicKey())}
+		keys.all = append(keys.all, key)
+	}
+	return keys, nil
+}
+
+// checkHosts checks every host's SSH (a few at a time), pinning host keys on
+// first use. A host that fails keeps its reason and is run as unreachable;
+// only infrastructure errors (Postgres) and cancellation end the job here.
+func (aj *ansibleJob) checkHosts(ctx context.Context, keys *jobKeys) error {
+	sem := make(chan struct{}, aj.cfg.SSHChecks)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	start := aj.h.Now()
+	for _, h := range aj.hosts {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			// The deploy path's check, as a job of this one host: its
+			// pinned key, its pinning, its words.
+			hj := *aj.job
+			hj.server = h.server
+			hj.log = aj.log.With().Str("host", h.name).Logger()
+			pinned, err := hj.checkSSH(ctx, h.ep, keys.byRef[h.keyRef])
+			if o, ok := asOutcome(err); ok {
+				h.reason = o.message
+				aj.log.Warn().Str("host", h.name).Str("error_kind", string(o.kind)).Str("reason", o.message).
+					Msg("job host failed its SSH check: it runs as unreachable")
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("host %s: %w", h.name, err))
+				return
+			}
+			h.pinned = pinned
+		}()
+	}
+	wg.Wait()
+	aj.sshCheck = aj.h.Now().Sub(start)
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return errors.Join(errs...)
+}
+
+// allBlocked reports whether no host passed its check.
+func (aj *ansibleJob) allBlocked() bool {
+	return !slices.ContainsFunc(aj.hosts, func(h *jobHost) bool { return h.reason == "" })
+}
+
+// jobHosts is the runner's view of the hosts.
+func (aj *ansibleJob) jobHosts() []ansible.JobHost {
+	out := make([]ansible.JobHost, 0, len(aj.hosts))
+	for _, h := range aj.hosts {
+		out = append(out, ansible.JobHost{
+			Host:    ansible.Host{Alias: h.name, Address: h.ep.address, Port: h.ep.port, User: h.ep.user, KnownHostsKey: h.pinned},
+			Vars:    h.vars,
+			Blocked: h.reason != "",
+		})
+	}
+	return out
+}

@@ -1,0 +1,151 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"path"
+	"regexp"
+	"strings"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/inventory"
+	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
+)
+
+// JobInventories resolves git, URL and dynamic inventories to a file and
+// its hosts (package inventory).
+type JobInventories interface {
+	Resolve(ctx context.Context, spec inventory.Spec, run inventory.Run) (file string, hosts []inventory.Host, err error)
+}
+
+// envCloudCredential holds a dynamic inventory's cloud credential when it
+// is one value; a credential of NAME=value lines sets those variables.
+const envCloudCredential = "AUTOPROV_CLOUD_CREDENTIAL"
+
+// resolveInventory resolves a git, URL or dynamic inventory and locates
+// its hosts. A git or URL inventory's file is read again by the play (it
+// cannot change in between: it is in the job's directory); a dynamic one
+// is not asked again: the play gets the hosts and groups it listed, so it
+// can never reach a host that was not authorized.
+func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
+	inv := aj.m.Inventory
+	if aj.cfg.Inventories == nil {
+		return &messages.ValidationError{Fields: []messages.FieldError{{Field: "inventory.type",
+			Message: string(inv.Type) + " inventories are not enabled on this infra service"}}}
+	}
+	token, err := aj.secret(ctx, "inventory.credential", inv.Credential)
+	if err != nil {
+		return err
+	}
+	spec := inventory.Spec{Kind: string(inv.Type)}
+	field := "inventory"
+	switch inv.Type {
+	case messages.InventoryGit:
+		spec.Repo, spec.Path, field = sources.Repo{URL: inv.Repository, Ref: inv.Ref, Token: token}, inv.Path, "inventory.repository"
+	case messages.InventoryURL:
+		spec.URL, spec.Format, field = inv.URL, urlFormat(inv.URL), "inventory.url"
+		if token != "" {
+			spec.Header, spec.HeaderValue = "Authorization", "Bearer "+token
+		}
+	case messages.InventoryDynamic:
+		spec.Plugin, spec.PluginConfig, field = inv.Plugin, inv.Config, "inventory.plugin"
+		cloud, err := aj.secret(ctx, "credentials.cloud", aj.m.Credentials.Cloud)
+		if err != nil {
+			return err
+		}
+		spec.Env = cloudEnv(cloud)
+	}
+	file, hosts, err := aj.cfg.Inventories.Resolve(ctx, spec, inventory.Run{Dir: aj.dir})
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return context.Cause(ctx)
+	case errors.Is(err, authz.ErrDenied):
+		aj.log.Warn().Str("reason", err.Error()).Msg("inventory URL refused: nothing fetched")
+		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: "is at an address infra may not reach"}}}
+	case errors.Is(err, inventory.ErrFetch), errors.Is(err, sources.ErrFetch), errors.Is(err, sources.ErrTooLarge) && inv.Type == messages.InventoryGit:
+		return fail(messages.StatusFailed, messages.KindInternal, "inventory: %s", aj.red.RedactString(err.Error()))
+	default:
+		// The inventory itself is wrong: malformed, too many hosts, too
+		// large, connection variables of its own, a path out of its
+		// repository.
+		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: aj.red.RedactString(err.Error())}}}
+	}
+	if len(hosts) > aj.cfg.MaxHosts {
+		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field,
+			Message: fmt.Sprintf("has %d hosts; this infra allows at most %d (JOB_MAX_HOSTS)", len(hosts), aj.cfg.MaxHosts)}}}
+	}
+	if len(hosts) == 0 {
+		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: "has no hosts"}}}
+	}
+	var fields []messages.FieldError
+	aj.groups = map[string]ansible.JobGroup{}
+	for _, ih := range hosts {
+		h, problem, err := aj.locate(ctx, ih.Name, ih.Address, ih.Port, ih.User, nil)
+		if err != nil {
+			return err
+		}
+		if problem != "" {
+			fields = append(fields, messages.FieldError{Field: "inventory.hosts[" + ih.Name + "]", Message: problem})
+			continue
+		}
+		aj.hosts = append(aj.hosts, h)
+		if inv.Type == messages.InventoryDynamic {
+			for _, g := range ih.Groups {
+				jg := aj.groups[g]
+				jg.Hosts = append(jg.Hosts, ih.Name)
+				aj.groups[g] = jg
+			}
+		}
+	}
+	if len(fields) > 0 {
+		return &messages.ValidationError{Fields: fields}
+	}
+	if inv.Type != messages.InventoryDynamic {
+		aj.invFile, aj.invEnabled = file, inventory.Enabled(spec, file)
+	}
+	return nil
+}
+
+// urlFormat is the format a URL inventory's name says (its extension):
+// yaml, ini or json; "" lets the response's Content-Type say.
+func urlFormat(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return ""
+	}
+	switch strings.ToLower(path.Ext(u.Path)) {
+	case ".yml", ".yaml":
+		return "yaml"
+	case ".ini", ".cfg":
+		return "ini"
+	case ".json":
+		return "json"
+	}
+	return ""
+}
+
+// envNameRE is an environment variable name a cloud credential may set.
+var envNameRE = regexp.MustCompile(`^[A-Z_][A-Z0-9_]{0,127}$`)
+
+// cloudEnv is the environment a cloud credential gives a dynamic
+// inventory's plugin: NAME=value lines as they are, any other value as
+// AUTOPROV_CLOUD_CREDENTIAL.
+func cloudEnv(cred string) map[string]string {
+	if cred == "" {
+		return nil
+	}
+	env := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(cred), "\n") {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok || !envNameRE.MatchString(name) {
+			return map[string]string{envCloudCredential: cred}
+		}
+		env[name] = value
+	}
+	return env
+}
