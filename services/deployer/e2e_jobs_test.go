@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,7 +27,8 @@ import (
 // real ansible-playbook on a loopback sshd target. The test follows the
 // job's events (SSE), waits for its end, reads its log, receives its signed
 // job.finished webhook, and checks the play's effect on the target and
-// that the token is in no answer or log.
+// that the token is in no answer or log. A job cancelled while infra is
+// down is never run: infra publishes the result the deployer stored.
 func TestJobEndToEndWithRealInfra(t *testing.T) {
 	for _, tool := range []string{"ansible-playbook", "git", "sshd"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -110,7 +112,7 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	out := t.TempDir()
 	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json", "DEPLOY_SECRET_REFS=env:PROJ_SECRET_*"}
 	infraAdmin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), testenv.BinaryEnv(append(common,
+	infraEnv := testenv.BinaryEnv(append(common,
 		"ADMIN_ADDR="+infraAdmin, "PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot,
 		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=env:AUTOPROV_SECRET_SSH_KEY", "AUTOPROV_SECRET_SSH_KEY="+string(sshd.ClientKey),
 		"SSH_BASE_DELAY=200ms", "SSH_ATTEMPT_TIMEOUT=3s",
@@ -118,7 +120,8 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 		"JOB_SOURCES_ALLOW_HTTP=true", "JOB_WORK_DIR="+filepath.Join(t.TempDir(), "jobs"),
 		"JOB_SOURCES_CACHE_DIR="+filepath.Join(t.TempDir(), "sources"),
 		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_", "PROJ_SECRET_GIT="+token,
-		"REQUEST_SIGNATURES=require", "REQUEST_KEYS=deployer-1@ansible:job:queue=file:deployer-request-key")...))
+		"REQUEST_SIGNATURES=require", "REQUEST_KEYS=deployer-1@ansible:job:queue=file:deployer-request-key")...)
+	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
 	infra.WaitHTTP("http://"+infraAdmin+"/readyz", 200, time.Minute)
 	api, admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	const hookKey = "e2e-webhook-signing-key-0123456789abcdef"
@@ -218,8 +221,43 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	if refused() != 0 {
 		t.Errorf("the git server refused %d requests", refused())
 	}
+
+	// Cancel while queued: with infra stopped, the job is cancelled at
+	// once (its run recorded done, with an AnsibleJobResult); infra,
+	// started again, publishes that result and never runs the job.
+	infra.Signal(syscall.SIGTERM)
+	if c := infra.Wait(time.Minute); c != 0 {
+		t.Errorf("infra exit %d", c)
+	}
+	if err := os.Remove(filepath.Join(out, "t1.txt")); err != nil {
+		t.Fatal(err)
+	}
+	code, queued := call("POST", "/jobs", job)
+	var q struct{ ID, Status string }
+	if err := json.Unmarshal([]byte(queued), &q); err != nil || code != 202 {
+		t.Fatalf("submit: %d %s", code, queued)
+	}
+	if code, r := call("DELETE", "/jobs/"+q.ID, ""); code != 200 || !strings.Contains(r, `"status":"cancelled"`) {
+		t.Fatalf("cancel queued job: %d %s", code, r)
+	}
+	infra2 := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
+	testenv.WaitFor(t, 2*time.Minute, "infra to publish the stored cancelled result", func() bool {
+		for _, line := range strings.Split(infra2.Stderr(), "\n") {
+			if strings.Contains(line, q.ID) && strings.Contains(line, "publishing its stored result again") {
+				return true
+			}
+		}
+		return false
+	})
+	if code, r := call("GET", "/jobs/"+q.ID, ""); code != 200 || !strings.Contains(r, `"status":"cancelled"`) {
+		t.Errorf("the cancelled job: %d %s", code, r)
+	}
+	if _, err := os.Stat(filepath.Join(out, "t1.txt")); err == nil {
+		t.Error("the cancelled job ran")
+	}
+
 	for where, text := range map[string]string{"the job": resp, "its log": log, "its events": sse.text, "the webhook": string(body),
-		"the deployer's log": deployer.Stderr()} {
+		"the deployer's log": deployer.Stderr(), "infra's log": infra.Stderr() + infra2.Stderr()} {
 		if strings.Contains(text, token) {
 			t.Errorf("the git token is in %s", where)
 		}
