@@ -521,15 +521,16 @@ func checkScaledObject(t *testing.T, objs []object, configMaps map[string]map[st
 			t.Errorf("trigger on %s counts neither lag nor pending entries", m["stream"])
 		}
 	}
-	for _, s := range []string{messages.StreamProvisionerQueue, messages.StreamAnsibleDeployQueue} {
+	queues := []string{messages.StreamProvisionerQueue, messages.StreamAnsibleDeployQueue, messages.StreamAnsibleJobQueue}
+	for _, s := range queues {
 		for _, mode := range []string{"lag", "pending"} {
 			if !seen[key{s, mode}] {
 				t.Errorf("no %s trigger on %s", mode, s)
 			}
 		}
 	}
-	if len(seen) != 4 {
-		t.Errorf("triggers on %v: want lag and pending on exactly the two request queues", seen)
+	if len(seen) != 2*len(queues) {
+		t.Errorf("triggers on %v: want lag and pending on exactly the request queues infra serves by default", seen)
 	}
 }
 

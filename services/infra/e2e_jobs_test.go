@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -462,26 +464,44 @@ func TestAnsibleJobCancel(t *testing.T) {
 }
 
 // TestAnsibleJobPools: each pool is its own stream, served by the replicas
-// whose JOB_POOLS name it.
+// whose JOB_POOLS name it (two each here); a job id sent twice runs once.
 func TestAnsibleJobPools(t *testing.T) {
 	t.Parallel()
-	w := newJobWorld(t, 1)
+	w := newJobWorld(t, 2)
 	w.repo.Commit(t, map[string]string{"site.yml": sitePlay})
-	w.start("STREAM_CONSUMER_NAME=infra-default", "JOB_POOLS=default")
-	w.start("STREAM_CONSUMER_NAME=infra-gpu", "JOB_POOLS=gpu")
-	for _, pool := range []string{"", "gpu"} {
-		m := w.job("job-pool-"+pool, map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
-		m.Options.Pool = pool
-		w.submit(m)
-	}
-	for pool, owner := range map[string]string{"": "infra-default", "gpu": "infra-gpu"} {
-		r := w.waitJob("job-pool-"+pool, 2*time.Minute)
-		jobStatus(t, r, messages.StatusSucceeded, "")
-		if r.Pool != pool {
-			t.Errorf("result pool %q, want %q", r.Pool, pool)
+	owners := map[string][]string{"": {"infra-default-1", "infra-default-2"}, "gpu": {"infra-gpu-1", "infra-gpu-2"}}
+	for pool, names := range owners {
+		for _, name := range names {
+			w.start("STREAM_CONSUMER_NAME="+name, "JOB_POOLS="+cmp.Or(pool, "default"))
 		}
-		if run := w.run("job-pool-" + pool); run.Owner != owner || run.Stream != messages.AnsibleJobQueue(pool) {
-			t.Errorf("job of pool %q ran on %s from %s", pool, run.Owner, run.Stream)
+	}
+	var ids []string
+	for _, pool := range []string{"", "gpu"} {
+		for i := range 2 {
+			id := fmt.Sprintf("job-pool-%s-%d", pool, i)
+			m := w.job(id, map[string]messages.Vars{"t1": w.host(i)}, "site.yml")
+			m.Options.Pool = pool
+			w.submit(m)
+			ids = append(ids, id)
+			if i == 0 {
+				w.submit(m) // a duplicate: the same job
+			}
+		}
+	}
+	for _, id := range ids {
+		r := w.waitJob(id, 2*time.Minute)
+		jobStatus(t, r, messages.StatusSucceeded, "")
+		run := w.run(id)
+		if !slices.Contains(owners[r.Pool], run.Owner) || run.Stream != messages.AnsibleJobQueue(r.Pool) || run.Attempt != 1 {
+			t.Errorf("job %s of pool %q ran on %s from %s (attempt %d)", id, r.Pool, run.Owner, run.Stream, run.Attempt)
+		}
+	}
+	for _, pool := range []string{"", "gpu"} {
+		w.waitAcked(messages.AnsibleJobQueue(pool), time.Minute)
+		id := "job-pool-" + pool + "-0"
+		rs := w.jobResults(id)
+		if len(rs) != 2 || rs[0].StartedAt != rs[1].StartedAt || rs[0].Status != rs[1].Status {
+			t.Errorf("%s sent twice: %d results %+v, want the one job's result twice", id, len(rs), rs)
 		}
 	}
 }
