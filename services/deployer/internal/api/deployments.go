@@ -170,15 +170,18 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, show view) {
 	if !ok {
 		return
 	}
-	d, ok := a.find(w, r, false)
-	if !ok {
-		return
-	}
 	if wait > 0 {
-		a.respondAfterWait(w, r, d.ID, wait, show)
+		d, ok := a.find(w, r, false)
+		if ok {
+			a.respondAfterWait(w, r, d.ID, wait, show)
+		}
 		return
 	}
-	d, err := a.deps.Deployments.GetWithProgress(r.Context(), deployments.AllProjects, d.ID) // found for the key already
+	key := authedKey(r.Context())
+	d, err := a.deps.Deployments.GetWithProgress(r.Context(), visibility(key), chi.URLParam(r, "id"))
+	if err == nil && !mayAct(key, d, false) {
+		err = deployments.ErrNotFound
+	}
 	if err != nil {
 		a.deploymentError(w, r, err)
 		return
