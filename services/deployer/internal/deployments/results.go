@@ -121,8 +121,8 @@ func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, out outcome) (boo
 		err := tx.QueryRow(ctx, `
 			UPDATE deployments SET status = $2, result = $3, error_kind = $4, finished_at = $5, updated_at = now(),
 				request_id = COALESCE(request_id, NULLIF($6, ''))
-			WHERE job_id = $1 AND status = 'queued'
-			RETURNING id::text`, r.JobID, string(status), mustJSON(res), kind, finished, r.RequestID).Scan(&id)
+			WHERE job_id = $1 AND status = 'queued' AND kind = $7
+			RETURNING id::text`, r.JobID, string(status), mustJSON(res), kind, finished, r.RequestID, out.kind).Scan(&id)
 		if err == nil {
 			break
 		}
