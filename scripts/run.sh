@@ -148,7 +148,10 @@ COMMON_ENV+=(
 	"PLAYBOOK_RUN_ROOT=$RUN_ROOT"
 	"PLAYBOOK_FACT_CACHE=$RUN/facts"
 	"REQUEST_SIGNATURES=require"
-	"REQUEST_KEYS=scheduler-1@provisioner:queue=file:signing/scheduler-1.key,deployer-1@ansible:deploy:queue=file:signing/deployer-1.key"
+	"REQUEST_KEYS=scheduler-1@provisioner:queue=file:signing/scheduler-1.key,deployer-1@ansible:deploy:queue+ansible:job:queue=file:signing/deployer-1.key"
+	# The Ansible job demo fetches its playbook from the local git server
+	# over plain http (development only).
+	"JOB_SOURCES_ALLOW_HTTP=true"
 )
 
 demo=""
@@ -295,6 +298,14 @@ fi
 if [ -n "$demo" ] && [ "$status" -eq 0 ]; then
 	WEBHOOK_URL=$WEBHOOK_URL scripts/demo-deploy.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
 	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m the demo deployment did not succeed (exit %s); see run/dev/logs/\n' "$status" >&2
+fi
+
+# An Ansible job (issue 23): a playbook from the demo's git server on
+# local-target, through POST /api/v1/jobs (skipped when infra has no job
+# consumer).
+if [ -n "$demo" ] && [ "$status" -eq 0 ]; then
+	scripts/demo-ansible-job.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
+	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m the demo Ansible job did not succeed (exit %s); see run/dev/logs/\n' "$status" >&2
 fi
 
 # A command the shipped Redis ACL refuses is a bug (a role missing a key

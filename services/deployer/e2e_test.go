@@ -391,6 +391,15 @@ func gitServer(t *testing.T, addr, token string) (string, func() int32) {
 	git("-C", work, "add", "-A")
 	git("-C", work, "commit", "-q", "-m", "broken release")
 	git("clone", "-q", "--bare", work, filepath.Join(dir, "repos", "acme", "broken.git"))
+	return serveRepos(t, addr, token, filepath.Join(dir, "repos"))
+}
+
+// serveRepos serves the bare repositories under root over smart HTTP
+// (git http-backend) on addr, to clients that send token as basic
+// authentication (x-access-token:<token>); it returns its URL and a count
+// of the requests refused.
+func serveRepos(t *testing.T, addr, token, root string) (string, func() int32) {
+	t.Helper()
 	execPath, err := exec.Command("git", "--exec-path").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -398,7 +407,7 @@ func gitServer(t *testing.T, addr, token string) (string, func() int32) {
 	backend := &cgi.Handler{
 		Path: filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend"),
 		Root: "/",
-		Env:  []string{"GIT_PROJECT_ROOT=" + filepath.Join(dir, "repos"), "GIT_HTTP_EXPORT_ALL=1"},
+		Env:  []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
 	}
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+token))
 	var refused atomic.Int32

@@ -7,6 +7,7 @@
 //	GET  /v1/auth/token/lookup-self        token lookup
 //	POST /v1/auth/token/renew-self         token renewal (increment, max TTL)
 //	GET  /v1/<kv-mount>/data/<path>        KV v2 read (?version=)
+//	POST /v1/<kv-mount>/data/<path>        KV v2 write ({"data": {...}})
 //
 // with Vault's response envelope (request_id, lease_id, renewable,
 // lease_duration, data, wrap_info, warnings, auth), X-Vault-Token checks
@@ -48,6 +49,7 @@ const (
 	EndpointLookupSelf   Endpoint = "lookup-self"
 	EndpointRenewSelf    Endpoint = "renew-self"
 	EndpointKVRead       Endpoint = "kv-read"
+	EndpointKVWrite      Endpoint = "kv-write"
 	EndpointOther        Endpoint = "other"
 )
 
@@ -67,6 +69,9 @@ type TokenSpec struct {
 	// with an entry's text before a trailing "*". Others get Vault's ACL
 	// denial.
 	ReadPaths []string
+	// WritePaths is the token's ACL for KV writes, as ReadPaths is for
+	// reads; nil allows none.
+	WritePaths []string
 }
 
 // AppRole is an AppRole known to the stand-in.
@@ -454,6 +459,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	segs := strings.Split(rest, "/")
 	if len(segs) >= 3 && segs[1] == "data" {
 		if kv, ok := ns.kv[segs[0]]; ok {
+			if r.Method == http.MethodPost || r.Method == http.MethodPut {
+				s.counts[EndpointKVWrite]++
+				if t := s.authLocked(w, r, nsName); t != nil {
+					s.kvWrite(w, r, t, segs[0], segs[2:], kv)
+				}
+				return
+			}
 			s.counts[EndpointKVRead]++
 			t := s.authLocked(w, r, nsName)
 			if t == nil {
@@ -720,6 +732,52 @@ func (s *Server) kvRead(w http.ResponseWriter, r *http.Request, t *token, mount 
 		},
 		MountType: "kv",
 	})
+}
+
+// kvWrite stores {"data": {...}} as a new version (no check-and-set).
+func (s *Server) kvWrite(w http.ResponseWriter, r *http.Request, t *token, mount string, escaped []string, kv *kvMount) {
+	segs := make([]string, len(escaped))
+	for i, seg := range escaped {
+		u, err := url.PathUnescape(seg)
+		if err != nil || u == "" || strings.Contains(strings.ToUpper(seg), "%2F") {
+			writeErrors(w, http.StatusBadRequest, "invalid path")
+			return
+		}
+		segs[i] = u
+	}
+	path := strings.Join(segs, "/")
+	if t.spec.WritePaths == nil || !aclAllows(t.spec.WritePaths, mount+"/data/"+path) {
+		writeErrors(w, http.StatusForbidden, msgACLDenied)
+		return
+	}
+	var body struct {
+		Data map[string]any `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&body); err != nil || body.Data == nil {
+		writeErrors(w, http.StatusBadRequest, "no data provided")
+		return
+	}
+	now := s.clock.Now()
+	kv.secrets[path] = append(kv.secrets[path], kvVersion{data: body.Data, created: now})
+	writeJSON(w, http.StatusOK, envelope{
+		RequestID: randomUUID(),
+		Data: map[string]any{
+			"created_time": now.UTC().Format(time.RFC3339Nano), "custom_metadata": nil,
+			"deletion_time": "", "destroyed": false, "version": len(kv.secrets[path]),
+		},
+	})
+}
+
+// Get returns the data of the latest version of mount/path in namespace
+// ns (nil when there is none).
+func (s *Server) Get(ns, mount, path string) map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.mustNS(ns).kv[mount]
+	if !ok || len(m.secrets[path]) == 0 {
+		return nil
+	}
+	return m.secrets[path][len(m.secrets[path])-1].data
 }
 
 func aclAllows(paths []string, p string) bool {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/credentials"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
@@ -57,6 +58,8 @@ type Keys interface {
 // Deps are the API's collaborators.
 type Deps struct {
 	Deployments *deployments.Service
+	// Credentials serves /api/v1/credentials; nil answers 503.
+	Credentials *credentials.Service
 	Keys        Keys
 	Auth        Authenticator
 	// Forget drops a revoked key from the authenticator's cache.

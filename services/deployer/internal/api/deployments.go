@@ -27,13 +27,7 @@ var idempotencyKeyRE = regexp.MustCompile(`^[!-~]{1,255}$`)
 
 func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
 	key := authedKey(r.Context())
-	idem := r.Header.Get("Idempotency-Key")
-	if idem != "" && !idempotencyKeyRE.MatchString(idem) {
-		writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, "must be 1-255 printable ASCII characters without spaces",
-			FieldProblem{Field: "Idempotency-Key", Message: "must be 1-255 printable ASCII characters without spaces"})
-		return
-	}
-	wait, ok := a.parseWait(w, r)
+	idem, wait, ok := a.submitHeaders(w, r)
 	if !ok {
 		return
 	}
@@ -46,6 +40,31 @@ func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
 	ctx := tracing.Extract(r.Context(), messages.TraceContext{
 		Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})
 	sub, err := a.deps.Deployments.Submit(ctx, key.ID, visibility(key), req, idem)
+	a.answerSubmit(w, r, sub, err, wait, deploymentView)
+}
+
+// view renders a deployment (or a job) for the route that serves it.
+type view func(*deployments.Deployment) any
+
+// deploymentView shows a deployment as /deployments does.
+func deploymentView(d *deployments.Deployment) any { return d }
+
+// submitHeaders reads a submit's Idempotency-Key and ?wait=; false when
+// it answered a bad one.
+func (a *API) submitHeaders(w http.ResponseWriter, r *http.Request) (string, time.Duration, bool) {
+	idem := r.Header.Get("Idempotency-Key")
+	if idem != "" && !idempotencyKeyRE.MatchString(idem) {
+		writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, "must be 1-255 printable ASCII characters without spaces",
+			FieldProblem{Field: "Idempotency-Key", Message: "must be 1-255 printable ASCII characters without spaces"})
+		return "", 0, false
+	}
+	wait, ok := a.parseWait(w, r)
+	return idem, wait, ok
+}
+
+// answerSubmit answers a submit (of a deployment or a job): its refusal,
+// or 202 (200 after a ?wait= that saw the end) with the view of it.
+func (a *API) answerSubmit(w http.ResponseWriter, r *http.Request, sub *deployments.Submission, err error, wait time.Duration, show view) {
 	var invalid *deployments.InvalidError
 	switch {
 	case errors.Is(err, deployments.ErrForbiddenProject):
@@ -59,7 +78,7 @@ func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
 		for i, f := range invalid.Fields {
 			fields[i] = FieldProblem{Field: f.Field, Message: f.Message}
 		}
-		detail := "the deployment request breaks the wire contract's rules: see errors"
+		detail := "the request breaks the wire contract's rules: see errors"
 		writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, detail, fields...)
 		return
 	case errors.Is(err, deployments.ErrIdempotencyMismatch):
@@ -76,10 +95,10 @@ func (a *API) createDeployment(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	if wait > 0 {
-		a.respondAfterWait(w, r, d.ID, wait)
+		a.respondAfterWait(w, r, d.ID, wait, show)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, d)
+	writeJSON(w, http.StatusAccepted, show(d))
 }
 
 // visibility is what key may see and act on: its projects, or every
@@ -116,7 +135,7 @@ func (a *API) parseWait(w http.ResponseWriter, r *http.Request) (time.Duration, 
 
 // respondAfterWait holds the request until the deployment ends (200) or
 // the wait runs out or the server shuts down (202 with the current state).
-func (a *API) respondAfterWait(w http.ResponseWriter, r *http.Request, id string, wait time.Duration) {
+func (a *API) respondAfterWait(w http.ResponseWriter, r *http.Request, id string, wait time.Duration, show view) {
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
 	go func() {
@@ -137,34 +156,71 @@ func (a *API) respondAfterWait(w http.ResponseWriter, r *http.Request, id string
 		return
 	}
 	if d.Status.Terminal() {
-		writeJSON(w, http.StatusOK, d)
+		writeJSON(w, http.StatusOK, show(d))
 		return
 	}
-	writeJSON(w, http.StatusAccepted, d)
+	writeJSON(w, http.StatusAccepted, show(d))
 }
 
-func (a *API) getDeployment(w http.ResponseWriter, r *http.Request) {
+func (a *API) getDeployment(w http.ResponseWriter, r *http.Request) { a.get(w, r, deploymentView) }
+
+// get answers GET of a deployment or job, shown with show.
+func (a *API) get(w http.ResponseWriter, r *http.Request, show view) {
 	wait, ok := a.parseWait(w, r)
 	if !ok {
 		return
 	}
-	id := chi.URLParam(r, "id")
-	vis := visibility(authedKey(r.Context()))
 	if wait > 0 {
-		d, err := a.deps.Deployments.GetFor(r.Context(), vis, id)
-		if err != nil {
-			a.deploymentError(w, r, err)
-			return
+		d, ok := a.find(w, r, false)
+		if ok {
+			a.respondAfterWait(w, r, d.ID, wait, show)
 		}
-		a.respondAfterWait(w, r, d.ID, wait)
 		return
 	}
-	d, err := a.deps.Deployments.GetWithProgress(r.Context(), vis, id)
+	key := authedKey(r.Context())
+	d, err := a.deps.Deployments.GetWithProgress(r.Context(), visibility(key), chi.URLParam(r, "id"))
+	if err == nil && !mayAct(key, d, false) {
+		err = deployments.ErrNotFound
+	}
 	if err != nil {
 		a.deploymentError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, d)
+	writeJSON(w, http.StatusOK, show(d))
+}
+
+// mayAct reports whether key's scopes cover d's kind: jobs:read/write for
+// an Ansible job, deployments:read/write for a deployment. Both route
+// families serve both kinds; a kind the key has no scope of answers as an
+// unknown id.
+func mayAct(key *auth.Key, d *deployments.Deployment, write bool) bool {
+	if key == nil {
+		return false
+	}
+	switch {
+	case d.Kind == deployments.KindJob && write:
+		return key.Has(auth.ScopeJobsWrite)
+	case d.Kind == deployments.KindJob:
+		return key.Has(auth.ScopeJobsRead)
+	case write:
+		return key.Has(auth.ScopeDeploymentsWrite)
+	}
+	return key.Has(auth.ScopeDeploymentsRead)
+}
+
+// find reads the deployment or job of the route's id for the request's
+// key (its projects and scopes), or answers 404.
+func (a *API) find(w http.ResponseWriter, r *http.Request, write bool) (*deployments.Deployment, bool) {
+	key := authedKey(r.Context())
+	d, err := a.deps.Deployments.GetFor(r.Context(), visibility(key), chi.URLParam(r, "id"))
+	if err == nil && !mayAct(key, d, write) {
+		err = deployments.ErrNotFound
+	}
+	if err != nil {
+		a.deploymentError(w, r, err)
+		return nil, false
+	}
+	return d, true
 }
 
 func (a *API) deploymentError(w http.ResponseWriter, r *http.Request, err error) {
@@ -195,6 +251,16 @@ var listParams = map[string]bool{
 }
 
 func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
+	a.list(w, r, deployments.KindDeploy, "/api/v1/deployments", func(items []*deployments.Deployment, next, nextLink string) any {
+		out := DeploymentList{Items: items, NextCursor: next}
+		out.Links.Next = nextLink
+		return out
+	})
+}
+
+// list answers a list of kind's rows, rendered by page.
+func (a *API) list(w http.ResponseWriter, r *http.Request, kind, base string,
+	page func(items []*deployments.Deployment, next, nextLink string) any) {
 	q := r.URL.Query()
 	bad := func(field, msg string) {
 		writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, msg, FieldProblem{Field: field, Message: msg})
@@ -212,7 +278,7 @@ func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
 	f := deployments.Filter{
 		Visibility: visibility(authedKey(r.Context())),
 		ProjectID:  q.Get("project_id"), ServerIP: q.Get("server_ip"), JobID: q.Get("job_id"),
-		CorrelationID: q.Get("correlation_id"), Source: q.Get("source"), Cursor: q.Get("cursor"),
+		CorrelationID: q.Get("correlation_id"), Source: q.Get("source"), Cursor: q.Get("cursor"), Kind: kind,
 	}
 	if f.ProjectID != "" && !uuidRE.MatchString(f.ProjectID) {
 		bad("project_id", "must be a UUID")
@@ -272,7 +338,7 @@ func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Limit = n
 	}
-	page, err := a.deps.Deployments.List(r.Context(), f)
+	pg, err := a.deps.Deployments.List(r.Context(), f)
 	if errors.Is(err, deployments.ErrBadCursor) {
 		bad("cursor", "is not a cursor this API returned")
 		return
@@ -281,23 +347,32 @@ func (a *API) listDeployments(w http.ResponseWriter, r *http.Request) {
 		a.internal(w, r, "list deployments", err)
 		return
 	}
-	out := DeploymentList{Items: page.Items, NextCursor: page.Next}
-	if out.Items == nil {
-		out.Items = []*deployments.Deployment{}
+	items, nextLink := pg.Items, ""
+	if items == nil {
+		items = []*deployments.Deployment{}
 	}
-	if page.Next != "" {
+	if pg.Next != "" {
 		nq := url.Values{}
 		for k, v := range q {
 			nq[k] = v
 		}
-		nq.Set("cursor", page.Next)
-		out.Links.Next = "/api/v1/deployments?" + nq.Encode()
+		nq.Set("cursor", pg.Next)
+		nextLink = base + "?" + nq.Encode()
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, page(items, pg.Next, nextLink))
 }
 
 func (a *API) cancelDeployment(w http.ResponseWriter, r *http.Request) {
-	d, outcome, err := a.deps.Deployments.Cancel(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
+	a.cancel(w, r, deploymentView)
+}
+
+// cancel answers DELETE of a deployment or job, shown with show.
+func (a *API) cancel(w http.ResponseWriter, r *http.Request, show view) {
+	found, ok := a.find(w, r, true)
+	if !ok {
+		return
+	}
+	d, outcome, err := a.deps.Deployments.Cancel(r.Context(), deployments.AllProjects, found.ID) // found for the key already
 	switch {
 	case errors.Is(err, deployments.ErrFinished):
 		writeProblemValue(w, r, Problem{Type: ProbConflict, Status: http.StatusConflict,
@@ -305,17 +380,16 @@ func (a *API) cancelDeployment(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.deploymentError(w, r, err)
 	case outcome == deployments.CancelledBeforeStart:
-		writeJSON(w, http.StatusOK, d)
+		writeJSON(w, http.StatusOK, show(d))
 	default:
-		writeJSON(w, http.StatusAccepted, d)
+		writeJSON(w, http.StatusAccepted, show(d))
 	}
 }
 
 func (a *API) deploymentEvents(w http.ResponseWriter, r *http.Request) {
 	svc := a.deps.Deployments
-	d, err := svc.GetFor(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
-	if err != nil {
-		a.deploymentError(w, r, err)
+	d, ok := a.find(w, r, false)
+	if !ok {
 		return
 	}
 	last := r.Header.Get("Last-Event-ID")
@@ -330,7 +404,7 @@ func (a *API) deploymentEvents(w http.ResponseWriter, r *http.Request) {
 	changed, stop := svc.Notifier().Watch(d.JobID)
 	defer stop()
 	a.deps.Hub.Serve(w, r, events.Request{
-		JobID: d.JobID, LastEventID: last, Changed: changed, Shutdown: a.shutdown,
+		JobID: d.JobID, Kind: d.ProgressKind(), LastEventID: last, Changed: changed, Shutdown: a.shutdown,
 		Final: func(ctx context.Context) (string, bool, error) {
 			cur, err := svc.Get(ctx, d.ID)
 			if err != nil {
@@ -342,13 +416,13 @@ func (a *API) deploymentEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) deploymentLog(w http.ResponseWriter, r *http.Request) {
-	d, err := a.deps.Deployments.GetFor(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
-	if err != nil {
-		a.deploymentError(w, r, err)
+	d, ok := a.find(w, r, false)
+	if !ok {
 		return
 	}
 	var rc io.ReadCloser
 	var info runlog.Info
+	var err error
 	if a.deps.Logs != nil {
 		rc, info, err = a.deps.Logs.Open(r.Context(), d.JobID)
 	} else {
@@ -399,9 +473,8 @@ func safeFilename(s string) string {
 }
 
 func (a *API) deploymentWebhooks(w http.ResponseWriter, r *http.Request) {
-	d, err := a.deps.Deployments.GetFor(r.Context(), visibility(authedKey(r.Context())), chi.URLParam(r, "id"))
-	if err != nil {
-		a.deploymentError(w, r, err)
+	d, ok := a.find(w, r, false)
+	if !ok {
 		return
 	}
 	list, err := a.deps.Webhooks(r.Context(), d.ID)

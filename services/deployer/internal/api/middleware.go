@@ -142,7 +142,7 @@ type RateLimiter interface {
 
 // authenticate checks the Bearer key and its scope, then the key's rate
 // limit. Failed authentications are rate limited per client address.
-func (a *API) authenticate(scope auth.Scope) func(http.Handler) http.Handler {
+func (a *API) authenticate(scopes ...auth.Scope) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			secret, ok := bearer(r)
@@ -173,9 +173,13 @@ func (a *API) authenticate(scope auth.Scope) func(http.Handler) http.Handler {
 			if ki, _ := r.Context().Value(ctxKeyInfo).(*keyInfo); ki != nil {
 				ki.key = key
 			}
-			if scope != "" && !key.Has(scope) {
+			if !hasAnyScope(key, scopes) {
+				names := make([]string, len(scopes))
+				for i, s := range scopes {
+					names[i] = string(s)
+				}
 				writeProblem(w, r, http.StatusForbidden, ProbForbidden,
-					"this API key does not have the scope "+string(scope))
+					"this API key does not have the scope "+strings.Join(names, " or "))
 				return
 			}
 			if a.limited(w, r, "key:"+key.ID, key.RateLimit, keyBudgetSpent) {
@@ -236,4 +240,15 @@ func bearer(r *http.Request) (string, bool) {
 	}
 	token = strings.TrimSpace(token)
 	return token, token != ""
+}
+
+// hasAnyScope reports whether key holds one of scopes ("" or none: any
+// key will do).
+func hasAnyScope(key *auth.Key, scopes []auth.Scope) bool {
+	for _, s := range scopes {
+		if s == "" || key.Has(s) {
+			return true
+		}
+	}
+	return len(scopes) == 0
 }

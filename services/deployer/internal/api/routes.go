@@ -38,13 +38,33 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 		r.Route("/deployments", func(r chi.Router) {
 			r.With(a.authenticate(write)).Post("/", a.createDeployment)
 			r.With(a.authenticate(read)).Get("/", a.listDeployments)
+			// An Ansible job's id answers here too, with the jobs scopes.
+			read, write := []auth.Scope{read, auth.ScopeJobsRead}, []auth.Scope{write, auth.ScopeJobsWrite}
 			r.Route("/{id}", func(r chi.Router) {
-				r.With(a.authenticate(read)).Get("/", a.getDeployment)
-				r.With(a.authenticate(write)).Delete("/", a.cancelDeployment)
-				r.With(a.authenticate(read)).Get("/events", a.deploymentEvents)
-				r.With(a.authenticate(read)).Get("/log", a.deploymentLog)
-				r.With(a.authenticate(read)).Get("/webhooks", a.deploymentWebhooks)
+				r.With(a.authenticate(read...)).Get("/", a.getDeployment)
+				r.With(a.authenticate(write...)).Delete("/", a.cancelDeployment)
+				r.With(a.authenticate(read...)).Get("/events", a.deploymentEvents)
+				r.With(a.authenticate(read...)).Get("/log", a.deploymentLog)
+				r.With(a.authenticate(read...)).Get("/webhooks", a.deploymentWebhooks)
 			})
+		})
+		// Ansible jobs; a deployment's id answers here too (with the
+		// deployments scopes), so one client follows both.
+		jread, jwrite := jobScopes(false), jobScopes(true)
+		r.Route("/jobs", func(r chi.Router) {
+			r.With(a.authenticate(auth.ScopeJobsWrite)).Post("/", a.createJob)
+			r.With(a.authenticate(auth.ScopeJobsRead)).Get("/", a.listJobs)
+			r.Route("/{id}", func(r chi.Router) {
+				r.With(a.authenticate(jread...)).Get("/", a.getJob)
+				r.With(a.authenticate(jwrite...)).Delete("/", a.cancelJob)
+				r.With(a.authenticate(jread...)).Get("/stream", a.deploymentEvents)
+				r.With(a.authenticate(jread...)).Get("/logs", a.deploymentLog)
+			})
+		})
+		r.Route("/credentials", func(r chi.Router) {
+			r.With(a.authenticate(auth.ScopeCredentialsWrite)).Post("/", a.createCredential)
+			r.With(a.authenticate(auth.ScopeCredentialsRead)).Get("/", a.listCredentials)
+			r.With(a.authenticate(auth.ScopeCredentialsWrite)).Delete("/{name}", a.deleteCredential)
 		})
 		r.Route("/keys", func(r chi.Router) {
 			r.Use(a.authenticate(auth.ScopeAdmin))

@@ -44,6 +44,19 @@ type Config struct {
 	// SecretRefs are the templates of the secret references a request
 	// may name, checked at submit.
 	SecretRefs SecretRefsConfig
+	// Credentials configures the named credentials' Vault writer.
+	Credentials CredentialsConfig `envPrefix:"CREDENTIALS_"`
+}
+
+// CredentialsConfig configures where POST /api/v1/credentials writes the
+// values it is given: Vault KV, under the project's path, with a Vault
+// login of the deployer's own (CREDENTIALS_VAULT_*), whose policy may
+// write those paths only. Without CREDENTIALS_VAULT_ADDR values are
+// refused and credentials name references only.
+type CredentialsConfig struct {
+	Vault secrets.VaultConfig
+	Mount string `env:"VAULT_MOUNT" envDefault:"secret" desc:"KV v2 mount credential values are written to"`
+	Path  string `env:"VAULT_PATH" envDefault:"projects/{project_id}/credentials/{name}" desc:"path under the mount a credential's value is written to; {project_id} and {name} are replaced (keep it inside DEPLOY_SECRET_REFS's templates, so that infra may read it)"`
 }
 
 // SecretRefsConfig is infra's DEPLOY_SECRET_REFS, read by the deployer too:
@@ -158,6 +171,12 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.SecretRefs.Authorizer(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := c.Credentials.Vault.Validate(); err != nil {
+		errs = append(errs, service.Invalid("CREDENTIALS_VAULT_ADDR", "%v", err))
+	}
+	if !strings.Contains(c.Credentials.Path, "{project_id}") || !strings.Contains(c.Credentials.Path, "{name}") {
+		errs = append(errs, service.Invalid("CREDENTIALS_VAULT_PATH", "must hold {project_id} and {name}"))
 	}
 	if c.API.Addr == "" {
 		errs = append(errs, service.Invalid("API_ADDR", "must not be empty"))

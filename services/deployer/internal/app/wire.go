@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -10,10 +11,12 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/credentials"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/observer"
@@ -43,8 +46,11 @@ type Parts struct {
 	Publisher   *publishing.Publisher
 	Observer    *observer.Observer // nil when OBSERVE_QUEUE is off
 	Logs        runlog.Store
-	cfg         *Config
-	log         zerolog.Logger
+	Credentials *credentials.Service
+	// vault writes credential values (nil without CREDENTIALS_VAULT_ADDR).
+	vault *secrets.Vault
+	cfg   *Config
+	log   zerolog.Logger
 }
 
 // Build builds the components from the configuration and what Serve
@@ -54,6 +60,10 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	streams := o.Streams
 	if streams == (deployments.Streams{}) {
 		streams = deployments.DefaultStreams()
+	}
+	if streams.JobQueue == "" || streams.JobResults == "" {
+		def := deployments.DefaultStreams()
+		streams.JobQueue, streams.JobResults = cmp.Or(streams.JobQueue, def.JobQueue), cmp.Or(streams.JobResults, def.JobResults)
 	}
 	p := &Parts{cfg: cfg, log: log}
 
@@ -77,9 +87,18 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if err != nil {
 		return nil, err
 	}
+	ccfg := credentials.Config{Refs: refs, Mount: cfg.Credentials.Mount, Path: cfg.Credentials.Path}
+	if cfg.Credentials.Vault.Addr != "" {
+		p.vault, err = secrets.NewVault(ctx, cfg.Credentials.Vault, secrets.VaultOptions{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("credentials vault: %w", err)
+		}
+		ccfg.Vault = p.vault
+	}
+	p.Credentials = credentials.NewService(d.DB, ccfg)
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
-		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs}
+		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs, Credentials: p.Credentials}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
 			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),
@@ -109,9 +128,9 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 
 	streamMetrics := stream.NewMetrics(d.Metrics)
 	p.Results, err = stream.NewConsumer(d.Redis, stream.Config{
-		Group: cfg.Stream.Group, Streams: []string{streams.Results}, Consumer: cfg.Stream.ConsumerName,
+		Group: cfg.Stream.Group, Streams: []string{streams.Results, streams.JobResults}, Consumer: cfg.Stream.ConsumerName,
 		Concurrency: cfg.Stream.Concurrency, ShutdownGrace: 10 * time.Second, Logger: log, Metrics: streamMetrics,
-	}, p.Deployments.ResultsHandler())
+	}, resultsHandler(streams, p.Deployments))
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +155,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
-		Deployments: p.Deployments, Keys: keys, Auth: authn, Forget: authn.Forget,
+		Deployments: p.Deployments, Credentials: p.Credentials, Keys: keys, Auth: authn, Forget: authn.Forget,
 		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),
 		Hub:     p.Hub, Logs: logs,
 		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
@@ -157,12 +176,32 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	return p, nil
 }
 
+// resultsHandler records the results of deploy:results and job:results.
+func resultsHandler(streams deployments.Streams, svc *deployments.Service) stream.Handler {
+	deploys, jobs := svc.ResultsHandler(), svc.JobResultsHandler()
+	return stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		if msg.Stream == streams.JobResults {
+			return jobs.Handle(ctx, msg)
+		}
+		return deploys.Handle(ctx, msg)
+	})
+}
+
 // Components lists the parts in start order (stopped in reverse).
 func (p *Parts) Components() []service.Component {
 	parts := []service.Component{
 		{Name: "notifier", Run: p.Notifier.Run},
 		{Name: "events", Run: p.Hub.Run},
 		{Name: "retention", Run: p.retention},
+	}
+	if p.vault != nil {
+		parts = append(parts, service.Component{Name: "credentials-vault", Run: func(ctx context.Context) error {
+			if err := p.vault.Start(ctx); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return p.vault.Close()
+		}})
 	}
 	if p.Deliverer != nil {
 		parts = append(parts, service.Component{Name: "webhooks", Run: p.Deliverer.Run})

@@ -25,6 +25,14 @@ type Scope string
 const (
 	ScopeDeploymentsRead  Scope = "deployments:read"
 	ScopeDeploymentsWrite Scope = "deployments:write"
+	// ScopeJobsRead and ScopeJobsWrite read and submit Ansible jobs
+	// (/api/v1/jobs) of the key's projects.
+	ScopeJobsRead  Scope = "jobs:read"
+	ScopeJobsWrite Scope = "jobs:write"
+	// ScopeCredentialsWrite manages the credentials of the key's projects
+	// (/api/v1/credentials); it grants credentials:read, which lists them.
+	ScopeCredentialsWrite Scope = "credentials:write"
+	ScopeCredentialsRead  Scope = "credentials:read"
 	ScopeServersRead      Scope = "servers:read"
 	ScopeServersWrite     Scope = "servers:write"
 	ScopeAdmin            Scope = "admin"
@@ -32,7 +40,8 @@ const (
 
 // Scopes returns every scope.
 func Scopes() []Scope {
-	return []Scope{ScopeDeploymentsRead, ScopeDeploymentsWrite, ScopeServersRead, ScopeServersWrite, ScopeAdmin}
+	return []Scope{ScopeDeploymentsRead, ScopeDeploymentsWrite, ScopeJobsRead, ScopeJobsWrite,
+		ScopeCredentialsRead, ScopeCredentialsWrite, ScopeServersRead, ScopeServersWrite, ScopeAdmin}
 }
 
 // ParseScopes parses a comma-separated list of scopes (or a list of
@@ -149,7 +158,7 @@ func (k *Key) HoldsProject(project string) bool {
 //   - an admin key is fleet-wide (it manages every key anyway);
 //   - a key with a servers scope acts on the fleet, which no project owns:
 //     it is fleet-wide, so it cannot be bound to projects;
-//   - a key with a deployments scope is bound to projects, unless it is
+//   - a key with a deployments, jobs or credentials scope is bound to projects, unless it is
 //     explicitly fleet-wide (an operator's key that sees every project).
 //
 // Project ids follow the rule of a request's project_id.
@@ -172,7 +181,8 @@ func Binding(scopes []Scope, projects []string, fleetWide bool) ([]string, bool,
 			admin = true
 		case ScopeServersRead, ScopeServersWrite:
 			servers = true
-		case ScopeDeploymentsRead, ScopeDeploymentsWrite:
+		case ScopeDeploymentsRead, ScopeDeploymentsWrite, ScopeJobsRead, ScopeJobsWrite,
+			ScopeCredentialsRead, ScopeCredentialsWrite:
 			deploys = true
 		}
 	}
@@ -188,7 +198,7 @@ func Binding(scopes []Scope, projects []string, fleetWide bool) ([]string, bool,
 	case fleetWide || admin || !deploys:
 		return nil, true, nil
 	}
-	return nil, false, errors.New("a key with deployments scopes needs the projects it may act for (--project), or --fleet-wide for an operator's key that sees every project")
+	return nil, false, errors.New("a key with deployments, jobs or credentials scopes needs the projects it may act for (--project), or --fleet-wide for an operator's key that sees every project")
 }
 
 // KeyPrefix starts every key, so that secret scanners and people recognise

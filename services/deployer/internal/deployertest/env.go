@@ -47,6 +47,8 @@ type Options struct {
 	NoInfra bool
 	// PlanFor chooses what each job does in the stand-in infra.
 	PlanFor func(m *messages.AnsibleDeployMessage) fakeinfra.Plan
+	// JobPlanFor chooses what each Ansible job does in it.
+	JobPlanFor func(m *messages.AnsibleJobMessage) fakeinfra.Plan
 	// Resolver resolves webhook host names.
 	Resolver *net.Resolver
 	// DB and Redis reuse another Env's (a restart of the deployer).
@@ -91,12 +93,15 @@ func Start(t testing.TB, o Options) *Env {
 		e.Redis = testenv.Redis(t)
 	}
 	if e.Streams == (deployments.Streams{}) {
-		e.Streams = deployments.Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-")}
+		e.Streams = deployments.Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-"),
+			JobQueue: testenv.Unique("jobqueue-"), JobResults: testenv.Unique("jobresults-")}
 		// Streams of its own are removed when the test ends (after the
 		// deployer stops: cleanups run last first), so that tests and
 		// benchmarks (a benchmark's queue holds tens of MB) do not pile up
 		// in a shared Redis, whose forks for AOF rewrites grow with it.
-		t.Cleanup(func() { e.Redis.Del(context.Background(), e.Streams.Queue, e.Streams.Results) })
+		t.Cleanup(func() {
+			e.Redis.Del(context.Background(), e.Streams.Queue, e.Streams.Results, e.Streams.JobQueue, e.Streams.JobResults)
+		})
 	}
 	env := map[string]string{
 		"API_ADDR": "127.0.0.1:0", "WEBHOOK_SIGNING_KEY": SigningKey, "LOG_FORMAT": "json",
@@ -152,7 +157,8 @@ func Start(t testing.TB, o Options) *Env {
 		e.CI, e.CIID = s, k.ID
 	}
 	e.Infra = &fakeinfra.Infra{DB: e.DB, Redis: e.Redis, Queue: e.Streams.Queue, Results: e.Streams.Results,
-		Logs: parts.Logs, PlanFor: o.PlanFor}
+		Logs: parts.Logs, PlanFor: o.PlanFor, JobQueue: e.Streams.JobQueue, JobResults: e.Streams.JobResults,
+		JobPlanFor: o.JobPlanFor}
 	if !o.NoInfra {
 		e.StartInfra()
 	}

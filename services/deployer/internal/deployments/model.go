@@ -75,8 +75,10 @@ type Options struct {
 
 // Deployment is a deployment as the API shows it.
 type Deployment struct {
-	ID     string `json:"id"`
-	JobID  string `json:"job_id"`
+	ID    string `json:"id"`
+	JobID string `json:"job_id"`
+	// Kind is deploy or job (an Ansible job: see Job).
+	Kind   string `json:"kind"`
 	Source string `json:"source"` // "api" or "stream" (another producer)
 	Status Status `json:"status"`
 	// Request holds what was asked; callback_url is shown without its path
@@ -90,11 +92,28 @@ type Deployment struct {
 	Progress          *Progress  `json:"progress,omitempty"`
 	Result            *Result    `json:"result,omitempty"`
 	Links             Links      `json:"links"`
+	// Job is an Ansible job's request, credentials as references (kind
+	// job); Request then holds only its project and correlation id.
+	Job *JobRequest `json:"job,omitempty"`
 
+	queue       string // the stream a job was published to
 	apiKeyID    string
 	callbackURL string
 	publishedAt *time.Time
 }
+
+// ProgressKind is the wire kind of the job's progress stream and cancel
+// key.
+func (d *Deployment) ProgressKind() messages.JobKind {
+	if d.Kind == KindJob {
+		return messages.JobKindJob
+	}
+	return messages.JobKindDeploy
+}
+
+// Queue is the stream a job was published to ("" for a deploy: the
+// deploy queue).
+func (d *Deployment) Queue() string { return d.queue }
 
 // APIKeyID returns the id of the key that made the deployment ("" for one
 // from another producer).
@@ -112,7 +131,11 @@ type Links struct {
 	Webhooks string `json:"webhooks"`
 }
 
-func linksFor(id string) Links {
+func linksFor(id, kind string) Links {
+	if kind == KindJob {
+		base := "/api/v1/jobs/" + id
+		return Links{Self: base, Events: base + "/stream", Log: base + "/logs", Webhooks: "/api/v1/deployments/" + id + "/webhooks"}
+	}
 	base := "/api/v1/deployments/" + id
 	return Links{Self: base, Events: base + "/events", Log: base + "/log", Webhooks: base + "/webhooks"}
 }
@@ -131,6 +154,19 @@ type Result struct {
 	// OutputTail is kept in the database as a fallback log; the API
 	// leaves it out (GET .../log has the full output).
 	OutputTail string `json:"output_tail,omitempty"`
+	// An Ansible job's: the commits its source and inventory were read at,
+	// and each playbook's outcome in order.
+	Commit          string           `json:"commit,omitempty"`
+	InventoryCommit string           `json:"inventory_commit,omitempty"`
+	Playbooks       []PlaybookResult `json:"playbooks,omitempty"`
+}
+
+// PlaybookResult is the outcome of one playbook of an Ansible job.
+type PlaybookResult struct {
+	Playbook   string `json:"playbook"`
+	Status     string `json:"status"`
+	ErrorKind  string `json:"error_kind,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
 }
 
 // ResultError is the error of a job that did not succeed.
@@ -166,7 +202,7 @@ type FailedTask struct {
 }
 
 // resultFrom converts a wire result.
-func resultFrom(r *messages.AnsibleDeployResult) *Result {
+func resultFrom(r *messages.Outcome) *Result {
 	out := &Result{
 		Status: string(r.Status), Playbook: r.Playbook, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
 		DurationMS: r.DurationMS, Attempt: r.Attempt, OutputTail: r.OutputTail,

@@ -43,8 +43,8 @@ type TaskCounts struct {
 const maxProgressEvents = 20_000
 
 // readProgress summarises the job's event stream; nil when it has none.
-func readProgress(ctx context.Context, jobs *stream.Jobs, jobID string) (*Progress, error) {
-	entries, err := jobs.Events(ctx, messages.JobKindDeploy, jobID, "", maxProgressEvents)
+func readProgress(ctx context.Context, jobs *stream.Jobs, kind messages.JobKind, jobID string) (*Progress, error) {
+	entries, err := jobs.Events(ctx, kind, jobID, "", maxProgressEvents)
 	if err != nil {
 		return nil, fmt.Errorf("read progress of %s: %w", jobID, err)
 	}

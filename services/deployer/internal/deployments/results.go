@@ -31,9 +31,52 @@ func (s *Service) ResultsHandler() stream.Handler {
 	})
 }
 
+// JobResultsHandler returns the stream handler of job:results: each
+// Ansible job's result is recorded as Record does a deployment's.
+func (s *Service) JobResultsHandler() stream.Handler {
+	return stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		r, err := messages.DecodeAnsibleJobResult(msg.Data())
+		if err != nil {
+			if messages.IsInvalid(err) {
+				return stream.Permanent("invalid_result", err)
+			}
+			return err
+		}
+		return s.RecordJob(ctx, r)
+	})
+}
+
+// RecordJob stores an Ansible job's result, as Record does.
+func (s *Service) RecordJob(ctx context.Context, r *messages.AnsibleJobResult) error {
+	res := resultFrom(&r.Outcome)
+	res.Commit, res.InventoryCommit = r.Commit, r.InventoryCommit
+	for _, p := range r.Playbooks {
+		res.Playbooks = append(res.Playbooks, PlaybookResult{Playbook: p.Playbook, Status: string(p.Status),
+			ErrorKind: string(p.ErrorKind), DurationMS: p.DurationMS})
+	}
+	return s.record(ctx, outcome{kind: KindJob, o: &r.Outcome, res: res, projectID: r.ProjectID})
+}
+
+// outcome is a result to record: its kind, the wire outcome, the result
+// as stored, and the request keys a result echoes (for a job the deployer
+// did not publish).
+type outcome struct {
+	kind      string
+	o         *messages.Outcome
+	res       *Result
+	projectID string
+	serverIP  string
+	port      int
+}
+
 // Record stores a job's result: the first result of a job wins (a result
 // published again, or a late one after a cancellation, changes nothing).
 func (s *Service) Record(ctx context.Context, r *messages.AnsibleDeployResult) error {
+	return s.record(ctx, outcome{kind: KindDeploy, o: &r.Outcome, res: resultFrom(&r.Outcome),
+		projectID: r.ProjectID, serverIP: r.ServerIP, port: r.Port})
+}
+
+func (s *Service) record(ctx context.Context, r outcome) error {
 	var changed bool
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
@@ -41,10 +84,10 @@ func (s *Service) Record(ctx context.Context, r *messages.AnsibleDeployResult) e
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("record result of %s: %w", r.JobID, err)
+		return fmt.Errorf("record result of %s: %w", r.o.JobID, err)
 	}
 	if changed {
-		s.afterRecord(ctx, r.JobID)
+		s.afterRecord(ctx, r.o.JobID)
 	} else {
 		s.metrics.results.WithLabelValues("duplicate").Inc()
 	}
@@ -53,8 +96,8 @@ func (s *Service) Record(ctx context.Context, r *messages.AnsibleDeployResult) e
 
 // recordResult does Record's work in tx and reports whether it changed the
 // deployment.
-func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, r *messages.AnsibleDeployResult) (bool, error) {
-	res := resultFrom(r)
+func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, out outcome) (bool, error) {
+	r, res := out.o, out.res
 	status := Status(r.Status)
 	if !status.Terminal() || !status.Valid() {
 		return false, stream.Permanent("invalid_result", fmt.Errorf("status %q is not final", r.Status))
@@ -78,8 +121,8 @@ func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, r *messages.Ansib
 		err := tx.QueryRow(ctx, `
 			UPDATE deployments SET status = $2, result = $3, error_kind = $4, finished_at = $5, updated_at = now(),
 				request_id = COALESCE(request_id, NULLIF($6, ''))
-			WHERE job_id = $1 AND status = 'queued'
-			RETURNING id::text`, r.JobID, string(status), mustJSON(res), kind, finished, r.RequestID).Scan(&id)
+			WHERE job_id = $1 AND status = 'queued' AND kind = $7
+			RETURNING id::text`, r.JobID, string(status), mustJSON(res), kind, finished, r.RequestID, out.kind).Scan(&id)
 		if err == nil {
 			break
 		}
@@ -95,12 +138,12 @@ func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, r *messages.Ansib
 		}
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO deployments (id, job_id, source, status, project_id, server_ip, port, correlation_id,
-				request_id, published_at, result, error_kind, finished_at)
+				request_id, published_at, result, error_kind, finished_at, kind)
 			VALUES ($1, $2, 'stream', $3, NULLIF($4, ''), NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''),
-				NULLIF($8, ''), now(), $9, $10, $11)
+				NULLIF($8, ''), now(), $9, $10, $11, $12)
 			ON CONFLICT (job_id) DO NOTHING`,
-			newID, r.JobID, string(status), r.ProjectID, r.ServerIP, r.Port, r.CorrelationID,
-			r.RequestID, mustJSON(res), kind, finished)
+			newID, r.JobID, string(status), out.projectID, out.serverIP, out.port, r.CorrelationID,
+			r.RequestID, mustJSON(res), kind, finished, out.kind)
 		if err != nil {
 			return false, err
 		}
@@ -121,9 +164,13 @@ func (s *Service) recordResult(ctx context.Context, tx pgx.Tx, r *messages.Ansib
 		if err != nil {
 			return false, err
 		}
-		body := mustJSON(WebhookBody{Event: webhooks.EventDeploymentFinished, SentFor: id, Deployment: d})
+		event := webhooks.EventDeploymentFinished
+		if d.Kind == KindJob {
+			event = webhooks.EventJobFinished
+		}
+		body := mustJSON(WebhookBody{Event: event, SentFor: id, Deployment: d})
 		if err := webhooks.Enqueue(ctx, tx, webhooks.NewDelivery{
-			DeploymentID: id, APIKeyID: keyID, Event: webhooks.EventDeploymentFinished, URL: callback, Body: body,
+			DeploymentID: id, APIKeyID: keyID, Event: event, URL: callback, Body: body,
 		}, s.cfg.WebhookRetryFor); err != nil {
 			return false, err
 		}

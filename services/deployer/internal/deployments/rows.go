@@ -1,6 +1,7 @@
 package deployments
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -27,6 +28,11 @@ type Row struct {
 	TimeoutSeconds int // 0 for none
 	CallbackURL    string
 	CreatedAt      time.Time
+	// Kind is KindDeploy ("" too) or KindJob, whose request is JobRequest
+	// (JSON) and whose stream is Queue.
+	Kind       string
+	JobRequest []byte
+	Queue      string
 }
 
 // args returns the arguments of insertDeployment; group is the id of the
@@ -41,7 +47,8 @@ func (r *Row) args(group string, pos int) []any {
 		groupID, position = &group, &pos
 	}
 	return []any{r.ID, nullUUID(r.KeyID), r.ProjectID, r.RepoFullName, r.Branch, r.ServerIP, r.Port, r.Modules,
-		r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.CallbackURL, r.CreatedAt, r.ID, groupID, position}
+		r.GitHubTokenRef, r.SecretsRef, r.CorrelationID, timeout, r.CallbackURL, r.CreatedAt, r.ID, groupID, position,
+		cmp.Or(r.Kind, KindDeploy), r.JobRequest, r.Queue}
 }
 
 // insertDeployment stores a deployment submitted through the API (the
@@ -49,9 +56,9 @@ func (r *Row) args(group string, pos int) []any {
 const insertDeployment = `
 	INSERT INTO deployments (id, job_id, source, api_key_id, project_id, repo_full_name, branch, server_ip, port,
 		modules, github_token_ref, secrets_ref, correlation_id, timeout_seconds, callback_url, created_at,
-		publish_group, publish_pos)
+		publish_group, publish_pos, kind, job_request, queue)
 	VALUES ($1, $15, 'api', $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''), NULLIF($11, ''),
-		$12, NULLIF($13, ''), $14, $16, $17)`
+		$12, NULLIF($13, ''), $14, $16, $17, $18, $19, NULLIF($20, ''))`
 
 // InsertRow stores r on its own; group is the id of its commit group (""
 // for none) and pos its position there (from 1).

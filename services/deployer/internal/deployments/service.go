@@ -1,6 +1,7 @@
 package deployments
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -31,11 +32,17 @@ import (
 type Streams struct {
 	Queue   string // AnsibleDeployMessage requests
 	Results string // AnsibleDeployResult results
+	// JobQueue is the default pool's stream of AnsibleJobMessage requests
+	// (pool p: JobQueue + ":" + p); JobResults the AnsibleJobResult
+	// results. Empty: the wire contract's.
+	JobQueue   string
+	JobResults string
 }
 
 // DefaultStreams are the wire contract's streams.
 func DefaultStreams() Streams {
-	return Streams{Queue: messages.StreamAnsibleDeployQueue, Results: messages.StreamDeployResults}
+	return Streams{Queue: messages.StreamAnsibleDeployQueue, Results: messages.StreamDeployResults,
+		JobQueue: messages.StreamAnsibleJobQueue, JobResults: messages.StreamJobResults}
 }
 
 // Config configures a Service.
@@ -66,6 +73,16 @@ type Config struct {
 	// so that a refused reference never reaches the queue; nil leaves the
 	// check to infra alone.
 	SecretRefs *authz.Authorizer
+	// Credentials resolves the credential fields of a job (a stored
+	// credential's name, or a reference checked against the project's
+	// templates); nil: references only, checked with SecretRefs.
+	Credentials CredentialResolver
+}
+
+// CredentialResolver turns a credential field's name or reference into
+// the reference to publish; field problems are *InvalidError.
+type CredentialResolver interface {
+	Resolve(ctx context.Context, projectID, field, nameOrRef string) (string, error)
 }
 
 // Service is the deployments' domain logic.
@@ -94,6 +111,8 @@ type Publisher interface {
 	// already, and returns its entry id, recorded as published; "" when
 	// publishing failed (logged: the republisher publishes it later).
 	PublishStored(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) string
+	// PublishStoredTo is PublishStored of an encoded request to queue.
+	PublishStoredTo(ctx context.Context, id, queue string, data []byte) string
 }
 
 // New returns a Service.
@@ -101,6 +120,12 @@ func New(db *pgxpool.Pool, jobs *stream.Jobs, publisher Publisher, notifier *Not
 	cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Service, error) {
 	if cfg.Streams == (Streams{}) {
 		cfg.Streams = DefaultStreams()
+	}
+	if cfg.Streams.JobQueue == "" {
+		cfg.Streams.JobQueue = messages.StreamAnsibleJobQueue
+	}
+	if cfg.Streams.JobResults == "" {
+		cfg.Streams.JobResults = messages.StreamJobResults
 	}
 	if cfg.CancelTTL <= 0 {
 		cfg.CancelTTL = 24 * time.Hour
@@ -271,37 +296,7 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		entry, err = s.publisher.Commit(&row, data)
 		published = true
 	} else {
-		hash := requestHash(&r)
-		err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-			// Concurrent retries with one key queue up on this lock; the
-			// first stores the deployment, the others find it.
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, idemLockKey(keyID, idempotencyKey)); err != nil {
-				return err
-			}
-			// A key older than IdempotencyTTL counts as unused (Prune
-			// deletes it in time; the INSERT below replaces it).
-			var prevHash []byte
-			err := tx.QueryRow(ctx, `SELECT request_hash, deployment_id::text FROM idempotency_keys
-				WHERE api_key_id = $1 AND key = $2 AND ($3::interval IS NULL OR created_at >= now() - $3::interval)`,
-				keyID, idempotencyKey, s.idempotencyTTL()).Scan(&prevHash, &existing)
-			switch {
-			case err == nil:
-				if string(prevHash) != string(hash) {
-					return ErrIdempotencyMismatch
-				}
-				return nil
-			case !errors.Is(err, pgx.ErrNoRows):
-				return err
-			}
-			if err := InsertRow(ctx, tx, &row, "", 0); err != nil {
-				return err
-			}
-			_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)
-				ON CONFLICT (api_key_id, key) DO UPDATE
-				SET request_hash = EXCLUDED.request_hash, deployment_id = EXCLUDED.deployment_id, created_at = now()`,
-				keyID, idempotencyKey, hash, id)
-			return err
-		})
+		existing, err = s.storeWithKey(ctx, &row, idempotencyKey, requestHash(&r))
 	}
 	if errors.Is(err, ErrIdempotencyMismatch) {
 		return nil, err
@@ -310,15 +305,7 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		return nil, fmt.Errorf("store deployment: %w", err)
 	}
 	if existing != "" {
-		// The request, whose project v holds, equals the first one (same
-		// hash): the deployment found is of that project too. GetFor keeps
-		// it so should the key have been narrowed since.
-		d, err := s.GetFor(ctx, v, existing)
-		if err != nil {
-			return nil, err
-		}
-		s.metrics.submitted.WithLabelValues("replayed").Inc()
-		return &Submission{Deployment: d, Replayed: true}, nil
+		return s.replay(ctx, v, existing)
 	}
 	if !published {
 		entry = s.publisher.PublishStored(ctx, id.String(), msg)
@@ -328,11 +315,64 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 	// Idempotency-Key) shows it; "" when publishing waits for the
 	// republisher.
 	d := &Deployment{ID: id.String(), JobID: id.String(), Source: "api", Status: StatusQueued, Request: r, RequestID: entry,
-		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id.String()), apiKeyID: keyID}
+		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id.String(), KindDeploy), Kind: KindDeploy, apiKeyID: keyID}
 	if r.Options.CallbackURL != "" {
 		d.Request.Options.CallbackURL = webhooks.RedactURL(r.Options.CallbackURL)
 	}
 	return &Submission{Deployment: d}, nil
+}
+
+// replay answers a request whose Idempotency-Key found deployment id.
+func (s *Service) replay(ctx context.Context, v Visibility, id string) (*Submission, error) {
+	// The request, whose project v holds, equals the first one (same
+	// hash): the deployment found is of that project too. GetFor keeps it
+	// so should the key have been narrowed since.
+	d, err := s.GetFor(ctx, v, id)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics.submitted.WithLabelValues("replayed").Inc()
+	return &Submission{Deployment: d, Replayed: true}, nil
+}
+
+// storeWithKey stores row with the Idempotency-Key idempotencyKey of its
+// API key, unless the key was used before: then it returns the id of the
+// deployment it made (ErrIdempotencyMismatch when with another request,
+// whose hash differs).
+func (s *Service) storeWithKey(ctx context.Context, row *Row, idempotencyKey string, hash []byte) (string, error) {
+	keyID, id := row.KeyID, row.ID
+	var existing string
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		// Concurrent retries with one key queue up on this lock; the
+		// first stores the deployment, the others find it.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, idemLockKey(keyID, idempotencyKey)); err != nil {
+			return err
+		}
+		// A key older than IdempotencyTTL counts as unused (Prune
+		// deletes it in time; the INSERT below replaces it).
+		var prevHash []byte
+		err := tx.QueryRow(ctx, `SELECT request_hash, deployment_id::text FROM idempotency_keys
+				WHERE api_key_id = $1 AND key = $2 AND ($3::interval IS NULL OR created_at >= now() - $3::interval)`,
+			keyID, idempotencyKey, s.idempotencyTTL()).Scan(&prevHash, &existing)
+		switch {
+		case err == nil:
+			if string(prevHash) != string(hash) {
+				return ErrIdempotencyMismatch
+			}
+			return nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		if err := InsertRow(ctx, tx, row, "", 0); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (api_key_id, key, request_hash, deployment_id) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (api_key_id, key) DO UPDATE
+				SET request_hash = EXCLUDED.request_hash, deployment_id = EXCLUDED.deployment_id, created_at = now()`,
+			keyID, idempotencyKey, hash, id)
+		return err
+	})
+	return existing, err
 }
 
 // idempotencyTTL is IdempotencyTTL as a query argument: nil when keys do
@@ -344,7 +384,9 @@ func (s *Service) idempotencyTTL() any {
 	return s.cfg.IdempotencyTTL
 }
 
-func requestHash(r *Request) []byte {
+// requestHash is the hash of a request (a Request or a JobRequest) that
+// tells an Idempotency-Key's retry from another request.
+func requestHash(r any) []byte {
 	sum := sha256.Sum256(mustJSON(r))
 	return sum[:]
 }
@@ -403,7 +445,7 @@ func (s *Service) GetWithProgress(ctx context.Context, v Visibility, id string) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := readProgress(ctx, s.jobs, d.JobID)
+	p, err := readProgress(ctx, s.jobs, d.ProgressKind(), d.JobID)
 	if err != nil {
 		s.log.Warn().Err(err).Str("deployment_id", id).Msg("read progress")
 	}
@@ -492,20 +534,28 @@ func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deploym
 	if d.Status.Terminal() {
 		return d, 0, ErrFinished
 	}
-	res := &messages.AnsibleDeployResult{
-		Outcome: messages.Outcome{
-			SchemaVersion: messages.SchemaVersion, JobID: d.JobID, RequestID: d.RequestID,
-			CorrelationID: d.Request.CorrelationID, Attempt: 1,
-		},
-		ProjectID: d.Request.ProjectID, ServerIP: d.Request.ServerIP, Port: d.Request.Port,
+	o := messages.Outcome{
+		SchemaVersion: messages.SchemaVersion, JobID: d.JobID, RequestID: d.RequestID,
+		CorrelationID: d.Request.CorrelationID, Attempt: 1,
 	}
-	if res.RequestID == "" {
-		res.RequestID = "0-0" // never published: there is no entry
+	if o.RequestID == "" {
+		o.RequestID = "0-0" // never published: there is no entry
 	}
-	res.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled before it started")
+	o.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled before it started")
 	now := s.now()
-	res.SetTimes(now, now)
-	data, err := messages.Encode(res)
+	o.SetTimes(now, now)
+	// The run record holds the result infra publishes instead of running
+	// the job: of the job's kind.
+	rec := outcome{kind: KindDeploy, o: &o, res: resultFrom(&o), projectID: d.Request.ProjectID,
+		serverIP: d.Request.ServerIP, port: d.Request.Port}
+	var wire any = &messages.AnsibleDeployResult{Outcome: o, ProjectID: d.Request.ProjectID, ServerIP: d.Request.ServerIP, Port: d.Request.Port}
+	runKind, queue, target := messages.JobKindDeploy, s.cfg.Streams.Queue, "address:"+d.Request.ServerIP
+	if d.Kind == KindJob {
+		rec = outcome{kind: KindJob, o: &o, res: resultFrom(&o), projectID: d.Request.ProjectID}
+		wire = &messages.AnsibleJobResult{Outcome: o, ProjectID: d.Request.ProjectID}
+		runKind, queue, target = messages.JobKindJob, cmp.Or(d.queue, s.cfg.Streams.JobQueue), "job:"+d.JobID
+	}
+	data, err := messages.Encode(wire)
 	if err != nil {
 		return nil, 0, fmt.Errorf("encode cancelled result: %w", err)
 	}
@@ -515,14 +565,14 @@ func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deploym
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO runs (job_id, kind, stream, request_id, target, state, status, error_kind, result, started_at, finished_at)
-			VALUES ($1, 'deploy', $2, $3, $4, 'done', 'cancelled', 'cancelled', $5, now(), now())
+			VALUES ($1, $6, $2, $3, $4, 'done', 'cancelled', 'cancelled', $5, now(), now())
 			ON CONFLICT (job_id) DO NOTHING`,
-			d.JobID, s.cfg.Streams.Queue, res.RequestID, "address:"+d.Request.ServerIP, data)
+			d.JobID, queue, o.RequestID, target, data, string(runKind))
 		if err != nil {
 			return err
 		}
 		if inserted = tag.RowsAffected() == 1; inserted {
-			_, err := s.recordResult(ctx, tx, res)
+			_, err := s.recordResult(ctx, tx, rec)
 			return err
 		}
 		return tx.QueryRow(ctx, `SELECT state, result FROM runs WHERE job_id = $1`, d.JobID).Scan(&runState, &runResult)
@@ -538,7 +588,13 @@ func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deploym
 		return d, CancelledBeforeStart, err
 	case runState == store.RunDone:
 		// Finished, but its result is not in yet: take it from the run.
-		if r, err := messages.DecodeAnsibleDeployResult(runResult); err == nil {
+		if d.Kind == KindJob {
+			if r, err := messages.DecodeAnsibleJobResult(runResult); err == nil {
+				if err := s.RecordJob(ctx, r); err != nil {
+					return nil, 0, err
+				}
+			}
+		} else if r, err := messages.DecodeAnsibleDeployResult(runResult); err == nil {
 			if err := s.Record(ctx, r); err != nil {
 				return nil, 0, err
 			}
@@ -549,7 +605,7 @@ func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deploym
 		}
 		return d, 0, ErrFinished
 	}
-	if _, err := s.jobs.Cancel(ctx, messages.JobKindDeploy, d.JobID, "deployer", s.cfg.CancelTTL); err != nil {
+	if _, err := s.jobs.Cancel(ctx, runKind, d.JobID, "deployer", s.cfg.CancelTTL); err != nil {
 		return nil, 0, fmt.Errorf("request cancel: %w", err)
 	}
 	// Only a deployment still without its result records the request: one

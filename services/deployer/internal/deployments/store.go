@@ -30,7 +30,7 @@ const selectDeployment = `
 		COALESCE(d.port, 0), d.modules, COALESCE(d.github_token_ref, ''), COALESCE(d.secrets_ref, ''),
 		COALESCE(d.correlation_id, ''), COALESCE(d.timeout_seconds, 0), COALESCE(d.callback_url, ''),
 		COALESCE(d.request_id, g.entries[d.publish_pos], ''), COALESCE(d.published_at, g.published_at), d.cancel_requested_at, d.result, d.created_at, d.finished_at,
-		COALESCE(r.state, ''), r.started_at
+		COALESCE(r.state, ''), r.started_at, d.kind, d.job_request, COALESCE(d.queue, '')
 	FROM deployments d LEFT JOIN runs r ON r.job_id = d.job_id
 		LEFT JOIN deployment_publish_groups g ON g.id = d.publish_group`
 
@@ -39,12 +39,13 @@ func scanDeployment(row pgx.Row) (*Deployment, error) {
 	var status, runState string
 	var result []byte
 	var runStarted *time.Time
+	var jobRequest []byte
 	err := row.Scan(&d.ID, &d.JobID, &d.Source, &d.apiKeyID, &status,
 		&d.Request.ProjectID, &d.Request.RepoFullName, &d.Request.Branch, &d.Request.ServerIP,
 		&d.Request.Port, &d.Request.Modules, &d.Request.GitHubTokenRef, &d.Request.SecretsRef,
 		&d.Request.CorrelationID, &d.Request.Options.TimeoutSeconds, &d.callbackURL,
 		&d.RequestID, &d.publishedAt, &d.CancelRequestedAt, &result, &d.CreatedAt, &d.FinishedAt,
-		&runState, &runStarted)
+		&runState, &runStarted, &d.Kind, &jobRequest, &d.queue)
 	if err != nil {
 		return nil, err
 	}
@@ -63,13 +64,21 @@ func scanDeployment(row pgx.Row) (*Deployment, error) {
 		r.OutputTail = ""
 		d.Result = &r
 	}
+	if len(jobRequest) > 0 {
+		jr, err := JobRequestOf(jobRequest)
+		if err != nil {
+			return nil, fmt.Errorf("deployment %s: %w", d.ID, err)
+		}
+		jr.Options.CallbackURL = d.Request.Options.CallbackURL // shown redacted
+		d.Job = jr
+	}
 	d.StartedAt = runStarted
 	if d.Result != nil && d.Result.StartedAt != "" {
 		if t, err := time.Parse(time.RFC3339Nano, d.Result.StartedAt); err == nil {
 			d.StartedAt = &t
 		}
 	}
-	d.Links = linksFor(d.ID)
+	d.Links = linksFor(d.ID, d.Kind)
 	return &d, nil
 }
 
@@ -128,9 +137,11 @@ type Filter struct {
 	JobID         string
 	CorrelationID string
 	Source        string
-	Since, Until  time.Time // created_at in [Since, Until)
-	Limit         int       // 1-100, default 20
-	Cursor        string    // from Page.Next
+	// Kind lists one kind only (KindDeploy, KindJob); "" lists both.
+	Kind         string
+	Since, Until time.Time // created_at in [Since, Until)
+	Limit        int       // 1-100, default 20
+	Cursor       string    // from Page.Next
 }
 
 // Page is one page of deployments, newest first.
@@ -200,6 +211,9 @@ func list(ctx context.Context, q store.Querier, f Filter) (*Page, error) {
 	}
 	if f.Source != "" {
 		add("d.source = ?", f.Source)
+	}
+	if f.Kind != "" {
+		add("d.kind = ?", f.Kind)
 	}
 	if !f.Since.IsZero() {
 		add("d.created_at >= ?", f.Since)

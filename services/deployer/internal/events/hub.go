@@ -64,7 +64,8 @@ type Hub struct {
 
 // job is the in-memory log of one followed job.
 type job struct {
-	id string
+	id   string
+	kind messages.JobKind // deploy or job: the progress stream's kind
 
 	mu      sync.Mutex
 	loaded  bool
@@ -130,11 +131,17 @@ type Subscription struct {
 // Subscribe follows jobID from the event after lastEventID ("" for the
 // start). It loads the job's history before returning.
 func (h *Hub) Subscribe(ctx context.Context, jobID, lastEventID string) (*Subscription, error) {
+	return h.SubscribeKind(ctx, messages.JobKindDeploy, jobID, lastEventID)
+}
+
+// SubscribeKind is Subscribe for a job of kind (an Ansible job's progress
+// stream is job:job:<id>:events).
+func (h *Hub) SubscribeKind(ctx context.Context, kind messages.JobKind, jobID, lastEventID string) (*Subscription, error) {
 	h.mu.Lock()
-	j := h.followed[jobID]
+	j := h.followed[followKey(kind, jobID)]
 	if j == nil {
-		j = &job{id: jobID, changed: make(chan struct{}), lastID: "0-0"}
-		h.followed[jobID] = j
+		j = &job{id: jobID, kind: kind, changed: make(chan struct{}), lastID: "0-0"}
+		h.followed[followKey(kind, jobID)] = j
 	}
 	j.subs++
 	h.mu.Unlock()
@@ -153,6 +160,9 @@ func (h *Hub) Subscribe(ctx context.Context, jobID, lastEventID string) (*Subscr
 	return s, nil
 }
 
+// followKey is the key of a followed job: its kind and id.
+func followKey(kind messages.JobKind, id string) string { return string(kind) + ":" + id }
+
 // Close ends the subscription.
 func (s *Subscription) Close() {
 	s.once.Do(func() {
@@ -160,7 +170,7 @@ func (s *Subscription) Close() {
 		defer s.h.mu.Unlock()
 		s.j.subs--
 		if s.j.subs == 0 {
-			delete(s.h.followed, s.j.id)
+			delete(s.h.followed, followKey(s.j.kind, s.j.id))
 		}
 	})
 }
@@ -231,7 +241,7 @@ func (h *Hub) readRange(ctx context.Context, j *job) error {
 	from := j.lastID
 	j.mu.Unlock()
 	for {
-		evs, err := h.jobs.Events(ctx, messages.JobKindDeploy, j.id, from, 1000)
+		evs, err := h.jobs.Events(ctx, j.kind, j.id, from, 1000)
 		if err != nil {
 			return err
 		}
@@ -327,7 +337,7 @@ func (h *Hub) read(ctx context.Context, jobs []*job) error {
 	cursors := make([]stream.JobCursor, len(jobs))
 	for i, j := range jobs {
 		j.mu.Lock()
-		cursors[i] = stream.JobCursor{Kind: messages.JobKindDeploy, JobID: j.id, ID: j.lastID}
+		cursors[i] = stream.JobCursor{Kind: j.kind, JobID: j.id, ID: j.lastID}
 		j.mu.Unlock()
 	}
 	res, err := h.jobs.ReadJobs(ctx, cursors, stream.ReadArgs{Count: 1000, Block: h.cfg.Block, Poll: h.cfg.Poll, Wake: h.kick})

@@ -2,10 +2,13 @@ package events
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
 // FinalFunc reports whether a job has reached its final state, and which.
@@ -43,7 +46,9 @@ func (c *StreamConfig) defaults() {
 
 // Request is one client's stream.
 type Request struct {
-	JobID       string
+	JobID string
+	// Kind is the job's kind (default deploy).
+	Kind        messages.JobKind
 	LastEventID string
 	// Final tells whether the job has ended.
 	Final FinalFunc
@@ -65,7 +70,7 @@ func (h *Hub) Serve(w http.ResponseWriter, r *http.Request, req Request, cfg Str
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	sub, err := h.Subscribe(ctx, req.JobID, req.LastEventID)
+	sub, err := h.SubscribeKind(ctx, cmp.Or(req.Kind, messages.JobKindDeploy), req.JobID, req.LastEventID)
 	if err != nil {
 		h.cfg.Logger.Warn().Err(err).Str("job_id", req.JobID).Msg("subscribe to progress")
 		http.Error(w, "progress events are unavailable right now", http.StatusServiceUnavailable)

@@ -1,5 +1,6 @@
 // Package fakeinfra is a small stand-in for the infra service in the
-// deployer's tests: a consumer of ansible:deploy:queue (group "infra")
+// deployer's tests: a consumer of ansible:deploy:queue (and of
+// ansible:job:queue, answering Ansible jobs on job:results) (group "infra")
 // that, like infra, records each job in the runs table (so a cancelled,
 // never-started job is not run), publishes progress events on
 // job:deploy:<id>:events, watches the job's cancel key, writes the run's output
@@ -10,6 +11,7 @@ package fakeinfra
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -50,9 +52,15 @@ type Infra struct {
 	Logs    runlog.Store // nil: no logs written
 	// PlanFor chooses the plan of a job; nil means one quick task.
 	PlanFor func(m *messages.AnsibleDeployMessage) Plan
+	// JobQueue and JobResults, when set, are the streams of Ansible jobs
+	// (AnsibleJobMessage) it answers too; JobPlanFor chooses their plans.
+	JobQueue   string
+	JobResults string
+	JobPlanFor func(m *messages.AnsibleJobMessage) Plan
 
 	mu      sync.Mutex
 	started map[string]int // job id -> runs started
+	jobs    []*messages.AnsibleJobMessage
 }
 
 // Started returns how many times the job was run (not republished).
@@ -67,8 +75,12 @@ func (f *Infra) Run(ctx context.Context) error {
 	f.mu.Lock()
 	f.started = map[string]int{}
 	f.mu.Unlock()
+	queues := []string{f.Queue}
+	if f.JobQueue != "" {
+		queues = append(queues, f.JobQueue)
+	}
 	c, err := stream.NewConsumer(f.Redis, stream.Config{
-		Group: "infra", Streams: []string{f.Queue}, Concurrency: 8, Block: 100 * time.Millisecond,
+		Group: "infra", Streams: queues, Concurrency: 8, Block: 100 * time.Millisecond,
 		Lease: 5 * time.Second, ShutdownGrace: time.Second,
 	}, stream.HandlerFunc(f.handle))
 	if err != nil {
@@ -78,17 +90,94 @@ func (f *Infra) Run(ctx context.Context) error {
 }
 
 func (f *Infra) handle(ctx context.Context, msg *stream.Message) error {
+	if f.JobQueue != "" && msg.Stream == f.JobQueue {
+		return f.handleJob(ctx, msg)
+	}
 	m, err := messages.DecodeAnsibleDeployMessage(msg.Data())
 	res := messages.NewAnsibleDeployResult(m, msg.ID)
 	if err != nil {
 		res.Reject(err)
 		res.SetTimes(time.Now(), time.Now())
-		return f.publish(ctx, res)
+		return f.publish(ctx, f.Results, res)
 	}
+	plan := Plan{Tasks: 1}
+	if f.PlanFor != nil {
+		plan = f.PlanFor(m)
+	}
+	return f.run(ctx, runSpec{
+		msg: msg, kind: messages.JobKindDeploy, target: "address:" + m.ServerIP, playbook: "deploy_project.yml",
+		play: "Deploy the project", hosts: []string{"srv-1"}, plan: plan, outcome: &res.Outcome,
+		results: f.Results, result: res,
+	})
+}
+
+// handleJob answers an Ansible job: its inline inventory's hosts (else one
+// host) each change in every task.
+func (f *Infra) handleJob(ctx context.Context, msg *stream.Message) error {
+	m, err := messages.DecodeAnsibleJobMessage(msg.Data())
+	res := messages.NewAnsibleJobResult(m, msg.ID)
+	if err != nil {
+		res.Reject(err)
+		res.SetTimes(time.Now(), time.Now())
+		return f.publish(ctx, f.JobResults, res)
+	}
+	f.mu.Lock()
+	f.jobs = append(f.jobs, m)
+	f.mu.Unlock()
+	hosts := make([]string, 0, len(m.Inventory.Hosts))
+	for h := range m.Inventory.Hosts {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	if len(hosts) == 0 {
+		hosts = []string{"host-1"}
+	}
+	playbook := "site.yml"
+	if len(m.Source.Paths) > 0 {
+		playbook = m.Source.Paths[0]
+	}
+	plan := Plan{Tasks: 1}
+	if f.JobPlanFor != nil {
+		plan = f.JobPlanFor(m)
+	}
+	res.Commit = strings.Repeat("ab", 20)
+	return f.run(ctx, runSpec{
+		msg: msg, kind: messages.JobKindJob, target: "job:" + m.JobID, playbook: playbook, play: "Run the job",
+		hosts: hosts, plan: plan, outcome: &res.Outcome, results: f.JobResults, result: res,
+		finish: func(status messages.Status, d time.Duration) {
+			res.Playbooks = []messages.PlaybookOutcome{{Playbook: playbook, Status: messages.PlaybookStatus(status), DurationMS: d.Milliseconds()}}
+		},
+	})
+}
+
+// Jobs returns the Ansible job requests the stand-in read, in order.
+func (f *Infra) Jobs() []*messages.AnsibleJobMessage {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*messages.AnsibleJobMessage(nil), f.jobs...)
+}
+
+// runSpec is one request to run, of either kind.
+type runSpec struct {
+	msg      *stream.Message
+	kind     messages.JobKind
+	target   string
+	playbook string
+	play     string
+	hosts    []string
+	plan     Plan
+	outcome  *messages.Outcome // of result
+	results  string
+	result   any // the wire result, published once outcome is set
+	finish   func(status messages.Status, d time.Duration)
+}
+
+func (f *Infra) run(ctx context.Context, rs runSpec) error {
+	res, plan := rs.outcome, rs.plan
 	jobID := res.JobID
 	run, started, err := store.StartRun(ctx, f.DB, store.RunStart{
-		JobID: jobID, Kind: store.RunDeploy, Stream: msg.Stream, RequestID: msg.ID,
-		Target: "address:" + m.ServerIP, Playbook: "deploy_project.yml", Owner: "fakeinfra",
+		JobID: jobID, Kind: string(rs.kind), Stream: rs.msg.Stream, RequestID: rs.msg.ID,
+		Target: rs.target, Playbook: rs.playbook, Owner: "fakeinfra",
 	})
 	if err != nil {
 		return err
@@ -96,27 +185,23 @@ func (f *Infra) handle(ctx context.Context, msg *stream.Message) error {
 	if !started {
 		// Done already (finished, or cancelled before it started): publish
 		// the stored result again, as infra does.
-		_, err := f.Redis.XAdd(ctx, &redis.XAddArgs{Stream: f.Results, Values: map[string]any{messages.DataField: run.Result}}).Result()
+		_, err := f.Redis.XAdd(ctx, &redis.XAddArgs{Stream: rs.results, Values: map[string]any{messages.DataField: run.Result}}).Result()
 		return err
 	}
 	f.mu.Lock()
 	f.started[jobID]++
 	f.mu.Unlock()
 
-	plan := Plan{Tasks: 1}
-	if f.PlanFor != nil {
-		plan = f.PlanFor(m)
-	}
 	if plan.Status == "" {
 		plan.Status = messages.StatusSucceeded
 	}
 	started0 := time.Now()
-	ev := &events{rdb: f.Redis, stream: messages.ProgressStream(messages.JobKindDeploy, jobID), jobID: jobID}
-	ev.emit(ctx, messages.ProgressEvent{Type: messages.EventRunStarted, Message: "attempt 1 of deploy_project.yml"})
-	ev.emit(ctx, messages.ProgressEvent{Type: messages.EventPlayStarted, Play: "Deploy the project"})
+	ev := &events{rdb: f.Redis, stream: messages.ProgressStream(rs.kind, jobID), jobID: jobID}
+	ev.emit(ctx, messages.ProgressEvent{Type: messages.EventRunStarted, Message: "attempt 1 of " + rs.playbook})
+	ev.emit(ctx, messages.ProgressEvent{Type: messages.EventPlayStarted, Play: rs.play})
 
 	cancelled := false
-	cancelKey := messages.CancelKey(messages.JobKindDeploy, jobID)
+	cancelKey := messages.CancelKey(rs.kind, jobID)
 	isCancelled := func() bool {
 		n, _ := f.Redis.Exists(ctx, cancelKey).Result()
 		return n > 0
@@ -144,12 +229,15 @@ func (f *Infra) handle(ctx context.Context, msg *stream.Message) error {
 	changed := 0
 	for i := 1; i <= plan.Tasks && !cancelled; i++ {
 		task := fmt.Sprintf("task %d", i)
-		ev.emit(ctx, messages.ProgressEvent{Type: messages.EventTaskStarted, Play: "Deploy the project", Task: task})
+		ev.emit(ctx, messages.ProgressEvent{Type: messages.EventTaskStarted, Play: rs.play, Task: task})
 		if plan.TaskDelay > 0 {
 			time.Sleep(plan.TaskDelay)
 		}
-		ev.emit(ctx, messages.ProgressEvent{Type: messages.EventHostChanged, Play: "Deploy the project", Task: task, Host: "srv-1", Message: plan.EventMessage})
-		fmt.Fprintf(&out, "TASK [%s] ***\nchanged: [srv-1]\n", task)
+		fmt.Fprintf(&out, "TASK [%s] ***\n", task)
+		for _, h := range rs.hosts {
+			ev.emit(ctx, messages.ProgressEvent{Type: messages.EventHostChanged, Play: rs.play, Task: task, Host: h, Message: plan.EventMessage})
+			fmt.Fprintf(&out, "changed: [%s]\n", h)
+		}
 		changed++
 		cancelled = isCancelled()
 	}
@@ -162,23 +250,29 @@ func (f *Infra) handle(ctx context.Context, msg *stream.Message) error {
 		res.Succeed()
 	default:
 		res.Fail(status, messages.KindPlaybookFailed, "a task failed")
-		res.FailedTask = &messages.FailedTask{Name: "task 1", Host: "srv-1", Play: "Deploy the project", Message: "boom"}
+		res.FailedTask = &messages.FailedTask{Name: "task 1", Host: rs.hosts[0], Play: rs.play, Message: "boom"}
 	}
-	res.Playbook = "deploy_project.yml"
-	res.Hosts = map[string]messages.HostRecap{"srv-1": {Ok: 2, Changed: changed}}
+	res.Playbook = rs.playbook
+	res.Hosts = map[string]messages.HostRecap{}
+	for _, h := range rs.hosts {
+		res.Hosts[h] = messages.HostRecap{Ok: 2, Changed: changed}
+	}
 	output := plan.Output
 	if output == "" {
 		output = out.String()
 	}
 	res.SetOutputTail(output)
 	res.SetTimes(started0, time.Now())
+	if rs.finish != nil {
+		rs.finish(status, time.Since(started0))
+	}
 	if f.Logs != nil {
 		if _, err := f.Logs.Put(ctx, jobID, strings.NewReader(output)); err != nil {
 			return err
 		}
 	}
 	ev.emit(ctx, messages.ProgressEvent{Type: messages.EventRunFinished, Status: status, Message: string(status)})
-	data, err := messages.Encode(res)
+	data, err := messages.Encode(rs.result)
 	if err != nil {
 		return err
 	}
@@ -189,15 +283,15 @@ func (f *Infra) handle(ctx context.Context, msg *stream.Message) error {
 	if err := store.FinishRun(ctx, f.DB, jobID, run.Attempt, string(res.Status), kind, data); err != nil {
 		return err
 	}
-	return f.publish(ctx, res)
+	return f.publish(ctx, rs.results, rs.result)
 }
 
-func (f *Infra) publish(ctx context.Context, res *messages.AnsibleDeployResult) error {
+func (f *Infra) publish(ctx context.Context, stream string, res any) error {
 	data, err := messages.Encode(res)
 	if err != nil {
 		return err
 	}
-	return f.Redis.XAdd(ctx, &redis.XAddArgs{Stream: f.Results, Values: map[string]any{messages.DataField: data}}).Err()
+	return f.Redis.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{messages.DataField: data}}).Err()
 }
 
 type events struct {

@@ -87,6 +87,8 @@ func (o *Observer) From(ctx context.Context) (string, error) {
 		FROM deployments d LEFT JOIN deployment_publish_groups g ON g.id = d.publish_group
 		WHERE COALESCE(d.request_id, g.entries[d.publish_pos], '') <> ''
 			AND (d.source <> 'stream' OR d.repo_full_name IS NOT NULL)
+			-- An Ansible job's entry is of the job queue, not this one.
+			AND d.kind = 'deploy'
 		ORDER BY d.created_at DESC, d.id DESC LIMIT 1`).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

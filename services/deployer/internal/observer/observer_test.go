@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -97,7 +98,7 @@ func TestResultRacesObserver(t *testing.T) {
 // request is still read and fills in its fields).
 func TestObserveFrom(t *testing.T) {
 	t.Parallel()
-	o, s, _ := newTestObserver(t)
+	o, s, db := newTestObserver(t)
 	ctx := context.Background()
 	from := func() string {
 		t.Helper()
@@ -142,5 +143,18 @@ func TestObserveFrom(t *testing.T) {
 	d, err := s.Get(ctx, "result-first")
 	if err != nil || d.Request.RepoFullName != "acme/shop" || d.Status != deployments.StatusSucceeded {
 		t.Errorf("deployment after its request was read: %+v, %v", d, err)
+	}
+	// An Ansible job's entry is of another stream (ansible:job:queue): not
+	// a place to resume the deploy queue after.
+	job := &deployments.Row{ID: "01a20000-0000-7000-8000-0000000000aa", ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
+		CreatedAt: time.Now(), Kind: deployments.KindJob, JobRequest: []byte(`{"source":{"type":"playbook"}}`), Queue: "ansible:job:queue"}
+	if err := deployments.InsertRow(ctx, db, job, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE deployments SET request_id = '9-0', published_at = now() WHERE id = $1`, job.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := from(); got != "7-0" {
+		t.Fatalf("with a newer Ansible job: from %q, want 7-0", got)
 	}
 }

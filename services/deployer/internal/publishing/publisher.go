@@ -90,9 +90,15 @@ func (p *Publisher) PublishStored(ctx context.Context, id string, msg *messages.
 		p.log.Error().Err(err).Str("deployment_id", id).Msg("encode deployment request")
 		return ""
 	}
+	return p.PublishStoredTo(ctx, id, p.cfg.Queue, data)
+}
+
+// PublishStoredTo is PublishStored of the encoded request data to queue
+// (an Ansible job's pool).
+func (p *Publisher) PublishStoredTo(ctx context.Context, id, queue string, data []byte) string {
 	p.own.add(id) // stored: the observer skips it, even if it reads the entry before Publish returns
 	ctx = context.WithoutCancel(ctx)
-	entry, err := p.producer.Publish(ctx, p.cfg.Queue, data)
+	entry, err := p.producer.Publish(ctx, queue, data)
 	if err != nil {
 		p.metrics.publishFailures.Inc()
 		p.log.Warn().Err(err).Str("deployment_id", id).Msg("publish deployment: will be retried by the republisher")

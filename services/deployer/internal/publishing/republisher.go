@@ -69,9 +69,22 @@ func (p *Publisher) republishBatch(ctx context.Context, after time.Duration, lim
 	}
 	n := 0
 	for _, d := range items {
-		msg := deployments.DeployMessage(&d.Request, d.JobID, d.CreatedAt)
 		p.own.add(d.JobID) // stored: the observer skips it
-		entry, err := p.republishOne(ctx, d.ID, msg)
+		var entry string
+		var err error
+		if d.Kind == deployments.KindJob && d.Job != nil {
+			msg := deployments.JobMessage(d.Job, d.JobID, d.CreatedAt)
+			entry, err = p.republishOne(ctx, d.ID, d.JobID, d.Queue(), func(tc messages.TraceContext) ([]byte, error) {
+				msg.TraceContext = tc
+				return messages.Encode(msg)
+			})
+		} else {
+			msg := deployments.DeployMessage(&d.Request, d.JobID, d.CreatedAt)
+			entry, err = p.republishOne(ctx, d.ID, d.JobID, p.cfg.Queue, func(tc messages.TraceContext) ([]byte, error) {
+				msg.TraceContext = tc
+				return messages.Encode(msg)
+			})
+		}
 		if err != nil {
 			return n, err
 		}
@@ -85,17 +98,16 @@ func (p *Publisher) republishBatch(ctx context.Context, after time.Duration, lim
 // span whose context the request carries, so infra's job span joins it.
 // The submit's own trace is not stored with the deployment: the span
 // starts a trace of its own, marked autoprov.republished.
-func (p *Publisher) republishOne(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) (string, error) {
-	sctx, span := tracing.StartPublish(ctx, p.cfg.Tracing, p.cfg.Queue,
-		attribute.String("autoprov.deployment_id", id), attribute.String("autoprov.job_id", msg.JobID),
+func (p *Publisher) republishOne(ctx context.Context, id, jobID, queue string, encode func(messages.TraceContext) ([]byte, error)) (string, error) {
+	sctx, span := tracing.StartPublish(ctx, p.cfg.Tracing, queue,
+		attribute.String("autoprov.deployment_id", id), attribute.String("autoprov.job_id", jobID),
 		attribute.Bool("autoprov.republished", true))
-	msg.TraceContext = tracing.Inject(sctx)
-	data, err := messages.Encode(msg)
+	data, err := encode(tracing.Inject(sctx))
 	if err != nil {
 		tracing.End(span, err)
 		return "", err
 	}
-	entry, err := p.producer.Publish(sctx, p.cfg.Queue, data)
+	entry, err := p.producer.Publish(sctx, queue, data)
 	tracing.End(span, err)
 	return entry, err
 }

@@ -2,6 +2,7 @@ package publishing
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -193,5 +194,46 @@ func TestRunRepublishesOnce(t *testing.T) {
 	}
 	if len(entries) != len(lost) {
 		t.Errorf("%d entries on the queue, want %d", len(entries), len(lost))
+	}
+}
+
+// TestRepublishJob: an Ansible job stored but never published is
+// republished to the stream of its pool, as the job it was: credentials as
+// the references stored, without the callback URL.
+func TestRepublishJob(t *testing.T) {
+	t.Parallel()
+	s, _, rdb, _ := newTestService(t)
+	ctx := context.Background()
+	req := deployments.JobRequest{ProjectID: "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f",
+		Source:      deployments.JobSource{Type: "playbook", Repository: "https://git.example.com/o/p.git", Paths: []string{"site.yml"}},
+		Inventory:   deployments.JobInventory{Type: "inline", Hosts: deployments.JobHosts{"web-1": {"http_port": float64(8080)}}},
+		Credentials: deployments.JobCredentials{SSH: "vault:secret/projects/9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f/ssh"},
+		Options:     deployments.JobOptions{Pool: "gpu"}}
+	queue := testenv.Unique("jobs-") + ":gpu"
+	data, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := testRow(s, "", 2*time.Minute)
+	row.RepoFullName, row.ServerIP, row.Port = "", "", 0
+	row.Kind, row.JobRequest, row.Queue, row.CallbackURL = deployments.KindJob, data, queue, "https://ci.example.com/hook?token=x"
+	if err := deployments.InsertRow(ctx, s.db, row, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.republish(ctx, time.Minute); err != nil || n != 1 {
+		t.Fatalf("republish: %d, %v; want 1", n, err)
+	}
+	entries, err := rdb.XRange(ctx, queue, "-", "+").Result()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("job queue: %v, %v", entries, err)
+	}
+	raw, _ := entries[0].Values[stream.DataField].(string)
+	m, err := messages.DecodeAnsibleJobMessage([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.JobID != row.ID || m.Credentials.SSH != req.Credentials.SSH || m.Options.Pool != "gpu" || m.Options.CallbackURL != "" ||
+		m.Inventory.Hosts["web-1"]["http_port"] != int64(8080) {
+		t.Errorf("republished job %+v", m)
 	}
 }

@@ -15,6 +15,9 @@ import (
 // state.
 const EventDeploymentFinished = "deployment.finished"
 
+// EventJobFinished is EventDeploymentFinished of an Ansible job.
+const EventJobFinished = "job.finished"
+
 // Delivery states.
 const (
 	StatePending   = "pending"

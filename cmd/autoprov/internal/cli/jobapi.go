@@ -1,0 +1,370 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+)
+
+// jobCmd is `autoprov job`: Ansible jobs through the deployer's HTTP API
+// (/api/v1/jobs) with an API key, as a CI pipeline runs them. The key is
+// read from AUTOPROV_API_KEY (environment or env file), never from the
+// command line, where other users of the machine could read it.
+type jobCmd struct {
+	Run    jobRunCmd    `cmd:"" help:"submit a job (the JSON body of POST /api/v1/jobs, from a file or - for stdin); --follow prints its progress and exits with its status"`
+	Status jobStatusCmd `cmd:"" help:"show a job (or a deployment): status, progress, result"`
+	Follow jobFollowCmd `cmd:"" help:"print a job's progress live (server-sent events, resumed after a dropped connection) and exit with its status (0 succeeded, 1 otherwise)"`
+	Cancel jobCancelCmd `cmd:"" help:"cancel a job"`
+}
+
+// apiClient talks to the deployer's API.
+type apiClient struct {
+	base, key string
+	http      *http.Client
+}
+
+// DefaultAPIURL is where `autoprov job` finds the deployer unless
+// AUTOPROV_API_URL says otherwise (the deployer's default API_ADDR).
+const DefaultAPIURL = "http://127.0.0.1:8080"
+
+func (g *globals) api() (*apiClient, error) {
+	key := g.getenv("AUTOPROV_API_KEY")
+	if key == "" {
+		return nil, usageError{errors.New("AUTOPROV_API_KEY is not set: an API key with the jobs scopes (`deployer keys create --scopes jobs:write --project ID`)")}
+	}
+	base := g.getenv("AUTOPROV_API_URL")
+	if base == "" {
+		base = DefaultAPIURL
+	}
+	return &apiClient{base: strings.TrimSuffix(base, "/"), key: key, http: &http.Client{}}, nil
+}
+
+// apiError is a problem the API answered.
+type apiError struct {
+	Status int
+	Body   []byte
+}
+
+func (e *apiError) Error() string {
+	var p struct {
+		Detail string `json:"detail"`
+		Errors []struct {
+			Field, Message string
+		} `json:"errors"`
+	}
+	msg := fmt.Sprintf("HTTP %d", e.Status)
+	if json.Unmarshal(e.Body, &p) == nil && p.Detail != "" {
+		msg += ": " + p.Detail
+		for _, f := range p.Errors {
+			msg += fmt.Sprintf("; %s: %s", f.Field, f.Message)
+		}
+	}
+	return msg
+}
+
+// do sends a request and decodes a JSON answer into out (nil: none).
+func (c *apiClient) do(ctx context.Context, method, path string, body []byte, hdr map[string]string, out any) (*http.Response, error) {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.key)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return resp, err
+	}
+	if resp.StatusCode >= 300 {
+		return resp, &apiError{Status: resp.StatusCode, Body: data}
+	}
+	if out != nil {
+		return resp, json.Unmarshal(data, out)
+	}
+	return resp, nil
+}
+
+// apiJob is what `autoprov job` reads of a job.
+type apiJob struct {
+	ID       string `json:"id"`
+	Kind     string `json:"kind"`
+	Status   string `json:"status"`
+	LogURL   string `json:"log_url"`
+	Progress struct {
+		CurrentPlay      string `json:"current_play"`
+		CurrentTask      string `json:"current_task"`
+		HostsOK          int    `json:"hosts_ok"`
+		HostsChanged     int    `json:"hosts_changed"`
+		HostsFailed      int    `json:"hosts_failed"`
+		HostsUnreachable int    `json:"hosts_unreachable"`
+		HostsPending     *int   `json:"hosts_pending"`
+	} `json:"progress"`
+	Result *struct {
+		Error *struct {
+			Kind, Message string
+		} `json:"error"`
+	} `json:"result"`
+	raw json.RawMessage
+}
+
+// job reads a job; with wait, the answer waits (up to it) for its end.
+func (c *apiClient) job(ctx context.Context, id string, wait time.Duration) (*apiJob, error) {
+	var raw json.RawMessage
+	path := "/api/v1/jobs/" + id
+	if wait > 0 {
+		path += "?wait=" + wait.String()
+	}
+	if _, err := c.do(ctx, http.MethodGet, path, nil, nil, &raw); err != nil {
+		return nil, err
+	}
+	j := &apiJob{raw: raw}
+	return j, json.Unmarshal(raw, j)
+}
+
+// show prints j (as JSON with --json).
+func (g *globals) showJob(j *apiJob) error {
+	if g.json {
+		_, err := g.env.Stdout.Write(append(bytes.TrimSpace(j.raw), '\n'))
+		return err
+	}
+	w := g.env.Stdout
+	fmt.Fprintf(w, "%s %s: %s\n", j.Kind, j.ID, j.Status)
+	p := j.Progress
+	if p.CurrentPlay != "" {
+		fmt.Fprintf(w, "  play %s, task %s\n", oneLine(p.CurrentPlay), oneLine(p.CurrentTask))
+	}
+	pending := "-"
+	if p.HostsPending != nil {
+		pending = itoa(int64(*p.HostsPending))
+	}
+	fmt.Fprintf(w, "  hosts: ok %d, changed %d, failed %d, unreachable %d, pending %s\n",
+		p.HostsOK, p.HostsChanged, p.HostsFailed, p.HostsUnreachable, pending)
+	if j.Result != nil && j.Result.Error != nil {
+		fmt.Fprintf(w, "  error: %s: %s\n", j.Result.Error.Kind, oneLine(j.Result.Error.Message))
+	}
+	if j.LogURL != "" {
+		fmt.Fprintf(w, "  log: %s\n", j.LogURL)
+	}
+	return nil
+}
+
+// exitFor is a job's exit: nil when it succeeded.
+func exitFor(j *apiJob) error {
+	if j.Status == "succeeded" {
+		return nil
+	}
+	return &problemsFound{n: 1}
+}
+
+type jobRunCmd struct {
+	File    string        `arg:"" name:"file" help:"the job as JSON (see POST /api/v1/jobs in the OpenAPI document), or - to read it from stdin"`
+	Key     string        `name:"idempotency-key" help:"an Idempotency-Key: the same key with the same body is the same job (safe retries)"`
+	Follow  bool          `help:"print the job's progress live and exit with its status (0 succeeded, 1 otherwise)"`
+	Timeout time.Duration `default:"1h" help:"with --follow: give up waiting after this long"`
+}
+
+func (c *jobRunCmd) Run(g *globals) error {
+	var body []byte
+	var err error
+	if c.File == "-" {
+		if g.env.Stdin == nil {
+			return usageError{errors.New("no stdin to read the job from")}
+		}
+		body, err = io.ReadAll(io.LimitReader(g.env.Stdin, 1<<20))
+	} else {
+		body, err = os.ReadFile(c.File)
+	}
+	if err != nil {
+		return usageError{fmt.Errorf("read the job: %w", err)}
+	}
+	if !json.Valid(body) {
+		return usageError{errors.New("the job is not valid JSON")}
+	}
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	hdr := map[string]string{}
+	if c.Key != "" {
+		hdr["Idempotency-Key"] = c.Key
+	}
+	var raw json.RawMessage
+	if _, err := api.do(g.ctx, http.MethodPost, "/api/v1/jobs", body, hdr, &raw); err != nil {
+		return fmt.Errorf("submit the job: %w", err)
+	}
+	j := &apiJob{raw: raw}
+	if err := json.Unmarshal(raw, j); err != nil {
+		return err
+	}
+	if !c.Follow {
+		return g.showJob(j)
+	}
+	if !g.json {
+		fmt.Fprintf(g.env.Stdout, "job %s queued\n", j.ID)
+	}
+	return followJob(g, api, j.ID, c.Timeout)
+}
+
+type jobStatusCmd struct {
+	ID string `arg:"" name:"id" help:"the job's (or a deployment's) id"`
+}
+
+func (c *jobStatusCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	j, err := api.job(g.ctx, c.ID, 0)
+	if err != nil {
+		return err
+	}
+	return g.showJob(j)
+}
+
+type jobFollowCmd struct {
+	ID      string        `arg:"" name:"id" help:"the job's (or a deployment's) id"`
+	Timeout time.Duration `default:"1h" help:"give up waiting after this long"`
+}
+
+func (c *jobFollowCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	return followJob(g, api, c.ID, c.Timeout)
+}
+
+type jobCancelCmd struct {
+	ID string `arg:"" name:"id" help:"the job's (or a deployment's) id"`
+}
+
+func (c *jobCancelCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if _, err := api.do(g.ctx, http.MethodDelete, "/api/v1/jobs/"+c.ID, nil, nil, &raw); err != nil {
+		return fmt.Errorf("cancel: %w", err)
+	}
+	j := &apiJob{raw: raw}
+	if err := json.Unmarshal(raw, j); err != nil {
+		return err
+	}
+	return g.showJob(j)
+}
+
+// followJob prints the job's events from its stream, reconnecting with
+// Last-Event-ID when the connection drops, then shows the job and exits
+// with its status.
+func followJob(g *globals, api *apiClient, id string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(g.ctx, timeout)
+	defer cancel()
+	last := ""
+	for attempt := 0; ; attempt++ {
+		done, err := streamJob(ctx, g, api, id, &last)
+		if done {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("follow %s: gave up after %s", id, timeout)
+		}
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status < 500 && ae.Status != http.StatusTooManyRequests {
+			return fmt.Errorf("follow %s: %w", id, err)
+		}
+		select { // the server restarted, or the connection dropped
+		case <-ctx.Done():
+		case <-time.After(time.Duration(min(attempt+1, 5)) * time.Second):
+		}
+	}
+	// The stream's end comes a moment before the result is recorded: the
+	// answer waits for the job's final state.
+	j, err := api.job(g.ctx, id, time.Minute)
+	if err != nil {
+		return err
+	}
+	if err := g.showJob(j); err != nil {
+		return err
+	}
+	return exitFor(j)
+}
+
+// streamJob reads the job's event stream after *last and reports whether
+// it reached the end.
+func streamJob(ctx context.Context, g *globals, api *apiClient, id string, last *string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, api.base+"/api/v1/jobs/"+id+"/stream", nil)
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Authorization", "Bearer "+api.key)
+	req.Header.Set("Accept", "text/event-stream")
+	if *last != "" {
+		req.Header.Set("Last-Event-ID", *last)
+	}
+	resp, err := api.http.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusNoContent:
+		return true, nil // the end was seen already
+	case resp.StatusCode != http.StatusOK:
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return false, &apiError{Status: resp.StatusCode, Body: data}
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var evID, evType, data string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			evID = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			evType = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			data = line[6:]
+		case line == "" && evType != "":
+			var ev struct {
+				Type, Play, Task, Host, Message, Status string
+			}
+			if json.Unmarshal([]byte(data), &ev) == nil {
+				showEvent(g, &messages.ProgressEvent{Type: messages.EventType(ev.Type), Play: ev.Play, Task: ev.Task,
+					Host: ev.Host, Message: ev.Message, Status: messages.Status(ev.Status)})
+			}
+			if evID != "" {
+				*last = evID
+			}
+			if evType == string(messages.EventRunFinished) {
+				return true, nil
+			}
+			evID, evType, data = "", "", ""
+		}
+	}
+	return false, sc.Err()
+}

@@ -1,0 +1,80 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+// TestJobCommands: `autoprov job run|status|cancel|follow` against the
+// real deployer binary: the job is published on ansible:job:queue, shows
+// queued, is cancelled before it starts, and follow ends with its status
+// (exit 1). Without an API key the commands are usage errors.
+func TestJobCommands(t *testing.T) {
+	bin := serviceBinaries(t)
+	url, rdb := redisDB(t)
+	pg := testenv.Postgres(t)
+	api, admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	dep := testenv.StartBinary(t, filepath.Join(bin, "deployer"), testenv.BinaryEnv(
+		"REDIS_URL="+url, "DATABASE_URL="+pg, "API_ADDR="+api, "ADMIN_ADDR="+admin, "LOG_FORMAT=json"))
+	dep.WaitHTTP("http://"+admin+"/readyz", 200, time.Minute)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("deployer logs:\n%s", dep.Stderr())
+		}
+	})
+	const project = "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"
+	cmd := exec.Command(filepath.Join(bin, "deployer"), "keys", "create", "--name", "ci", "--scopes", "jobs:write", "--project", project, "--json")
+	cmd.Env = testenv.BinaryEnv("DATABASE_URL="+pg, "REDIS_URL="+url)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("keys create: %v %s", err, out)
+	}
+	var created struct {
+		Key string `json:"key"`
+	}
+	if err := json.Unmarshal(out, &created); err != nil || created.Key == "" {
+		t.Fatalf("keys create: %v %s", err, out)
+	}
+	file := filepath.Join(t.TempDir(), "job.json")
+	body := `{"project_id":"` + project + `","source":{"type":"playbook","repository":"https://git.example.com/org/pb.git","paths":["site.yml"]},
+		"inventory":{"type":"inline","hosts":["198.51.100.7"]}}`
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"AUTOPROV_API_URL": "http://" + api, "AUTOPROV_API_KEY": created.Key}
+
+	if _, stderr, code := run(t, map[string]string{"AUTOPROV_API_URL": "http://" + api}, "job", "status", "x"); code != ExitUsage || !strings.Contains(stderr, "AUTOPROV_API_KEY") {
+		t.Errorf("without a key: %d %s", code, stderr)
+	}
+	stdout, stderr, code := run(t, env, "--json", "job", "run", file, "--idempotency-key", "ci-1")
+	var j struct{ ID, Status string }
+	if code != 0 || json.Unmarshal([]byte(stdout), &j) != nil || j.Status != "queued" {
+		t.Fatalf("job run: %d %s %s", code, stdout, stderr)
+	}
+	if n, _ := rdb.XLen(context.Background(), messages.StreamAnsibleJobQueue).Result(); n != 1 {
+		t.Errorf("%d entries on %s", n, messages.StreamAnsibleJobQueue)
+	}
+	if stdout, stderr, code = run(t, env, "job", "status", j.ID); code != 0 || !strings.Contains(stdout, "job "+j.ID+": queued") ||
+		!strings.Contains(stdout, "pending 1") {
+		t.Errorf("job status: %d %s %s", code, stdout, stderr)
+	}
+	if stdout, stderr, code = run(t, env, "job", "cancel", j.ID); code != 0 || !strings.Contains(stdout, ": cancelled") {
+		t.Errorf("job cancel: %d %s %s", code, stdout, stderr)
+	}
+	if stdout, stderr, code = run(t, env, "job", "follow", j.ID, "--timeout", "30s"); code != ExitFailed || !strings.Contains(stdout, "run finished: cancelled") {
+		t.Errorf("job follow: %d %s %s", code, stdout, stderr)
+	}
+	if _, stderr, code = run(t, env, "job", "status", "01a20000-0000-7000-8000-000000000000"); code != ExitFailed || !strings.Contains(stderr, "HTTP 404") {
+		t.Errorf("unknown job: %d %s", code, stderr)
+	}
+}

@@ -1,0 +1,184 @@
+package deployments
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+)
+
+// jobMessage validates r (resolving its credential fields within its
+// project) by the wire contract's rules and returns the message to
+// publish; r is left as stored: normalised, credentials as references.
+// A project outside v is ErrForbiddenProject, before anything else.
+func (s *Service) jobMessage(ctx context.Context, r *JobRequest, v Visibility, jobID string, at time.Time) (*messages.AnsibleJobMessage, error) {
+	var fields []FieldError
+	project, validProject := messages.CanonicalProjectID(r.ProjectID)
+	if validProject && !v.Holds(project) {
+		return nil, ErrForbiddenProject
+	}
+	if validProject {
+		r.ProjectID = project
+		for _, f := range r.credentialFields() {
+			if *f.value == "" {
+				continue
+			}
+			ref, err := s.resolveCredential(ctx, project, f.field, *f.value)
+			var ie *InvalidError
+			switch {
+			case errors.As(err, &ie):
+				fields = append(fields, ie.Fields...)
+			case err != nil:
+				return nil, err
+			default:
+				*f.value = ref
+			}
+		}
+	}
+	m := JobMessage(r, jobID, at)
+	data, err := messages.Encode(m)
+	if err == nil {
+		m, err = messages.DecodeAnsibleJobMessage(data)
+	}
+	if err != nil {
+		var ve *messages.ValidationError
+		var de *messages.DecodeError
+		switch {
+		case errors.As(err, &ve):
+			for _, f := range ve.Fields {
+				fields = appendField(fields, FieldError{Field: jobAPIField(f.Field), Message: f.Message})
+			}
+		case errors.As(err, &de) && len(de.Fields) > 0:
+			for _, f := range de.Fields {
+				fields = appendField(fields, FieldError{Field: jobAPIField(f.Field), Message: f.Message})
+			}
+		default:
+			return nil, &InvalidError{Fields: []FieldError{{Field: "", Message: "the request cannot be encoded as a wire message"}}}
+		}
+	}
+	if r.Options.CallbackURL != "" {
+		switch {
+		case s.cfg.CheckCallback == nil:
+			fields = append(fields, FieldError{Field: "options.callback_url",
+				Message: "webhooks are disabled on this deployer (WEBHOOK_SIGNING_KEY is not set)"})
+		default:
+			if err := s.cfg.CheckCallback(r.Options.CallbackURL); err != nil {
+				fields = append(fields, FieldError{Field: "options.callback_url", Message: err.Error()})
+			}
+		}
+	}
+	if len(fields) > 0 {
+		return nil, &InvalidError{Fields: fields}
+	}
+	return m, nil
+}
+
+// appendField adds f unless a problem of its field is there already (a
+// credential refused at resolution is also malformed for the wire).
+func appendField(fields []FieldError, f FieldError) []FieldError {
+	for _, g := range fields {
+		if g.Field == f.Field {
+			return fields
+		}
+	}
+	return append(fields, f)
+}
+
+// resolveCredential resolves a job's credential field: with a
+// CredentialResolver, a name or a reference; without, a reference checked
+// against SecretRefs.
+func (s *Service) resolveCredential(ctx context.Context, project, field, value string) (string, error) {
+	if s.cfg.Credentials != nil {
+		return s.cfg.Credentials.Resolve(ctx, project, field, value)
+	}
+	if s.cfg.SecretRefs != nil {
+		if _, err := s.cfg.SecretRefs.Ref(project, field, value, nil); err != nil {
+			msg := "this reference is not allowed"
+			var re *authz.RefError
+			if errors.As(err, &re) {
+				msg = "refused: " + re.Reason
+			}
+			return "", &InvalidError{Fields: []FieldError{{Field: field, Message: msg}}}
+		}
+	}
+	return value, nil
+}
+
+// jobAPIField maps a wire key path to the request's JSON path.
+func jobAPIField(wire string) string {
+	if rest, ok := strings.CutPrefix(wire, "options.timeout_seconds"); ok {
+		return "options.timeout" + rest
+	}
+	return wire
+}
+
+// JobQueue returns the stream of pool's jobs.
+func (s *Service) JobQueue(pool string) string { return jobQueue(s.cfg.Streams.JobQueue, pool) }
+
+// SubmitJob validates, stores and publishes an Ansible job made with the
+// API key keyID, which sees v, as Submit does a deployment: a project
+// outside v is ErrForbiddenProject, invalid fields *InvalidError, an
+// Idempotency-Key replays the first job. Credential fields naming a stored
+// credential are published (and stored) as its reference.
+func (s *Service) SubmitJob(ctx context.Context, keyID string, v Visibility, r JobRequest, idempotencyKey string) (*Submission, error) {
+	id, err := uuid.NewV7FromReader(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("new job id: %w", err)
+	}
+	now := s.now()
+	msg, err := s.jobMessage(ctx, &r, v, id.String(), now)
+	if err != nil {
+		return nil, err
+	}
+	queue := s.JobQueue(msg.Options.Pool)
+	sctx, span := tracing.StartPublish(ctx, s.cfg.Tracing, queue, attribute.String("autoprov.deployment_id", id.String()))
+	defer span.End()
+	msg.TraceContext = tracing.Inject(sctx)
+	data, err := messages.Encode(msg)
+	if err != nil {
+		return nil, fmt.Errorf("encode job request: %w", err)
+	}
+	stored := r
+	stored.Options.CallbackURL = "" // its own column
+	row := Row{ID: id.String(), KeyID: keyID, ProjectID: r.ProjectID, CorrelationID: r.CorrelationID,
+		TimeoutSeconds: r.Options.Timeout, CallbackURL: r.Options.CallbackURL, CreatedAt: now,
+		Kind: KindJob, JobRequest: mustJSON(stored), Queue: queue}
+	var existing string
+	if idempotencyKey == "" {
+		err = InsertRow(ctx, s.db, &row, "", 0)
+	} else {
+		existing, err = s.storeWithKey(ctx, &row, idempotencyKey, requestHash(&r))
+	}
+	if errors.Is(err, ErrIdempotencyMismatch) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store job: %w", err)
+	}
+	if existing != "" {
+		return s.replay(ctx, v, existing)
+	}
+	entry := s.publisher.PublishStoredTo(ctx, id.String(), queue, data)
+	s.metrics.submitted.WithLabelValues("new").Inc()
+	d := &Deployment{ID: id.String(), JobID: id.String(), Kind: KindJob, Source: "api", Status: StatusQueued,
+		Request: Request{ProjectID: r.ProjectID, CorrelationID: r.CorrelationID}, Job: &stored, RequestID: entry,
+		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id.String(), KindJob), apiKeyID: keyID, queue: queue}
+	d.Request.Options.TimeoutSeconds = r.Options.Timeout
+	if r.Options.CallbackURL != "" {
+		d.Request.Options.CallbackURL = webhooks.RedactURL(r.Options.CallbackURL)
+		d.Job = new(JobRequest)
+		*d.Job = stored
+		d.Job.Options.CallbackURL = d.Request.Options.CallbackURL
+	}
+	return &Submission{Deployment: d}, nil
+}
