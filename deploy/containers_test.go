@@ -140,6 +140,18 @@ func TestContainers(t *testing.T) {
 		s.WaitHealthy(ctx, s.container(svc, 1), 3*time.Minute)
 	}
 	step("stack up: redis, postgres, scheduler, deployer, infra, target healthy")
+	// Named volumes belong to the user that writes them, not to root.
+	for svc, check := range map[string]string{
+		"infra":    "stat -c '%U %a' /var/lib/autoprov && test -w /var/lib/autoprov",
+		"redis":    "stat -c '%U %a' /data && test -w /data",
+		"postgres": "stat -c '%U %a' \"$PGDATA\" && test -w \"$PGDATA\"",
+	} {
+		out, err := s.Exec(ctx, s.container(svc, 1), "sh", "-c", check)
+		want := map[string]string{"infra": "autoprov", "redis": "redis", "postgres": "postgres"}[svc]
+		if err != nil || !strings.HasPrefix(out, want+" ") {
+			t.Errorf("%s: its volume is %q (%v), want owned and writable by %s", svc, out, err, want)
+		}
+	}
 
 	t.Run("main job: the demo target provisioned READY", func(t *testing.T) {
 		demo := s.Start(ctx, "demo")
