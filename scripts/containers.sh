@@ -58,7 +58,7 @@ image_label() {
 build_base() {
 	local t rootfs
 	t=$(date +%s)
-	[ -x bin/testtarget ] || (cd ansible/tests && go build -trimpath -o ../../bin/testtarget ./cmd/testtarget)
+	(cd ansible/tests && go build -trimpath -o ../../bin/testtarget ./cmd/testtarget) || die "go build bin/testtarget failed"
 	rootfs=$(bin/testtarget image) || die "no Debian root file system (bin/testtarget image)"
 	if [ "$(image_label "$BASE_IMAGE" org.autoprov.rootfs)" = "$rootfs" ]; then
 		step "base $BASE_IMAGE is up to date ($rootfs)"
