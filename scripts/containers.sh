@@ -119,6 +119,9 @@ images() {
 	podman tag localhost/autoprov/target:dev localhost/autoprov/demo-target:dev
 	build redis -f deploy/podman/redis.Containerfile -t "$LOCAL/redis:dev"
 	build postgres -f deploy/podman/postgres.Containerfile -t "$LOCAL/postgres:dev"
+	# Earlier builds' images, now untagged (the layers the current images
+	# and the build cache use stay).
+	podman image prune -f >/dev/null || true
 	step "every image built in $(elapsed "$t")"
 }
 
