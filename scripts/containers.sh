@@ -107,9 +107,9 @@ images() {
 	build_base
 	build_go
 	modcache=$(go env GOMODCACHE)
-	# Every module the build needs must be in the host's cache: the build
+	# Every module of the workspace must be in the host's cache: the build
 	# stage runs with GOPROXY=off.
-	(cd services/infra && go mod download) >/dev/null 2>&1 || true
+	go mod download || die "go mod download failed: the build stage needs every module of go.work in $modcache"
 	for target in scheduler infra deployer demo target; do
 		build "autoprov/$target" --target "$target" -t "localhost/autoprov/$target:dev" \
 			--build-arg GO_IMAGE="$GO_IMAGE" --build-arg RUNTIME_IMAGE="$BASE_IMAGE" \
