@@ -54,6 +54,8 @@ type stack struct {
 	envDir  string // per-container env files (0600), removed after start
 	// replicas counts the containers started per service.
 	replicas map[string]int
+	// order lists the services in the order they were first started.
+	order []string
 }
 
 // newStack creates the project's network and volumes.
@@ -170,6 +172,9 @@ func (s *stack) Start(ctx context.Context, name string) string {
 			}
 		}
 	}
+	if !slices.Contains(s.order, name) {
+		s.order = append(s.order, name)
+	}
 	s.replicas[name]++
 	cname := s.container(name, s.replicas[name])
 	// The environment goes through a file (never podman's argv: it holds
@@ -244,16 +249,32 @@ func (s *stack) Exec(ctx context.Context, cname string, cmd ...string) (string, 
 	return podman(ctx, append([]string{"exec", cname}, cmd...)...)
 }
 
-// Down stops every container of the stack (each within its stop grace
-// period, as docker compose down), removes them, the network and the
-// volumes, all found by the project's label, and returns each container's
-// exit code. A second call finds nothing.
+// Down stops the stack as docker compose down does: service by service in
+// the reverse order of their start (those that depend on others first,
+// Redis and Postgres last), each container within its stop grace period;
+// then it removes the containers, the network and the volumes, all found by
+// the project's label, and returns each container's exit code. A second
+// call finds nothing.
 func (s *stack) Down(ctx context.Context) map[string]int {
 	label := "label=io.autoprov.test=" + s.name
 	codes := map[string]int{}
+	start := time.Now()
+	for i := len(s.order) - 1; i >= 0; i-- {
+		svc := s.order[i]
+		var names []string
+		for n := 1; n <= s.replicas[svc]; n++ {
+			names = append(names, s.container(svc, n))
+		}
+		if len(names) == 0 {
+			continue
+		}
+		if _, err := podman(ctx, append([]string{"stop", "--ignore"}, names...)...); err != nil {
+			s.t.Errorf("%s did not stop cleanly: %v", svc, err)
+		}
+	}
 	ids, _ := podman(ctx, "ps", "-aq", "--filter", label)
 	if ids != "" {
-		start := time.Now()
+		// Anything not started through Start.
 		if _, err := podman(ctx, append([]string{"stop"}, strings.Fields(ids)...)...); err != nil {
 			s.t.Errorf("stack did not stop cleanly: %v", err)
 		}
@@ -267,6 +288,7 @@ func (s *stack) Down(ctx context.Context) map[string]int {
 		}
 		_, _ = podman(ctx, append([]string{"rm", "-f"}, strings.Fields(ids)...)...)
 	}
+	s.order, s.replicas = nil, map[string]int{}
 	if vols, _ := podman(ctx, "volume", "ls", "-q", "--filter", label); vols != "" {
 		_, _ = podman(ctx, append([]string{"volume", "rm", "-f"}, strings.Fields(vols)...)...)
 	}
