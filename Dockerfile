@@ -11,11 +11,24 @@
 # image pinned to an exact version, multi-stage, every runtime stage runs as
 # a non-root user, no secret in an ARG, ENV or layer (secrets reach the
 # containers at run time, from the environment or Vault).
+#
+# The base images are build arguments whose defaults are the public, pinned
+# images. scripts/containers.sh builds the same stages from local images
+# instead, on hosts that reach no image registry: a debootstrap root
+# imported into podman, and that root plus the host's Go toolchain; it
+# passes GOPROXY=off and mounts the host's module cache (GOMODCACHE), so no
+# stage downloads anything but Debian packages.
+ARG GO_IMAGE=golang:1.26.8-bookworm
+ARG DEBIAN_IMAGE=debian:12.12-slim
+ARG RUNTIME_IMAGE=alpine:3.22.2
 
 # ---- build: every Go binary, static -------------------------------------
-FROM golang:1.26.8-bookworm AS build
+FROM ${GO_IMAGE} AS build
+ARG GOPROXY
+ARG GOMODCACHE
+ARG GOFLAGS=-trimpath
 WORKDIR /src
-ENV CGO_ENABLED=0 GOFLAGS=-trimpath
+ENV CGO_ENABLED=0 GOTOOLCHAIN=local
 COPY . .
 RUN --mount=type=cache,target=/root/.cache/go-build \
     --mount=type=cache,target=/go/pkg/mod \
@@ -24,8 +37,11 @@ RUN --mount=type=cache,target=/root/.cache/go-build \
         ./pkg/ansible/cmd/runguard ./cmd/autoprov
 
 # ---- a small base for the Go-only services ---------------------------------
-FROM alpine:3.22.2 AS gobase
-RUN addgroup -S -g 10001 autoprov && adduser -S -D -H -u 10001 -G autoprov -s /sbin/nologin autoprov
+# The user is written into /etc/passwd directly: the same on Alpine (the
+# default) and on Debian (the local base of scripts/containers.sh).
+FROM ${RUNTIME_IMAGE} AS gobase
+RUN echo 'autoprov:x:10001:' >>/etc/group \
+ && echo 'autoprov:x:10001:10001:autoprov:/nonexistent:/sbin/nologin' >>/etc/passwd
 COPY --from=build /out/autoprov /usr/local/bin/autoprov
 USER 10001:10001
 
@@ -50,7 +66,7 @@ ENTRYPOINT ["/usr/local/bin/deployer"]
 # ---- infra: Go binary + ansible-core, openssh-client and runguard ----------
 # ansible-core (2.14, Debian 12) carries ansible.builtin, the only collection
 # the roles use (deploy/dockerfile_test.go checks that against ansible/).
-FROM debian:12.12-slim AS infra
+FROM ${DEBIAN_IMAGE} AS infra
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ansible-core openssh-client ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
@@ -76,7 +92,7 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
 ENTRYPOINT ["/usr/local/bin/infra"]
 
 # ---- demo: the main job of `make run`, from the outside (compose only) -----
-FROM debian:12.12-slim AS demo
+FROM ${DEBIAN_IMAGE} AS demo
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-msgpack python3-redis postgresql-client \
  && rm -rf /var/lib/apt/lists/* \
@@ -90,7 +106,7 @@ ENTRYPOINT ["/usr/local/bin/demo.sh"]
 # ---- target: a Debian server for the demo job (sshd; compose only) ---------
 # It plays a freshly installed server, so sshd runs as root here: it is no
 # service of ours and is never deployed outside docker compose.
-FROM debian:12.12-slim AS target
+FROM ${DEBIAN_IMAGE} AS target
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openssh-server python3 sudo iproute2 \
  && rm -rf /var/lib/apt/lists/* \

@@ -39,6 +39,10 @@ build: ## build the service binaries into bin/
 run: build ## run the whole system locally (installs and starts what it needs under run/)
 	@scripts/run.sh
 
+.PHONY: run-compose
+run-compose: ## the compose stack in podman from local images: the main job, a deployment, infra scaled to 3
+	@scripts/containers.sh run
+
 .PHONY: test
 test: ## run every test against real services (starts them when unset); ends with the slowest packages
 	@scripts/test.sh
@@ -64,6 +68,7 @@ lint: ## gofmt, go vet, staticcheck, dependency rules and govulncheck over every
 	@[ -n "$(MODULES)" ] || { echo "no Go modules found in go.work"; exit 1; }
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do echo "==> vet $$m"; (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
+	@echo "==> vet deploy -tags containers (make test's container lane)"; cd deploy && $(GO) vet -tags containers . && $(GO) run $(STATICCHECK) -tags containers .
 	@echo "==> vet services/infra -tags chaos (make chaos)"; cd services/infra && $(GO) vet -tags chaos . && $(GO) run $(STATICCHECK) -tags chaos .
 	@scripts/checkdeps.sh
 	@GOVULNCHECK=$(GOVULNCHECK) scripts/vulncheck.sh $(MODULES)

@@ -21,7 +21,9 @@ type instruction struct {
 // stage is a build stage: its FROM and what follows.
 type stage struct {
 	Name, Base string
-	Instrs     []instruction
+	// From is FROM's image as written (Base with build arguments expanded).
+	From   string
+	Instrs []instruction
 }
 
 // parseDockerfile splits a Dockerfile into stages. It knows what this
@@ -34,6 +36,7 @@ func parseDockerfile(t *testing.T, path string) []stage {
 	}
 	defer f.Close()
 	var stages []stage
+	globals := map[string]string{} // ARG NAME=default before the first FROM
 	var cur strings.Builder
 	start, n := 0, 0
 	flush := func() {
@@ -46,7 +49,10 @@ func parseDockerfile(t *testing.T, path string) []stage {
 		in := instruction{Cmd: strings.ToUpper(cmd), Args: strings.TrimSpace(args), Line: start}
 		if in.Cmd == "FROM" {
 			fields := strings.Fields(in.Args)
-			st := stage{Base: fields[0]}
+			// A base named by a build argument is checked as its default:
+			// the public image users build from.
+			base := os.Expand(fields[0], func(k string) string { return globals[k] })
+			st := stage{Base: base, From: fields[0]}
 			if len(fields) == 3 && strings.EqualFold(fields[1], "AS") {
 				st.Name = fields[2]
 			}
@@ -57,6 +63,11 @@ func parseDockerfile(t *testing.T, path string) []stage {
 			if in.Cmd != "ARG" {
 				t.Fatalf("%s:%d: %s before the first FROM", path, in.Line, in.Cmd)
 			}
+			k, v, ok := strings.Cut(in.Args, "=")
+			if !ok || v == "" {
+				t.Fatalf("%s:%d: ARG %s before the first FROM has no default", path, in.Line, in.Args)
+			}
+			globals[k] = v
 			return
 		}
 		stages[len(stages)-1].Instrs = append(stages[len(stages)-1].Instrs, in)
@@ -218,6 +229,16 @@ func TestDockerfile(t *testing.T) {
 		for _, good := range []string{"debian:12.12-slim", "alpine:3.22.2", "golang:1.26.8-bookworm", "hashicorp/vault:1.20.4", "debian@sha256:" + strings.Repeat("a", 64)} {
 			if !isPinned(good) {
 				t.Errorf("isPinned(%q) = false", good)
+			}
+		}
+	})
+
+	// scripts/containers.sh builds every stage from local bases where no
+	// registry is reachable: each public base must be a build argument.
+	t.Run("every public base image is a build argument", func(t *testing.T) {
+		for _, s := range stages {
+			if !names[s.Base] && !strings.HasPrefix(s.From, "${") {
+				t.Errorf("FROM %s (stage %s): name the image in an ARG before the first FROM (its default) and use ${ARG}", s.From, s.Name)
 			}
 		}
 	})

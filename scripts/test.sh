@@ -65,6 +65,26 @@ else
 	slow_pid=$!
 fi
 
+# The container lane (scripts/containers.sh): the images built with podman
+# from local bases and the compose stack running the main job
+# (deploy/containers_test.go, build tag containers), beside the Go tests.
+# It needs root, like the Ansible tests; CONTAINER_TESTS=off leaves it out
+# (said in the log), a module subset (TEST_MODULES) without ./deploy too.
+containers_pid=""
+if [ "${CONTAINER_TESTS:-on}" = off ]; then
+	step "CONTAINER_TESTS=off: the container lane (images, compose stack) is not run"
+elif [[ " $(echo $modules) " == *" ./deploy "* ]]; then
+	step "container lane: images and the compose stack (its output follows when it ends)"
+	(
+		t0=$(date +%s)
+		scripts/containers.sh images
+		echo "==> images ready in $(($(date +%s) - t0))s"
+		# -v: the test prints each step with its time since the start.
+		cd deploy && go test -tags containers -count=1 -timeout 15m -v -run TestContainers .
+	) >"$work/containers.log" 2>&1 &
+	containers_pid=$!
+fi
+
 status=0
 step "go test -p ${TEST_P:-4} over the modules:" $main_patterns
 gotest main -p "${TEST_P:-4}" -timeout 20m $main_patterns || status=1
@@ -73,6 +93,12 @@ if [ -n "$slow_pid" ]; then
 	wait "$slow_pid" || status=1
 	step "go test $slow"
 	cat "$work/ansible.log"
+fi
+if [ -n "$containers_pid" ]; then
+	step "waiting for the container lane"
+	wait "$containers_pid" || status=1
+	step "container lane (scripts/containers.sh)"
+	cat "$work/containers.log"
 fi
 "$summary" table -n 15 -wall $(( $(date +%s) - start )) "$work"/*.json
 if [ -n "${TEST_JSON_DIR:-}" ]; then # keep the raw events (CI artefacts)

@@ -10,6 +10,9 @@
 //	    stops the target started with --dir DIR.
 //	testtarget cleanup
 //	    removes what crashed runs left behind.
+//	testtarget image [--cache-dir DIR] [--suite SUITE]
+//	    builds or reuses the cached image and prints its root file system's
+//	    directory (scripts/containers.sh imports it as the containers' base).
 //
 // Without --authorized-key an ed25519 key pair is generated in DIR
 // (id_ed25519, id_ed25519.pub) and named in the JSON.
@@ -65,6 +68,8 @@ func main() {
 		err = down(ctx, os.Args[2:])
 	case "cleanup":
 		err = target.CleanupStale(ctx, log)
+	case "image":
+		err = image(ctx, os.Args[2:])
 	default:
 		usage()
 	}
@@ -76,8 +81,22 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: testtarget up --dir DIR [--detach] [--authorized-key KEY]... [--root-size-mb N]\n"+
-		"       testtarget down --dir DIR\n       testtarget cleanup")
+		"       testtarget down --dir DIR\n       testtarget cleanup\n       testtarget image [--cache-dir DIR] [--suite SUITE]")
 	os.Exit(2)
+}
+
+// image builds or reuses the cached image and prints its root file system.
+func image(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("image", flag.ExitOnError)
+	suite := fs.String("suite", "bookworm", "Debian release")
+	cacheDir := fs.String("cache-dir", "", "image and package cache (default <repository>/.cache/testtarget)")
+	_ = fs.Parse(args)
+	img, err := target.EnsureImage(ctx, target.ImageConfig{CacheDir: *cacheDir, Suite: *suite, Progress: os.Stderr})
+	if err != nil {
+		return err
+	}
+	fmt.Println(img.Dir)
+	return nil
 }
 
 func up(ctx context.Context, log zerolog.Logger, args []string) error {

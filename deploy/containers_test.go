@@ -1,0 +1,412 @@
+//go:build containers
+
+package deploy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/types"
+)
+
+// TestContainers runs what docker-compose.yml describes, with podman: the
+// images scripts/containers.sh built (it runs this test: `make test`'s
+// container lane and `make run-compose`), the compose stack with Redis,
+// Postgres and the demo target as containers, the main job through it (the
+// demo provisions the target: READY), then infra scaled to 3 and the
+// replica running the next job killed mid-run, the job still finishing
+// once. It needs root and podman (scripts/containers.sh deps).
+//
+// What it changes of the compose file, and why: the images come from
+// localImages (no registry here); Vault and vault-init do not run (no
+// Vault image here): infra reads the demo key from the demo-keys volume
+// through a file: reference instead of vault:; infra's STREAM_LEASE is 10s
+// so another replica takes the killed one's job over sooner.
+func TestContainers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the container test runs podman as root (scripts/containers.sh test)")
+	}
+	if _, err := exec.LookPath("podman"); err != nil {
+		t.Fatal("podman is not installed: scripts/containers.sh deps")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	begin := time.Now()
+	step := func(format string, args ...any) {
+		t.Logf("[%6.1fs] %s", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
+	}
+
+	t.Run("images run as their non-root user with their files", func(t *testing.T) {
+		checks := map[string]string{
+			"scheduler": "test -x /usr/local/bin/scheduler && test -x /usr/local/bin/autoprov",
+			"deployer":  "test -x /usr/local/bin/deployer && test -x /usr/local/bin/autoprov",
+			"infra": "test -x /usr/local/bin/infra && test -x /usr/local/bin/runguard && test -x /usr/local/bin/autoprov" +
+				" && ansible-playbook --version >/dev/null && test -x \"$PLAYBOOK_BIN\" && test -x \"$PLAYBOOK_GUARD\"" +
+				" && test -r \"$PLAYBOOK_DIR/playbooks/setup_server.yml\" && test -r \"$PLAYBOOK_DIR/ansible.cfg\"" +
+				" && test -r \"$PLAYBOOK_DIR/plugins/callback/autoprov_events.py\" && test -d \"$PLAYBOOK_DIR/roles\"" +
+				" && touch /var/lib/autoprov/w && ssh -V 2>/dev/null",
+			"demo": "python3 -c 'import msgpack, redis' && command -v psql >/dev/null && test -r /usr/local/bin/demo-job.py",
+		}
+		for img, check := range checks {
+			out, err := podman(ctx, "run", "--rm", "--entrypoint", "sh", "localhost/autoprov/"+img+":dev",
+				"-c", "id -u; id -g; "+check)
+			if err != nil {
+				t.Errorf("%s: %v", img, err)
+				continue
+			}
+			if ids := strings.Fields(out); len(ids) < 2 || ids[0] != "10001" || ids[1] != "10001" {
+				t.Errorf("%s runs as uid/gid %q, want 10001 10001", img, out)
+			}
+		}
+		step("images checked")
+	})
+	if t.Failed() {
+		return
+	}
+
+	// The stack's settings: fresh secrets, the API on a free loopback port.
+	dir := t.TempDir()
+	apiPort := freeLoopbackPort(t)
+	envFile := filepath.Join(dir, "stack.env")
+	env := fmt.Sprintf("POSTGRES_PASSWORD=%s\nVAULT_DEV_ROOT_TOKEN=%s\nDEPLOYER_PUBLISH=127.0.0.1:%d\n"+
+		"INFRA_SSH_KEY_REF=file:id_ed25519\nINFRA_STOP_GRACE=20s\nSHUTDOWN_GRACE=10s\n",
+		randomHex(t, 16), randomHex(t, 16), apiPort)
+	if err := os.WriteFile(envFile, []byte(env), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	project, err := loadCompose(t, filepath.Join(root, ".env.example"), envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	project.Name = "autoprov-ct-" + randomHex(t, 3)
+	infra := project.Services["infra"]
+	dropEnv(&infra, "VAULT_ADDR", "VAULT_TOKEN")
+	lease := "10s"
+	infra.Environment["SECRETS_FILE_ROOT"] = ptr("/keys")
+	infra.Environment["STREAM_LEASE"] = &lease
+	infra.Volumes = append(infra.Volumes, types.ServiceVolumeConfig{Type: types.VolumeTypeVolume, Source: "demo-keys", Target: "/keys", ReadOnly: true})
+	delete(infra.DependsOn, "vault-init")
+	project.Services["infra"] = infra
+
+	s := newStack(ctx, t, project)
+	step("network and volumes of %s created", project.Name)
+	psql := func(query string) string {
+		t.Helper()
+		out, err := s.Exec(ctx, s.container("postgres", 1), "psql", "-U", "autoprov", "-d", "autoprov", "-tAc", query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	s.Start(ctx, "redis")
+	// (The network's bridge exists once a container is on it.) The demo
+	// deployment's project, served over git's smart HTTP from
+	// this machine on the stack network's gateway (as make run serves it
+	// on the host's end of its target's veth); infra's site variables say
+	// where (they replace deploy/docker/site-vars.json's mount).
+	gateway, err := podman(ctx, "network", "inspect", "--format", "{{range .Subnets}}{{.Gateway}}{{end}}", s.network)
+	if err != nil || net.ParseIP(gateway) == nil {
+		t.Fatalf("gateway of %s: %q %v", s.network, gateway, err)
+	}
+	gitURL := serveDemoProject(ctx, t, dir, gateway)
+	siteVars := filepath.Join(dir, "site-vars.json")
+	vars := `{"autoprov_manage_kernel": false, "docker_install_source": "debian",
+ "system_tuning_swap_size_mb": 64, "system_tuning_swap_min_free_mb": 256,
+ "project_deploy_git_base_url": "` + gitURL + `", "project_deploy_wait_timeout": 30}`
+	if err := os.WriteFile(siteVars, []byte(vars), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range infra.Volumes {
+		if v.Target == "/etc/autoprov/site-vars.json" {
+			infra.Volumes[i].Source = siteVars
+		}
+	}
+	project.Services["infra"] = infra
+	for _, svc := range []string{"postgres", "scheduler", "deployer", "infra", "demo-keys", "target"} {
+		s.Start(ctx, svc)
+	}
+	for _, svc := range []string{"scheduler", "deployer", "infra", "target"} {
+		s.WaitHealthy(ctx, s.container(svc, 1), 3*time.Minute)
+	}
+	step("stack up: redis, postgres, scheduler, deployer, infra, target healthy")
+	// Named volumes belong to the user that writes them, not to root.
+	for svc, check := range map[string]string{
+		"infra":    "stat -c '%U %a' /var/lib/autoprov && test -w /var/lib/autoprov",
+		"redis":    "stat -c '%U %a' /data && test -w /data",
+		"postgres": "stat -c '%U %a' \"$PGDATA\" && test -w \"$PGDATA\"",
+	} {
+		out, err := s.Exec(ctx, s.container(svc, 1), "sh", "-c", check)
+		want := map[string]string{"infra": "autoprov", "redis": "redis", "postgres": "postgres"}[svc]
+		if err != nil || !strings.HasPrefix(out, want+" ") {
+			t.Errorf("%s: its volume is %q (%v), want owned and writable by %s", svc, out, err, want)
+		}
+	}
+
+	// Each step needs the one before: after a failure the stack is only
+	// stopped (and checked to stop cleanly).
+	ok := t.Run("main job: the demo target provisioned READY", func(t *testing.T) {
+		demo := s.Start(ctx, "demo")
+		code := s.Wait(ctx, demo)
+		out := s.Logs(ctx, demo)
+		if code != 0 {
+			t.Fatalf("demo exited %d:\n%s\ninfra:\n%s", code, out, s.Logs(ctx, s.container("infra", 1)))
+		}
+		t.Logf("demo output (last lines):\n%s", lastLines(out, 15))
+		if got := psql("SELECT status FROM servers WHERE handle = 'local-target'"); got != "READY" {
+			t.Errorf("local-target is %q, want READY", got)
+		}
+		step("main job done: local-target READY")
+	})
+
+	ok = ok && t.Run("a deployment through the API", func(t *testing.T) {
+		// No Docker engine runs in the target container: the docker CLI
+		// there is the Ansible tests' recording stand-in, as in make run.
+		standin, _ := filepath.Abs(filepath.Join(root, "ansible", "tests", "testdata", "docker-standin.sh"))
+		if _, err := podman(ctx, "cp", standin, s.container("target", 1)+":/usr/local/bin/docker"); err != nil {
+			t.Fatal(err)
+		}
+		created, err := s.Exec(ctx, s.container("deployer", 1), "deployer", "keys", "create", "--name", "container-test",
+			"--scopes", "deployments:write,servers:read", "--fleet-wide", "--json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var key struct{ Key string }
+		if err := json.Unmarshal([]byte(created), &key); err != nil || key.Key == "" {
+			t.Fatalf("deployer keys create: %v", err)
+		}
+		addr := psql("SELECT address FROM servers WHERE handle = 'local-target'")
+		base := fmt.Sprintf("http://127.0.0.1:%d/api/v1", apiPort)
+		body := fmt.Sprintf(`{"project_id":"%s","repo_full_name":"acme/demo","branch":"main","server_ip":"%s","port":8080,"modules":["web"],"options":{"timeout_seconds":600}}`,
+			uuidV4(t), addr)
+		var dep struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+			Result *struct {
+				Error string `json:"error"`
+			} `json:"result"`
+		}
+		code := apiCall(ctx, t, "POST", base+"/deployments", key.Key, body, &dep)
+		if code != 202 || dep.ID == "" {
+			t.Fatalf("POST /deployments: %d %+v", code, dep)
+		}
+		step("deployment %s accepted", dep.ID)
+		for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); {
+			apiCall(ctx, t, "GET", base+"/deployments/"+dep.ID+"?wait=30s", key.Key, "", &dep)
+			if dep.Status != "queued" && dep.Status != "running" && dep.Status != "" {
+				break
+			}
+		}
+		if dep.Status != "succeeded" {
+			t.Fatalf("deployment %s ended %q (%+v)\ninfra:\n%s", dep.ID, dep.Status, dep.Result, lastLines(s.Logs(ctx, s.container("infra", 1)), 30))
+		}
+		// The stand-in serves the deployed project on its port.
+		page, err := s.Exec(ctx, s.container("target", 1), "python3", "-c",
+			"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/index.html').read().decode())")
+		if err != nil || !strings.Contains(page, "demo deployed by autoprovisioner") {
+			t.Errorf("the deployed project is not served on the target: %q %v", page, err)
+		}
+		step("deployment %s succeeded", dep.ID)
+	})
+
+	_ = ok && t.Run("infra scaled to 3, the replica running the job killed", func(t *testing.T) {
+		for range 2 {
+			s.WaitHealthy(ctx, s.Start(ctx, "infra"), 3*time.Minute)
+		}
+		step("infra scaled to 3")
+		// A fresh target: the first play closed root login on the old one.
+		s.Recreate(ctx, "target")
+		s.WaitHealthy(ctx, s.container("target", 1), 3*time.Minute)
+		demo := s.Recreate(ctx, "demo")
+		killed := ""
+		for deadline := time.Now().Add(3 * time.Minute); killed == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			for n := 1; n <= 3; n++ {
+				c := s.container("infra", n)
+				if top, _ := podman(ctx, "top", c, "args"); strings.Contains(top, "ansible-playbook") {
+					// A crash, not a stop: SIGKILL to the container's first
+					// process from outside, so its restart policy applies.
+					pid, err := podman(ctx, "inspect", "--format", "{{.State.Pid}}", c)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if out, err := exec.Command("kill", "-KILL", pid).CombinedOutput(); err != nil {
+						t.Fatalf("kill %s (%s): %v %s", pid, c, err, out)
+					}
+					killed = c
+					break
+				}
+			}
+		}
+		if killed == "" {
+			t.Fatalf("no infra replica ran the play within 3 minutes:\n%s", s.Logs(ctx, demo))
+		}
+		step("killed %s mid-play", killed)
+		code := s.Wait(ctx, demo)
+		out := s.Logs(ctx, demo)
+		if code != 0 {
+			t.Fatalf("demo exited %d after %s was killed:\n%s", code, killed, out)
+		}
+		step("the job finished after the kill")
+		if got := psql("SELECT status FROM servers WHERE handle = 'local-target'"); got != "READY" {
+			t.Errorf("local-target is %q, want READY", got)
+		}
+		m := jobID.FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no job_id in the demo's output:\n%s", out)
+		}
+		// Taken over (a second attempt), finished once: one run, done,
+		// and one READY transition of the server for the job.
+		run := psql("SELECT state || ' ' || status || ' ' || attempt FROM runs WHERE job_id = '" + m[1] + "'")
+		var state, status string
+		var attempt int
+		fmt.Sscan(run, &state, &status, &attempt)
+		if state != "done" || status != "succeeded" || attempt < 2 {
+			t.Errorf("run of %s: %q, want done succeeded with attempt >= 2 (taken over after the kill)", m[1], run)
+		}
+		if n := psql("SELECT count(*) FROM server_history WHERE job_id = '" + m[1] + "' AND to_status = 'READY'"); n != "1" {
+			t.Errorf("%s moved local-target to READY %s times, want once", m[1], n)
+		}
+		restarts, _ := podman(ctx, "inspect", "--format", "{{.RestartCount}} {{.State.Status}}", killed)
+		step("run of %s: %s; %s after the kill (restarts, state): %s", m[1], run, killed, restarts)
+	})
+
+	t.Run("the stack stops cleanly", func(t *testing.T) {
+		codes := s.Down(ctx)
+		for name, code := range codes {
+			if code != 0 && code != 137 || code == 137 && !strings.Contains(name, "-infra-") {
+				t.Errorf("%s exited %d on stop", name, code)
+			}
+		}
+		if len(codes) < 10 {
+			t.Errorf("stopped %d containers, want the stack's 10: %v", len(codes), codes)
+		}
+		step("stack stopped and removed")
+	})
+}
+
+// jobID finds the job id in the demo's printed result.
+var jobID = regexp.MustCompile(`"job_id": "([^"]+)"`)
+
+// Recreate removes replica 1 of a service and starts it anew.
+func (s *stack) Recreate(ctx context.Context, svc string) string {
+	s.t.Helper()
+	if _, err := podman(ctx, "rm", "-f", s.container(svc, 1)); err != nil {
+		s.t.Fatal(err)
+	}
+	s.replicas[svc] = 0
+	return s.Start(ctx, svc)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// serveDemoProject makes the demo project (a compose file and a page, as
+// scripts/demo-deploy.sh does) a bare repository acme/demo.git, serves it
+// with scripts/gitserve on addr and returns its base URL.
+func serveDemoProject(ctx context.Context, t *testing.T, dir, addr string) string {
+	t.Helper()
+	work, repos := filepath.Join(dir, "git-work"), filepath.Join(dir, "git")
+	if err := os.MkdirAll(filepath.Join(repos, "acme"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"compose.yml": "services:\n  web:\n    image: nginx\n    ports: [\"${PORT}:80\"]\n    profiles: [web]\n",
+		"index.html":  "<h1>demo deployed by autoprovisioner</h1>\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(work, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gitEnv := append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "HOME="+work, "GIT_AUTHOR_NAME=demo",
+		"GIT_AUTHOR_EMAIL=demo@example.com", "GIT_COMMITTER_NAME=demo", "GIT_COMMITTER_EMAIL=demo@example.com")
+	for _, args := range [][]string{
+		{"init", "-q", "--initial-branch=main", "."}, {"add", "-A"}, {"commit", "-q", "-m", "demo project"},
+		{"clone", "-q", "--bare", ".", filepath.Join(repos, "acme", "demo.git")},
+	} {
+		cmd := exec.CommandContext(ctx, "git", args...)
+		cmd.Dir, cmd.Env = work, gitEnv
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	bin := filepath.Join(dir, "gitserve")
+	src, _ := filepath.Abs(filepath.Join(root, "scripts", "gitserve", "main.go"))
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, src)
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build gitserve: %v %s", err, out)
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := l.Addr().String()
+	l.Close()
+	srv := exec.Command(bin, "--listen", listen, "--root", repos)
+	srv.Stdout, srv.Stderr = os.Stderr, os.Stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	for i := 0; i < 50; i++ {
+		if c, err := net.Dial("tcp", listen); err == nil {
+			c.Close()
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return "http://" + listen
+}
+
+// apiCall sends a request to the deployer's API with the key and decodes
+// the JSON answer into out; it returns the status code.
+func apiCall(ctx context.Context, t *testing.T, method, url, key, body string, out any) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", uuidV4(t))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(data, out); err != nil {
+		t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, data, err)
+	}
+	return resp.StatusCode
+}
+
+// uuidV4 returns a random UUID.
+func uuidV4(t *testing.T) string {
+	h := randomHex(t, 16)
+	return h[:8] + "-" + h[8:12] + "-4" + h[13:16] + "-a" + h[17:20] + "-" + h[20:]
+}
