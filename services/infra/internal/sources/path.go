@@ -20,7 +20,7 @@ func SafePath(root, rel string) (string, error) {
 	}
 	for _, part := range strings.Split(filepath.ToSlash(rel), "/") {
 		if part == ".." {
-			return "", fmt.Errorf("%w: %q holds ..", ErrPath, rel)
+			return "", fmt.Errorf("%w: %q has a parent (..) element", ErrPath, rel)
 		}
 	}
 	realRoot, err := filepath.EvalSymlinks(root)
