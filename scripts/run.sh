@@ -151,7 +151,7 @@ COMMON_ENV+=(
 	"REQUEST_KEYS=scheduler-1@provisioner:queue=file:signing/scheduler-1.key,deployer-1@ansible:deploy:queue+ansible:job:queue=file:signing/deployer-1.key"
 	# The Ansible job demo fetches its playbook from the local git server
 	# over plain http (development only).
-	"JOB_SOURCES_ALLOW_HTTP=true"
+	"SOURCES_ALLOW_HTTP=true"
 )
 
 demo=""

@@ -117,9 +117,12 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=env:AUTOPROV_SECRET_SSH_KEY", "AUTOPROV_SECRET_SSH_KEY="+string(sshd.ClientKey),
 		"SSH_BASE_DELAY=200ms", "SSH_ATTEMPT_TIMEOUT=3s",
 		"SPECIAL_ALLOW_NETWORKS=127.0.0.0/8", "DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
-		"JOB_SOURCES_ALLOW_HTTP=true", "JOB_WORK_DIR="+filepath.Join(t.TempDir(), "jobs"),
-		"JOB_SOURCES_CACHE_DIR="+filepath.Join(t.TempDir(), "sources"),
+		"SOURCES_ALLOW_HTTP=true", "JOB_WORK_DIR="+filepath.Join(t.TempDir(), "jobs"),
+		"SOURCES_CACHE_DIR="+filepath.Join(t.TempDir(), "sources"),
 		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_", "PROJ_SECRET_GIT="+token,
+		// The target is not a registered server: the job brings its own
+		// SSH key (infra's key is never lent to a job).
+		"PROJ_SECRET_SSH="+string(sshd.ClientKey),
 		"REQUEST_SIGNATURES=require", "REQUEST_KEYS=deployer-1@ansible:job:queue=file:deployer-request-key")...)
 	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
 	infra.WaitHTTP("http://"+infraAdmin+"/readyz", 200, time.Minute)
@@ -159,11 +162,14 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, resp := call("POST", "/credentials", `{"name":"git","ref":"env:PROJ_SECRET_GIT"}`); code != 201 {
-		t.Fatalf("credential: %d %s", code, resp)
+	for _, c := range []string{`{"name":"git","ref":"env:PROJ_SECRET_GIT"}`, `{"name":"ssh","ref":"env:PROJ_SECRET_SSH"}`} {
+		if code, resp := call("POST", "/credentials", c); code != 201 {
+			t.Fatalf("credential: %d %s", code, resp)
+		}
 	}
 	job := fmt.Sprintf(`{"source":{"type":"playbook","repository":%q,"ref":"v1","paths":["site.yml"],"git_credential":"git"},
 		"inventory":{"type":"inline","hosts":{"t1":{"ansible_host":%q,"ansible_port":%d,"ansible_user":%q}}},
+		"credentials":{"ssh":"ssh"},
 		"options":{"extra_vars":{"out":%q,"greeting":"hello from a job"},"timeout":600,"callback_url":%q}}`,
 		gitURL+"/org/ops.git", sshd.Host, sshd.Port, sshd.User, out, recv.URL+"/hooks/job")
 	code, resp := call("POST", "/jobs", job)
