@@ -39,6 +39,16 @@ func monoNow() int64 {
 	return ts.Nano()
 }
 
+// startTook is how long the process took from exec to ansible-playbook
+// running: runguard's own start and its exec of ansible-playbook when
+// guarded, the exec alone otherwise.
+func (e *execution) startTook() time.Duration {
+	if e.t.childStarted > 0 {
+		return time.Duration(max(e.t.childStarted-e.t.spawning, 0))
+	}
+	return time.Duration(max(e.t.spawned-e.t.spawning, 0))
+}
+
 // execution is one started process and what is learnt from it.
 type execution struct {
 	r    *Runner

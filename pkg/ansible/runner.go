@@ -310,6 +310,13 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 			r.hooks.onTimings(*done)
 		}
 	}()
+	var steps Steps
+	mark := time.Now()
+	lap := func(d *time.Duration) {
+		now := time.Now()
+		*d += now.Sub(mark)
+		mark = now
+	}
 	rd, err := r.newRunDir(spec.JobID)
 	if err != nil {
 		return nil, err
@@ -324,6 +331,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if err := rd.writeInputs(&spec, key, marker); err != nil {
 		return nil, err
 	}
+	lap(&steps.RunDir)
 	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
 	if err != nil {
 		return nil, err
@@ -333,12 +341,14 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return nil, err
 	}
 	defer ag.close()
+	lap(&steps.Agent)
 
 	// No process of an earlier run may still run on the target when the
 	// play starts (remote.go).
 	takeover, stop := r.takeover(ctx, rd, &spec, key, marker, log)
+	lap(&steps.Takeover)
 	if stop != nil {
-		stop.RemoteRun, stop.Takeover = marker.run, takeover
+		stop.RemoteRun, stop.Takeover, stop.Steps = marker.run, takeover, steps
 		return stop, nil
 	}
 
@@ -359,6 +369,8 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return nil, err
 	}
 	res.RemoteRun, res.Takeover = marker.run, takeover
+	steps.Start = e.startTook()
+	res.Steps = steps
 	switch res.Outcome {
 	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
 		// The play was stopped: so is its task on the target.

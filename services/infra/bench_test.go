@@ -78,7 +78,7 @@ func BenchmarkServiceVsPlainVsRunner(b *testing.B) {
 		b.ReportMetric(runnerWall.Seconds(), "ansible-runner-s")
 		b.ReportMetric(serviceWall.Seconds()/plainWall.Seconds(), "service/plain")
 		b.ReportMetric(runnerWall.Seconds()/plainWall.Seconds(), "runner/plain")
-		for _, o := range overhead {
+		for _, o := range overhead[:5] {
 			b.ReportMetric(o.p50, o.name+"-p50-ms")
 			b.ReportMetric(o.p99, o.name+"-p99-ms")
 		}
@@ -218,9 +218,11 @@ func runThroughService(b *testing.B, e *e2e, sshds []*testenv.SSHD) (time.Durati
 // overheadQuantiles reads the per-job overhead fields of the "job
 // finished" log lines: the start overhead in all, the SSH check and the lock
 // wait within it, what remains (the service's own work: decoding, Postgres,
-// run directory, agent, runguard and exec), and the finish overhead.
+// run directory, agent, runguard and exec), the finish overhead, and each
+// step of the breakdown (step_<name>_ms, see internal/jobs/steps.go).
 func overheadQuantiles(b *testing.B, logs string) []quantiles {
 	fields := map[string][]float64{}
+	var stepNames []string
 	for _, line := range strings.Split(logs, "\n") {
 		if !strings.Contains(line, `"message":"job finished"`) {
 			continue
@@ -239,9 +241,22 @@ func overheadQuantiles(b *testing.B, logs string) []quantiles {
 		fields["lock_wait_ms"] = append(fields["lock_wait_ms"], rec.Lock)
 		fields["overhead_finish_ms"] = append(fields["overhead_finish_ms"], rec.Finish)
 		fields["overhead_own_ms"] = append(fields["overhead_own_ms"], *rec.Start-rec.SSH-rec.Lock)
+		var all map[string]any
+		_ = json.Unmarshal([]byte(line), &all)
+		for k, v := range all {
+			f, ok := v.(float64)
+			if !ok || !strings.HasPrefix(k, "step_") {
+				continue
+			}
+			if _, known := fields[k]; !known {
+				stepNames = append(stepNames, k)
+			}
+			fields[k] = append(fields[k], f)
+		}
 	}
+	slices.Sort(stepNames)
 	var out []quantiles
-	for _, k := range []string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_own_ms", "overhead_finish_ms"} {
+	for _, k := range append([]string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_own_ms", "overhead_finish_ms"}, stepNames...) {
 		v := fields[k]
 		if len(v) == 0 {
 			b.Fatalf("no %s in the logs", k)
@@ -253,11 +268,23 @@ func overheadQuantiles(b *testing.B, logs string) []quantiles {
 	return out
 }
 
+// printSteps prints the p50/p99 of each quantile, one per line, so that the
+// breakdown reads as a table under the benchmark's line.
+func printSteps(b *testing.B, title string, qs []quantiles) {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s (ms)\n  %-22s %9s %9s\n", title, "step", "p50", "p99")
+	for _, q := range qs {
+		fmt.Fprintf(&sb, "  %-22s %9.1f %9.1f\n", q.name, q.p50, q.p99)
+	}
+	b.Log(sb.String())
+	fmt.Print(sb.String())
+}
+
 // BenchmarkServiceOverhead measures the service's own time around a play
 // when nothing competes for the machine: 40 runs of a trivial playbook one
 // after the other on one loopback target. Run with -benchtime=1x.
 func BenchmarkServiceOverhead(b *testing.B) {
-	const runs = 40
+	runs := benchEnvInt("BENCH_OVERHEAD_RUNS", 40)
 	for range b.N {
 		sshd := testenv.StartSSHD(b, testenv.SSHDOptions{})
 		e := newE2E(b, sshd)
@@ -277,12 +304,23 @@ func BenchmarkServiceOverhead(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		for _, o := range overheadQuantiles(b, p.Stderr()) {
+		qs := overheadQuantiles(b, p.Stderr())
+		for _, o := range qs[:5] {
 			b.ReportMetric(o.p50, o.name+"-p50-ms")
 			b.ReportMetric(o.p99, o.name+"-p99-ms")
 		}
+		printSteps(b, fmt.Sprintf("ServiceOverhead: %d runs, concurrency 1", runs), qs)
 		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
 	}
+}
+
+// benchEnvInt reads a positive integer setting of a benchmark from the
+// environment; def when unset or invalid.
+func benchEnvInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
 }
 
 // vmRSS returns a process's resident set in KiB.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 
@@ -49,6 +50,7 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	for k, v := range vars {
 		all[k] = v
 	}
+	var execAt time.Time // this play's ansible-playbook started
 	pctx, span := j.startSpan(ctx, spanPlay, attribute.String("autoprov.playbook", playbook))
 	res, err := j.h.Runner.Run(pctx, ansible.Spec{
 		Timeout:     limits.Timeout,
@@ -64,6 +66,7 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		OnOutput:    j.onOutput(),
 		OnEvent:     j.prog.fromAnsible,
 		OnStart: func(int) {
+			execAt = time.Now()
 			if j.playStarted.IsZero() {
 				j.playStarted = j.h.Now()
 			}
@@ -82,6 +85,11 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	}
 	if err != nil {
 		return nil, fmt.Errorf("run %s: %w", playbook, err)
+	}
+	j.steps.addRun(res.Steps)
+	if !execAt.IsZero() && !res.ExitedAt.IsZero() {
+		j.steps.d[stepPlay] += max(res.ExitedAt.Sub(execAt), 0)
+		j.steps.seen[stepPlay] = true
 	}
 	j.reportRemote(ep, res)
 	// The finish overhead counts from ansible-playbook's exit: the runner's

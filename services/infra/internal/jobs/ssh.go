@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/crypto/ssh"
@@ -129,6 +130,7 @@ func (j *job) pinnedKey(ctx context.Context, ep endpoint) (string, error) {
 // as the error. A check that passed moments ago for the same endpoint, host
 // key and credentials stands in for a new one (Config.SSHCheckReuse).
 func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (string, error) {
+	defer j.steps.add(stepSSHCheck, time.Now())
 	pinned, err := j.pinnedKey(ctx, ep)
 	if err != nil {
 		return "", fmt.Errorf("read pinned host key: %w", err)
