@@ -75,8 +75,11 @@ type Steps struct {
 	// Agent is starting the run's in-process ssh-agent.
 	Agent time.Duration
 	// Takeover is the SSH session that stops earlier runs' work on the
-	// target (0 when skipped).
+	// target. It runs while ansible-playbook starts up (gate.go).
 	Takeover time.Duration
+	// TakeoverWait is the part of it the play waited for: from the
+	// playbook's start (its playbook_start event) to the takeover's end.
+	TakeoverWait time.Duration
 	// Start is from exec to ansible-playbook running (runguard's start,
 	// its exec of ansible-playbook).
 	Start time.Duration

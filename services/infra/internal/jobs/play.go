@@ -88,7 +88,8 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	}
 	j.steps.addRun(res.Steps)
 	if !execAt.IsZero() && !res.ExitedAt.IsZero() {
-		j.steps.d[stepPlay] += max(res.ExitedAt.Sub(execAt), 0)
+		// The wait at the gate for the takeover is counted there.
+		j.steps.d[stepPlay] += max(res.ExitedAt.Sub(execAt)-res.Steps.TakeoverWait, 0)
 		j.steps.seen[stepPlay] = true
 	}
 	j.reportRemote(ep, res)

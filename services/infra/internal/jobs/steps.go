@@ -24,7 +24,7 @@ const (
 	stepSSHCheck                  // the SSH check (0 when a recent one was reused)
 	stepRunDir                    // the run directory and its inputs (package ansible)
 	stepAgent                     // the run's in-process ssh-agent
-	stepTakeover                  // stopping earlier runs' work on the target
+	stepTakeover                  // waiting for the takeover of the target (it runs while ansible-playbook starts)
 	stepProcessStart              // exec to ansible-playbook running (runguard included)
 	stepPlay                      // ansible-playbook running
 	stepLogStore                  // storing the run's full output (pkg/runlog)
@@ -71,7 +71,7 @@ func (st *steps) add(s step, start time.Time) time.Time {
 // addRun counts the runner's own steps of one play.
 func (st *steps) addRun(rs ansible.Steps) {
 	for s, d := range map[step]time.Duration{stepRunDir: rs.RunDir, stepAgent: rs.Agent,
-		stepTakeover: rs.Takeover, stepProcessStart: rs.Start} {
+		stepTakeover: rs.TakeoverWait, stepProcessStart: rs.Start} {
 		st.d[s] += d
 		st.seen[s] = true
 	}
