@@ -103,9 +103,9 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	case ansible.OutcomeSucceeded:
 		// ssh reached the server with this key, holding it to the pinned
 		// key: as good as a check that passed now.
-		j.h.checks.pass(keyOf(ep), hostKey, creds.clients, j.h.Now())
+		j.h.checks.pass(ctx, keyOf(ep), hostKey, creds.clients, j.h.Now())
 	case ansible.OutcomeUnreachable:
-		j.h.checks.forget(keyOf(ep)) // the next run checks again
+		j.h.checks.forget(ctx, keyOf(ep)) // the next run checks again
 		if j.sshCheckReused {
 			// The play went without a check of its own: check now, so that
 			// the result says what the check would have said before the

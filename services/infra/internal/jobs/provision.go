@@ -104,7 +104,7 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*o
 		}
 		// Cached facts and a passed SSH check describe the old OS.
 		j.h.Runner.ForgetHost(ep.alias)
-		j.h.checks.forget(keyOf(ep))
+		j.h.checks.forget(ctx, keyOf(ep))
 		if hostKey, err = j.waitForSSH(ctx, ep, creds); err != nil {
 			return nil, err
 		}

@@ -136,7 +136,7 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 		return "", fmt.Errorf("read pinned host key: %w", err)
 	}
 	key := keyOf(ep)
-	if ago, ok := j.h.checks.reuse(key, pinned, creds.clients, j.h.Now()); ok {
+	if ago, ok := j.h.checks.reuse(ctx, key, pinned, creds.clients, j.h.Now()); ok {
 		j.sshCheckReused = true
 		j.h.Metrics.sshChecksReused.Inc()
 		j.log.Debug().Dur("passed_ago", ago).Msg("SSH check skipped: the server passed one moments ago")
@@ -148,7 +148,7 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 	endSpan(span, err)
 	j.sshCheck += j.h.Now().Sub(checkStart)
 	if err != nil {
-		j.h.checks.forget(key)
+		j.h.checks.forget(ctx, key)
 	}
 	var unreachable *sshcheck.UnreachableError
 	var mismatch *sshcheck.HostKeyMismatchError
@@ -178,7 +178,7 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 			return "", err
 		}
 	}
-	j.h.checks.pass(key, pinned, creds.clients, j.h.Now())
+	j.h.checks.pass(ctx, key, pinned, creds.clients, j.h.Now())
 	return pinned, nil
 }
 
