@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -361,5 +362,194 @@ func must(b *testing.B, err error) {
 	b.Helper()
 	if err != nil {
 		b.Fatal(err)
+	}
+}
+
+// roleTasks is the number of tasks of the role workload's role.
+const roleTasks = 10
+
+// writeBenchRole writes a role of roleTasks command tasks under dir and
+// returns a playbook that applies it (by absolute path).
+func writeBenchRole(b *testing.B, dir string) string {
+	role := filepath.Join(dir, "benchroles", "bench10")
+	must(b, os.MkdirAll(filepath.Join(role, "tasks"), 0o755))
+	var tasks strings.Builder
+	tasks.WriteString("---\n")
+	for i := range roleTasks {
+		fmt.Fprintf(&tasks, "- name: Step %d\n  ansible.builtin.command: /bin/true\n  changed_when: false\n", i+1)
+	}
+	must(b, os.WriteFile(filepath.Join(role, "tasks", "main.yml"), []byte(tasks.String()), 0o644))
+	return fmt.Sprintf("---\n- name: Role\n  hosts: all\n  gather_facts: false\n  roles:\n    - role: %s\n", role)
+}
+
+// benchKeyFile writes the first target's client key and authorizes it on
+// every target, so one key serves all.
+func benchKeyFile(b *testing.B, sshds []*testenv.SSHD) string {
+	keyFile := filepath.Join(b.TempDir(), "id_ed25519")
+	must(b, os.WriteFile(keyFile, sshds[0].ClientKey, 0o600))
+	for _, s := range sshds[1:] {
+		f, err := os.OpenFile(filepath.Join(s.Dir, "authorized_keys"), os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fmt.Fprintln(f, sshds[0].ClientPublicKey)
+		f.Close()
+	}
+	return keyFile
+}
+
+// runBare runs n plays of setup_server.yml with a bare ansible-playbook
+// loop (xargs -P conc), round robin over the inventories, with the same
+// ansible.cfg as infra, and returns the wall time.
+func runBare(b *testing.B, e *e2e, invs []string, n, conc int) time.Duration {
+	var list strings.Builder
+	for i := range n {
+		list.WriteString(invs[i%len(invs)] + "\n")
+	}
+	dir := b.TempDir()
+	cp := shortDir(b)
+	cmd := exec.Command("bash", "-c", fmt.Sprintf(`xargs -P %d -I{} /usr/bin/ansible-playbook -i {} playbooks/setup_server.yml >/dev/null`, conc))
+	cmd.Dir = e.ansibleDir
+	cmd.Stdin = strings.NewReader(list.String())
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8",
+		"ANSIBLE_CONFIG=" + filepath.Join(e.ansibleDir, "ansible.cfg"), "ANSIBLE_SSH_CONTROL_PATH_DIR=" + cp,
+		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + filepath.Join(dir, "facts")}
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("bare loop: %v\n%s", err, out)
+	}
+	return time.Since(start)
+}
+
+// runInfra submits n provisioning jobs (ids prefix-0..), round robin over
+// the servers, conc at a time (each waits for a result before the next of
+// its lane goes), and returns the wall time until every result is in.
+func runInfra(b *testing.B, e *e2e, handles []string, prefix string, n, conc int) time.Duration {
+	start := time.Now()
+	if conc >= n {
+		for i := range n {
+			e.provision(fmt.Sprintf("%s-%d", prefix, i), handles[i%len(handles)])
+		}
+		for i := range n {
+			if r := e.waitProvision(fmt.Sprintf("%s-%d", prefix, i), 10*time.Minute); r.Status != messages.StatusSucceeded {
+				b.Fatalf("%s-%d: %s %+v", prefix, i, r.Status, r.Error)
+			}
+		}
+		return time.Since(start)
+	}
+	// conc lanes, lane k serving servers k, k+conc, ...: no two of a lane's
+	// jobs overlap, as in the bare loop.
+	done := make(chan error, conc)
+	for lane := range conc {
+		go func() {
+			for i := lane; i < n; i += conc {
+				id := fmt.Sprintf("%s-%d", prefix, i)
+				e.provision(id, handles[i%len(handles)])
+				if r := e.waitProvision(id, 10*time.Minute); r.Status != messages.StatusSucceeded {
+					done <- fmt.Errorf("%s: %s %+v", id, r.Status, r.Error)
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range conc {
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
+}
+
+// jobLines keeps the log lines of the jobs whose ids start with prefix.
+func jobLines(logs, prefix string) string {
+	var sb strings.Builder
+	for line := range strings.Lines(logs) {
+		if strings.Contains(line, `"job_id":"`+prefix+`-`) {
+			sb.WriteString(line)
+		}
+	}
+	return sb.String()
+}
+
+// BenchmarkServiceVsBare compares infra with a bare ansible-playbook loop
+// (same ansible.cfg) on 4 loopback targets: BENCH_VS_BARE_RUNS (default 12)
+// trivial plays and as many plays of a 10-task role, at concurrency 1 and
+// 4, the bare loop and infra alternated in one run; it prints each ratio
+// with infra's step breakdown beside it. Then the makespan of
+// BENCH_MAKESPAN_JOBS (default 50) trivial jobs over 8 targets with 1, 2
+// and 4 infra replicas of STREAM_CONCURRENCY=2 each (the curve). Extra
+// infra settings (BENCH_INFRA_ENV, space-separated NAME=value) apply to
+// every replica. Run with -benchtime=1x.
+func BenchmarkServiceVsBare(b *testing.B) {
+	n := benchEnvInt("BENCH_VS_BARE_RUNS", 12)
+	jobs := benchEnvInt("BENCH_MAKESPAN_JOBS", 50)
+	extra := strings.Fields(os.Getenv("BENCH_INFRA_ENV"))
+	for range b.N {
+		var sshds []*testenv.SSHD
+		for range 8 {
+			sshds = append(sshds, testenv.StartSSHD(b, testenv.SSHDOptions{}))
+		}
+		e := newE2E(b, sshds[0])
+		keyFile := benchKeyFile(b, sshds)
+		roleBook := writeBenchRole(b, e.ansibleDir)
+		book := filepath.Join(e.ansibleDir, "playbooks", "setup_server.yml")
+		var invs, handles []string
+		dir := b.TempDir()
+		for i, s := range sshds {
+			invs = append(invs, inventoryFor(b, dir, i, s, keyFile))
+			handles = append(handles, fmt.Sprintf("bench-%d", i))
+			e.addServer(handles[i], s)
+		}
+		p := e.infra(append([]string{"STREAM_CONCURRENCY=4", "LOG_LEVEL=info"}, extra...)...)
+		time.Sleep(2 * time.Second) // settle: idle
+		rss := vmRSS(b, p.Pid())
+		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
+		// Warm both (fact cache, page cache, first pins).
+		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
+		runBare(b, e, invs[:4], 4, 4)
+		runInfra(b, e, handles[:4], "warm", 4, 4)
+
+		b.ResetTimer()
+		var report strings.Builder
+		fmt.Fprintf(&report, "%-10s %5s %5s %10s %10s %7s\n", "workload", "conc", "runs", "bare s", "infra s", "ratio")
+		for _, w := range []struct{ name, book string }{{"trivial", trivialPlaybook}, {"role10", roleBook}} {
+			must(b, os.WriteFile(book, []byte(w.book), 0o644))
+			for _, conc := range []int{1, 4} {
+				prefix := fmt.Sprintf("%s-c%d", w.name, conc)
+				bare := runBare(b, e, invs[:4], n, conc)
+				infra := runInfra(b, e, handles[:4], prefix, n, conc)
+				ratio := infra.Seconds() / bare.Seconds()
+				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %7.3f\n", w.name, conc, n, bare.Seconds(), infra.Seconds(), ratio)
+				b.ReportMetric(ratio, prefix+"-infra/bare")
+				qs := overheadQuantiles(b, jobLines(p.Stderr(), prefix))
+				printSteps(b, fmt.Sprintf("%s, concurrency %d: infra's steps", w.name, conc), qs)
+			}
+		}
+		p.Signal(syscall.SIGTERM)
+		p.Wait(time.Minute)
+
+		// The makespan curve: 1, 2, 4 replicas.
+		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
+		fmt.Fprintf(&report, "\nmakespan of %d trivial jobs over %d targets, STREAM_CONCURRENCY=2 per replica\n%-9s %10s %10s\n",
+			jobs, len(handles), "replicas", "seconds", "jobs/s")
+		for _, replicas := range []int{1, 2, 4} {
+			var procs []*infraProc
+			for range replicas {
+				procs = append(procs, e.infra(append([]string{"STREAM_CONCURRENCY=2", "LOG_LEVEL=info"}, extra...)...))
+			}
+			wall := runInfra(b, e, handles, fmt.Sprintf("mk%d", replicas), jobs, jobs)
+			fmt.Fprintf(&report, "%-9d %10.2f %10.2f\n", replicas, wall.Seconds(), float64(jobs)/wall.Seconds())
+			b.ReportMetric(wall.Seconds(), fmt.Sprintf("makespan-%dr-s", replicas))
+			for _, q := range procs {
+				q.Signal(syscall.SIGTERM)
+			}
+			for _, q := range procs {
+				q.Wait(time.Minute)
+			}
+		}
+		b.StopTimer()
+		b.Log("\n" + report.String())
+		fmt.Print(report.String())
 	}
 }
