@@ -720,3 +720,33 @@ func TestRunTakeoverOverlapsStartup(t *testing.T) {
 		t.Errorf("Takeover %+v, steps %+v: want the takeover reported, its wait part of it", res.Takeover, res.Steps)
 	}
 }
+
+// TestRunStopsTaskBeforeGate: a playbook that reports a task while the
+// takeover is still running (a callback plugin that does not wait at the
+// gate) is stopped with an error, and nothing of it is left.
+func TestRunStopsTaskBeforeGate(t *testing.T) {
+	t.Parallel()
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	bin := filepath.Join(t.TempDir(), "ansible-playbook")
+	script := "#!/bin/sh\n" +
+		`echo '{"v":1,"seq":1,"event":"task_start","task":"Sneaky"}' >&3` + "\n" +
+		"exec sleep 30\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := newTestRunner(t, func(c *Config) {
+		c.PlaybookBin = bin
+		c.KillGrace = 500 * time.Millisecond
+	})
+	r.hooks.onTakeover = func() { time.Sleep(2 * time.Second) } // the task comes first
+	sp := watchSpawn(r)
+	res, err := r.Run(context.Background(), specFor(s, "ping.yml", nil))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Outcome != OutcomeError || res.Err == nil || !strings.Contains(res.Err.Error(), "before the takeover") {
+		t.Errorf("outcome %s, err %v: want error, a task before the takeover", res.Outcome, res.Err)
+	}
+	pgid, runDir := sp.get()
+	assertNothingLeft(t, pgid, runDir)
+}

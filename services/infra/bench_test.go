@@ -400,15 +400,22 @@ func benchKeyFile(b *testing.B, sshds []*testenv.SSHD) string {
 
 // runBare runs n plays of setup_server.yml with a bare ansible-playbook
 // loop (xargs -P conc), round robin over the inventories, with the same
-// ansible.cfg as infra, and returns the wall time.
-func runBare(b *testing.B, e *e2e, invs []string, n, conc int) time.Duration {
+// ansible.cfg as infra, and returns the wall time. Warm, the runs share
+// one ssh ControlPath directory, so with ControlPersist a run finds the
+// master connection an earlier run to the same target left; cold, each
+// run has its own (as each of infra's runs has).
+func runBare(b *testing.B, e *e2e, invs []string, n, conc int, cold bool) time.Duration {
 	var list strings.Builder
 	for i := range n {
 		list.WriteString(invs[i%len(invs)] + "\n")
 	}
 	dir := b.TempDir()
 	cp := shortDir(b)
-	cmd := exec.Command("bash", "-c", fmt.Sprintf(`xargs -P %d -I{} /usr/bin/ansible-playbook -i {} playbooks/setup_server.yml >/dev/null`, conc))
+	play := `/usr/bin/ansible-playbook -i {} playbooks/setup_server.yml >/dev/null`
+	if cold {
+		play = `sh -c 'd=$(mktemp -d ` + cp + `/rXXXXXX) && ANSIBLE_SSH_CONTROL_PATH_DIR=$d /usr/bin/ansible-playbook -i {} playbooks/setup_server.yml >/dev/null'`
+	}
+	cmd := exec.Command("bash", "-c", fmt.Sprintf(`xargs -P %d -I{} %s`, conc, play))
 	cmd.Dir = e.ansibleDir
 	cmd.Stdin = strings.NewReader(list.String())
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8",
@@ -478,12 +485,18 @@ func jobLines(logs, prefix string) string {
 // 4, the bare loop and infra alternated in one run; it prints each ratio
 // with infra's step breakdown beside it. Then the makespan of
 // BENCH_MAKESPAN_JOBS (default 50) trivial jobs over 8 targets with 1, 2
-// and 4 infra replicas of STREAM_CONCURRENCY=2 each (the curve). Extra
+// and 4 infra replicas of STREAM_CONCURRENCY=2 each (the curve; 0 skips
+// it). Each bare figure has a cold twin (each run its own ssh ControlPath,
+// as infra's runs; see runBare). BENCH_VS_BARE_WORKLOADS ("trivial",
+// "role10", both by default) selects workloads. Extra
 // infra settings (BENCH_INFRA_ENV, space-separated NAME=value) apply to
 // every replica. Run with -benchtime=1x.
 func BenchmarkServiceVsBare(b *testing.B) {
 	n := benchEnvInt("BENCH_VS_BARE_RUNS", 12)
 	jobs := benchEnvInt("BENCH_MAKESPAN_JOBS", 50)
+	if os.Getenv("BENCH_MAKESPAN_JOBS") == "0" {
+		jobs = 0 // no makespan curve
+	}
 	extra := strings.Fields(os.Getenv("BENCH_INFRA_ENV"))
 	for range b.N {
 		var sshds []*testenv.SSHD
@@ -507,21 +520,28 @@ func BenchmarkServiceVsBare(b *testing.B) {
 		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
 		// Warm both (fact cache, page cache, first pins).
 		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
-		runBare(b, e, invs[:4], 4, 4)
+		runBare(b, e, invs[:4], 4, 4, false)
 		runInfra(b, e, handles[:4], "warm", 4, 4)
 
 		b.ResetTimer()
 		var report strings.Builder
-		fmt.Fprintf(&report, "%-10s %5s %5s %10s %10s %7s\n", "workload", "conc", "runs", "bare s", "infra s", "ratio")
+		fmt.Fprintf(&report, "%-10s %5s %5s %10s %10s %10s %7s %7s\n", "workload", "conc", "runs", "bare s", "cold s", "infra s", "ratio", "/cold")
+		workloads := os.Getenv("BENCH_VS_BARE_WORKLOADS") // "": all
 		for _, w := range []struct{ name, book string }{{"trivial", trivialPlaybook}, {"role10", roleBook}} {
+			if workloads != "" && !slices.Contains(strings.Fields(workloads), w.name) {
+				continue
+			}
 			must(b, os.WriteFile(book, []byte(w.book), 0o644))
 			for _, conc := range []int{1, 4} {
 				prefix := fmt.Sprintf("%s-c%d", w.name, conc)
-				bare := runBare(b, e, invs[:4], n, conc)
+				bare := runBare(b, e, invs[:4], n, conc, false)
 				infra := runInfra(b, e, handles[:4], prefix, n, conc)
+				cold := runBare(b, e, invs[:4], n, conc, true)
 				ratio := infra.Seconds() / bare.Seconds()
-				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %7.3f\n", w.name, conc, n, bare.Seconds(), infra.Seconds(), ratio)
+				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f\n", w.name, conc, n,
+					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds())
 				b.ReportMetric(ratio, prefix+"-infra/bare")
+				b.ReportMetric(infra.Seconds()/cold.Seconds(), prefix+"-infra/cold")
 				qs := overheadQuantiles(b, jobLines(p.Stderr(), prefix))
 				printSteps(b, fmt.Sprintf("%s, concurrency %d: infra's steps", w.name, conc), qs)
 			}
@@ -531,9 +551,14 @@ func BenchmarkServiceVsBare(b *testing.B) {
 
 		// The makespan curve: 1, 2, 4 replicas.
 		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
-		fmt.Fprintf(&report, "\nmakespan of %d trivial jobs over %d targets, STREAM_CONCURRENCY=2 per replica\n%-9s %10s %10s\n",
-			jobs, len(handles), "replicas", "seconds", "jobs/s")
+		if jobs > 0 {
+			fmt.Fprintf(&report, "\nmakespan of %d trivial jobs over %d targets, STREAM_CONCURRENCY=2 per replica\n%-9s %10s %10s\n",
+				jobs, len(handles), "replicas", "seconds", "jobs/s")
+		}
 		for _, replicas := range []int{1, 2, 4} {
+			if jobs == 0 {
+				break
+			}
 			var procs []*infraProc
 			for range replicas {
 				procs = append(procs, e.infra(append([]string{"STREAM_CONCURRENCY=2", "LOG_LEVEL=info"}, extra...)...))
