@@ -404,7 +404,9 @@ func benchKeyFile(b *testing.B, sshds []*testenv.SSHD) string {
 // one ssh ControlPath directory, so with ControlPersist a run finds the
 // master connection an earlier run to the same target left; cold, each
 // run has its own (as each of infra's runs has).
-func runBare(b *testing.B, e *e2e, invs []string, n, conc int, cold bool) time.Duration {
+//
+// extraEnv adds settings to the bare runs (ANSIBLE_STRATEGY=mitogen_linear).
+func runBare(b *testing.B, e *e2e, invs []string, n, conc int, cold bool, extraEnv ...string) time.Duration {
 	var list strings.Builder
 	for i := range n {
 		list.WriteString(invs[i%len(invs)] + "\n")
@@ -421,6 +423,7 @@ func runBare(b *testing.B, e *e2e, invs []string, n, conc int, cold bool) time.D
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8",
 		"ANSIBLE_CONFIG=" + filepath.Join(e.ansibleDir, "ansible.cfg"), "ANSIBLE_SSH_CONTROL_PATH_DIR=" + cp,
 		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + filepath.Join(dir, "facts")}
+	cmd.Env = append(cmd.Env, extraEnv...)
 	start := time.Now()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("bare loop: %v\n%s", err, out)
@@ -488,7 +491,8 @@ func jobLines(logs, prefix string) string {
 // and 4 infra replicas of STREAM_CONCURRENCY=2 each (the curve; 0 skips
 // it). Each bare figure has a cold twin (each run its own ssh ControlPath,
 // as infra's runs; see runBare). BENCH_VS_BARE_WORKLOADS ("trivial",
-// "role10", both by default) selects workloads. Extra
+// "role10", both by default) selects workloads; BENCH_BARE_MITOGEN=1
+// adds the bare loop with Mitogen's strategy. Extra
 // infra settings (BENCH_INFRA_ENV, space-separated NAME=value) apply to
 // every replica. Run with -benchtime=1x.
 func BenchmarkServiceVsBare(b *testing.B) {
@@ -540,6 +544,12 @@ func BenchmarkServiceVsBare(b *testing.B) {
 				ratio := infra.Seconds() / bare.Seconds()
 				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f\n", w.name, conc, n,
 					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds())
+				if os.Getenv("BENCH_BARE_MITOGEN") != "" {
+					// Debian's ansible-mitogen: the bare loop with its strategy.
+					mito := runBare(b, e, invs[:4], n, conc, false, "ANSIBLE_STRATEGY=mitogen_linear")
+					fmt.Fprintf(&report, "%-10s %5d %5d bare with mitogen_linear %.2f s (%.3f of the bare loop)\n", w.name, conc, n,
+						mito.Seconds(), mito.Seconds()/bare.Seconds())
+				}
 				b.ReportMetric(ratio, prefix+"-infra/bare")
 				b.ReportMetric(infra.Seconds()/cold.Seconds(), prefix+"-infra/cold")
 				qs := overheadQuantiles(b, jobLines(p.Stderr(), prefix))
