@@ -7,7 +7,7 @@ var fixedEnvNames = map[string]struct{}{
 	"PATH": {}, "HOME": {}, "LANG": {}, "LC_ALL": {}, "TMPDIR": {},
 	"ANSIBLE_CONFIG": {}, "ANSIBLE_LOCAL_TEMP": {}, "ANSIBLE_SSH_CONTROL_PATH_DIR": {},
 	"ANSIBLE_CACHE_PLUGIN_CONNECTION": {}, "ANSIBLE_NOCOLOR": {}, "PYTHONUNBUFFERED": {}, "PYTHONDONTWRITEBYTECODE": {},
-	"SSH_AUTH_SOCK": {}, "AUTOPROV_EVENTS_PATH": {},
+	"SSH_AUTH_SOCK": {}, "AUTOPROV_EVENTS_PATH": {}, "AUTOPROV_GATE_PATH": {},
 }
 
 // childEnv is the complete environment of the child: an allow-list, then
@@ -32,6 +32,9 @@ func (r *Runner) childEnv(d *runDir, spec *Spec) []string {
 		"AUTOPROV_EVENTS_PATH=/dev/fd/3",
 	}
 	env = append(env, spec.env...) // a job's own (RunJob)
+	if d.gate != "" {
+		env = append(env, "AUTOPROV_GATE_PATH="+d.gate)
+	}
 	for name, value := range spec.SecretEnv {
 		env = append(env, name+"="+value)
 	}

@@ -163,12 +163,21 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	}
 	// ...until the next run of the server takes over: it stops it before
 	// its own play starts.
-	var overlapped atomic.Bool
+	// The takeover runs while ansible-playbook starts up; the play's first
+	// task waits for it (gate.go).
+	var overlapped, checked atomic.Bool
 	spec := specFor(s, "ping.yml", nil)
-	spec.OnStart = func(int) { overlapped.Store(moduleRunning(targetTmp)) }
+	spec.OnEvent = func(ev Event) {
+		if ev.Type == EventTaskStart && !checked.Swap(true) {
+			overlapped.Store(moduleRunning(targetTmp))
+		}
+	}
 	res, err := r.Run(context.Background(), spec)
 	if err != nil || res.Outcome != OutcomeSucceeded {
 		t.Fatalf("next run: %v %+v", err, res)
+	}
+	if !checked.Load() {
+		t.Errorf("the next run reported no task start")
 	}
 	if overlapped.Load() {
 		t.Errorf("the next run's play started while the killed run's task still ran on the target")

@@ -63,6 +63,26 @@ type Result struct {
 	// Cleanup is what the cleanup after a stopped play (cancelled,
 	// timeout, idle timeout) stopped of the run's own work on the target.
 	Cleanup *RemoteReport
+	// Steps are how long the runner's own steps before the play took.
+	Steps Steps
+}
+
+// Steps are the runner's own time before a play, step by step: the
+// infra service's per-step overhead breakdown reports them.
+type Steps struct {
+	// RunDir is creating the run directory and writing its inputs.
+	RunDir time.Duration
+	// Agent is starting the run's in-process ssh-agent.
+	Agent time.Duration
+	// Takeover is the SSH session that stops earlier runs' work on the
+	// target. It runs while ansible-playbook starts up (gate.go).
+	Takeover time.Duration
+	// TakeoverWait is the part of it the play waited for: from the
+	// playbook's start (its playbook_start event) to the takeover's end.
+	TakeoverWait time.Duration
+	// Start is from exec to ansible-playbook running (runguard's start,
+	// its exec of ansible-playbook).
+	Start time.Duration
 }
 
 // result collects the finished run's Result.

@@ -39,6 +39,16 @@ func monoNow() int64 {
 	return ts.Nano()
 }
 
+// startTook is how long the process took from exec to ansible-playbook
+// running: runguard's own start and its exec of ansible-playbook when
+// guarded, the exec alone otherwise.
+func (e *execution) startTook() time.Duration {
+	if e.t.childStarted > 0 {
+		return time.Duration(max(e.t.childStarted-e.t.spawning, 0))
+	}
+	return time.Duration(max(e.t.spawned-e.t.spawning, 0))
+}
+
 // execution is one started process and what is learnt from it.
 type execution struct {
 	r    *Runner
@@ -80,6 +90,11 @@ type execution struct {
 	stopErr    error
 	killTimer  *time.Timer
 	cleaned    bool
+
+	gate            *gate         // the play's first task waits for the takeover (gate.go)
+	takeover        takeoverDone  // set by supervise once the takeover is done
+	playbookStarted atomic.Int64  // UnixNano of the playbook_start event; 0 before
+	gateBreach      chan struct{} // a task event arrived with the gate shut
 }
 
 // start starts the process (under the guard when there is one).
@@ -92,6 +107,7 @@ func (e *execution) start() error {
 	e.ctrlDone = make(chan struct{})
 	e.deliverDone = make(chan struct{})
 	e.panicCh = make(chan struct{}, 1)
+	e.gateBreach = make(chan struct{}, 1)
 	e.startCh = make(chan int, 1)
 	e.queue = newEventQueue()
 
@@ -245,6 +261,18 @@ func (e *execution) readEvents() {
 			return
 		}
 		e.events.add(ev)
+		switch ev.Type {
+		case EventPlaybookStart:
+			e.playbookStarted.CompareAndSwap(0, time.Now().UnixNano())
+		case EventPlayStart, EventStats:
+		default:
+			if opened, _ := e.gate.isOpen(); !opened && e.gate != nil {
+				select {
+				case e.gateBreach <- struct{}{}:
+				default:
+				}
+			}
+		}
 		if ev.Type == EventTaskStart || ev.Type == EventHandlerStart {
 			e.lastTask.Store(&FailedTask{Name: ev.Task, Play: ev.Play, Host: e.spec.Host.Alias})
 		}
@@ -328,7 +356,7 @@ func (e *execution) stop(reason Outcome, err error) {
 
 // supervise enforces the limits until the process exits, then collects the
 // result.
-func (e *execution) supervise(ctx context.Context) (*Result, error) {
+func (e *execution) supervise(ctx context.Context, tk <-chan takeoverDone) (*Result, error) {
 	spec := e.spec
 	wall := time.NewTimer(spec.Timeout)
 	defer wall.Stop()
@@ -357,9 +385,28 @@ func (e *execution) supervise(ctx context.Context) (*Result, error) {
 			}
 		case <-e.panicCh:
 			e.stop(OutcomeError, errors.New("OnEvent panicked"))
+		case t := <-tk:
+			tk = nil
+			e.takeover = t
+			e.t.takeover = int64(t.took)
+			if t.stop != nil {
+				e.stop(t.stop.Outcome, t.stop.Err)
+				e.gate.close()
+			} else {
+				e.gate.open()
+			}
+		case <-e.gateBreach:
+			e.stop(OutcomeError, errors.New("a task started before the takeover of the target was done "+
+				"(the autoprov_events callback plugin did not wait at the gate)"))
 		case <-e.exitCh:
 			running = false
 		}
+	}
+	e.gate.close()
+	if tk != nil {
+		// ansible-playbook ended first: the takeover still uses the run's
+		// directory and agent.
+		e.takeover = <-tk
 	}
 	e.cleanup()
 
@@ -382,6 +429,17 @@ func (e *execution) supervise(ctx context.Context) (*Result, error) {
 		return nil, fmt.Errorf("start ansible-playbook: %s", why)
 	}
 	return e.result(), nil
+}
+
+// gateWait is how long the play waited at the gate for the takeover: from
+// the playbook_start event to the gate's opening (0 when it did not wait).
+func (e *execution) gateWait() time.Duration {
+	opened, at := e.gate.isOpen()
+	started := e.playbookStarted.Load()
+	if !opened || started == 0 {
+		return 0
+	}
+	return max(at.Sub(time.Unix(0, started)), 0)
 }
 
 // exitedAt is when ansible-playbook exited (see Result.ExitedAt); valid

@@ -682,3 +682,71 @@ func TestRunRedactsEscapedMultiLineSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestRunTakeoverOverlapsStartup: the takeover runs while ansible-playbook
+// starts up, and the play's first task waits for it (gate.go). With a
+// takeover held for 3 s, ansible-playbook is started within it, and no
+// task starts before it is done.
+func TestRunTakeoverOverlapsStartup(t *testing.T) {
+	t.Parallel()
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	r, _ := newTestRunner(t, nil)
+	const hold = 3 * time.Second
+	var takeoverDone atomic.Int64
+	r.hooks.onTakeover = func() {
+		time.Sleep(hold)
+		takeoverDone.Store(time.Now().UnixNano())
+	}
+	var startedAt, firstTask atomic.Int64
+	spec := specFor(s, "ping.yml", nil)
+	spec.OnStart = func(int) { startedAt.Store(time.Now().UnixNano()) }
+	spec.OnEvent = func(ev Event) {
+		if ev.Type == EventTaskStart {
+			firstTask.CompareAndSwap(0, time.Now().UnixNano())
+		}
+	}
+	began := time.Now()
+	res, err := r.Run(context.Background(), spec)
+	if err != nil || res.Outcome != OutcomeSucceeded {
+		t.Fatalf("Run: %v %+v", err, res)
+	}
+	if started := time.Unix(0, startedAt.Load()); started.Sub(began) >= hold {
+		t.Errorf("ansible-playbook started %v after Run was called: after the takeover, not during it", started.Sub(began))
+	}
+	if firstTask.Load() == 0 || firstTask.Load() < takeoverDone.Load() {
+		t.Errorf("the first task started before the takeover was done (task %d, takeover done %d)", firstTask.Load(), takeoverDone.Load())
+	}
+	if res.Takeover == nil || res.Steps.Takeover < hold || res.Steps.TakeoverWait <= 0 || res.Steps.TakeoverWait > res.Steps.Takeover {
+		t.Errorf("Takeover %+v, steps %+v: want the takeover reported, its wait part of it", res.Takeover, res.Steps)
+	}
+}
+
+// TestRunStopsTaskBeforeGate: a playbook that reports a task while the
+// takeover is still running (a callback plugin that does not wait at the
+// gate) is stopped with an error, and nothing of it is left.
+func TestRunStopsTaskBeforeGate(t *testing.T) {
+	t.Parallel()
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	bin := filepath.Join(t.TempDir(), "ansible-playbook")
+	script := "#!/bin/sh\n" +
+		`echo '{"v":1,"seq":1,"event":"task_start","task":"Sneaky"}' >&3` + "\n" +
+		"exec sleep 30\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := newTestRunner(t, func(c *Config) {
+		c.PlaybookBin = bin
+		c.KillGrace = 500 * time.Millisecond
+	})
+	r.hooks.onTakeover = func() { time.Sleep(2 * time.Second) } // the task comes first
+	sp := watchSpawn(r)
+	res, err := r.Run(context.Background(), specFor(s, "ping.yml", nil))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Outcome != OutcomeError || res.Err == nil || !strings.Contains(res.Err.Error(), "before the takeover") {
+		t.Errorf("outcome %s, err %v: want error, a task before the takeover", res.Outcome, res.Err)
+	}
+	pgid, runDir := sp.get()
+	assertNothingLeft(t, pgid, runDir)
+}

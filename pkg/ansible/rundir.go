@@ -35,6 +35,7 @@ type runDir struct {
 	controlDir string // ANSIBLE_SSH_CONTROL_PATH_DIR
 	tmpDir     string // ANSIBLE_LOCAL_TEMP, TMPDIR
 	agentSock  string // SSH_AUTH_SOCK
+	gate       string // AUTOPROV_GATE_PATH (gate.go); "" when none
 	inventory  string
 	vars       string
 	knownHosts string

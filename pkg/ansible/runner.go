@@ -124,8 +124,9 @@ type Runner struct {
 
 // hooks let tests observe internals.
 type hooks struct {
-	onSpawn   func(pgid int, runDir string)
-	onTimings func(timings)
+	onSpawn    func(pgid int, runDir string)
+	onTimings  func(timings)
+	onTakeover func() // called before the takeover's SSH session
 }
 
 // New validates cfg, fills the defaults of the optional fields and creates
@@ -310,6 +311,13 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 			r.hooks.onTimings(*done)
 		}
 	}()
+	var steps Steps
+	mark := time.Now()
+	lap := func(d *time.Duration) {
+		now := time.Now()
+		*d += now.Sub(mark)
+		mark = now
+	}
 	rd, err := r.newRunDir(spec.JobID)
 	if err != nil {
 		return nil, err
@@ -324,6 +332,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if err := rd.writeInputs(&spec, key, marker); err != nil {
 		return nil, err
 	}
+	lap(&steps.RunDir)
 	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
 	if err != nil {
 		return nil, err
@@ -333,32 +342,46 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return nil, err
 	}
 	defer ag.close()
+	lap(&steps.Agent)
 
-	// No process of an earlier run may still run on the target when the
-	// play starts (remote.go).
-	takeover, stop := r.takeover(ctx, rd, &spec, key, marker, log)
-	if stop != nil {
-		stop.RemoteRun, stop.Takeover = marker.run, takeover
-		return stop, nil
+	g, err := rd.newGate()
+	if err != nil {
+		return nil, err
 	}
+	defer g.close()
+	lap(&steps.RunDir)
 
-	e := &execution{r: r, spec: &spec, rd: rd, log: log}
+	e := &execution{r: r, spec: &spec, rd: rd, log: log, gate: g}
 	e.t.runCalled = called
-	if takeover != nil {
-		e.t.takeover = int64(takeover.Duration)
-	}
 	defer e.cleanup() // kills the group if a panic cuts supervise short
 	if err := e.start(); err != nil {
 		return nil, err
 	}
-	res, err := e.supervise(ctx)
+	// No process of an earlier run may still run on the target when the
+	// play's first task starts (remote.go): the takeover runs while
+	// ansible-playbook starts up, which waits at the gate (gate.go).
+	tk := make(chan takeoverDone, 1)
+	go func() {
+		at := time.Now()
+		if r.hooks.onTakeover != nil {
+			r.hooks.onTakeover()
+		}
+		rep, stop := r.takeover(ctx, rd, &spec, key, marker, log)
+		tk <- takeoverDone{report: rep, stop: stop, at: time.Now(), took: time.Since(at)}
+	}()
+	res, err := e.supervise(ctx, tk)
 	if e.deliverPanic != nil {
 		panic(e.deliverPanic) // after cleanup, from the deferred calls
 	}
 	if err != nil {
 		return nil, err
 	}
-	res.RemoteRun, res.Takeover = marker.run, takeover
+	td := e.takeover
+	res.RemoteRun, res.Takeover = marker.run, td.report
+	steps.Takeover = td.took
+	steps.TakeoverWait = e.gateWait()
+	steps.Start = e.startTook()
+	res.Steps = steps
 	switch res.Outcome {
 	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
 		// The play was stopped: so is its task on the target.
@@ -366,6 +389,14 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	}
 	done = &e.t
 	return res, nil
+}
+
+// takeoverDone is how the takeover went.
+type takeoverDone struct {
+	report *RemoteReport
+	stop   *Result // the run must not go on (see takeover)
+	at     time.Time
+	took   time.Duration
 }
 
 // takeover stops what earlier runs left running on the target (see

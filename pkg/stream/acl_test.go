@@ -87,6 +87,21 @@ func TestACLRolesInRealRedis(t *testing.T) {
 	ctx := context.Background()
 	log := &lockedLog{}
 
+	// infra: the shared record of passed SSH checks; no other service's.
+	checkKey := "autoprov:infra:ssh-check:0123abcd"
+	if err := rc["infra"].Set(ctx, checkKey, "1 proof", time.Minute).Err(); err != nil {
+		t.Fatalf("infra cannot record a passed SSH check: %v", err)
+	}
+	if err := rc["infra"].Get(ctx, checkKey).Err(); err != nil {
+		t.Fatalf("infra cannot read a passed SSH check: %v", err)
+	}
+	if err := rc["deployer"].Get(ctx, checkKey).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("the deployer read infra's SSH check record: %v", err)
+	}
+	if err := rc["infra"].Del(ctx, checkKey).Err(); err != nil {
+		t.Fatalf("infra cannot forget a passed SSH check: %v", err)
+	}
+
 	// infra: one consumer group on both request streams.
 	infraProducer := stream.NewProducer(rc["infra"], stream.ProducerOptions{})
 	runConsumer(t, rc["infra"], "infra", []string{provisionerQueue, deployQueue}, log,

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -78,7 +79,7 @@ func BenchmarkServiceVsPlainVsRunner(b *testing.B) {
 		b.ReportMetric(runnerWall.Seconds(), "ansible-runner-s")
 		b.ReportMetric(serviceWall.Seconds()/plainWall.Seconds(), "service/plain")
 		b.ReportMetric(runnerWall.Seconds()/plainWall.Seconds(), "runner/plain")
-		for _, o := range overhead {
+		for _, o := range overhead[:5] {
 			b.ReportMetric(o.p50, o.name+"-p50-ms")
 			b.ReportMetric(o.p99, o.name+"-p99-ms")
 		}
@@ -218,9 +219,11 @@ func runThroughService(b *testing.B, e *e2e, sshds []*testenv.SSHD) (time.Durati
 // overheadQuantiles reads the per-job overhead fields of the "job
 // finished" log lines: the start overhead in all, the SSH check and the lock
 // wait within it, what remains (the service's own work: decoding, Postgres,
-// run directory, agent, runguard and exec), and the finish overhead.
+// run directory, agent, runguard and exec), the finish overhead, and each
+// step of the breakdown (step_<name>_ms, see internal/jobs/steps.go).
 func overheadQuantiles(b *testing.B, logs string) []quantiles {
 	fields := map[string][]float64{}
+	var stepNames []string
 	for _, line := range strings.Split(logs, "\n") {
 		if !strings.Contains(line, `"message":"job finished"`) {
 			continue
@@ -239,9 +242,22 @@ func overheadQuantiles(b *testing.B, logs string) []quantiles {
 		fields["lock_wait_ms"] = append(fields["lock_wait_ms"], rec.Lock)
 		fields["overhead_finish_ms"] = append(fields["overhead_finish_ms"], rec.Finish)
 		fields["overhead_own_ms"] = append(fields["overhead_own_ms"], *rec.Start-rec.SSH-rec.Lock)
+		var all map[string]any
+		_ = json.Unmarshal([]byte(line), &all)
+		for k, v := range all {
+			f, ok := v.(float64)
+			if !ok || !strings.HasPrefix(k, "step_") {
+				continue
+			}
+			if _, known := fields[k]; !known {
+				stepNames = append(stepNames, k)
+			}
+			fields[k] = append(fields[k], f)
+		}
 	}
+	slices.Sort(stepNames)
 	var out []quantiles
-	for _, k := range []string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_own_ms", "overhead_finish_ms"} {
+	for _, k := range append([]string{"overhead_start_ms", "ssh_check_ms", "lock_wait_ms", "overhead_own_ms", "overhead_finish_ms"}, stepNames...) {
 		v := fields[k]
 		if len(v) == 0 {
 			b.Fatalf("no %s in the logs", k)
@@ -253,11 +269,23 @@ func overheadQuantiles(b *testing.B, logs string) []quantiles {
 	return out
 }
 
+// printSteps prints the p50/p99 of each quantile, one per line, so that the
+// breakdown reads as a table under the benchmark's line.
+func printSteps(b *testing.B, title string, qs []quantiles) {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s (ms)\n  %-22s %9s %9s\n", title, "step", "p50", "p99")
+	for _, q := range qs {
+		fmt.Fprintf(&sb, "  %-22s %9.1f %9.1f\n", q.name, q.p50, q.p99)
+	}
+	b.Log(sb.String())
+	fmt.Print(sb.String())
+}
+
 // BenchmarkServiceOverhead measures the service's own time around a play
 // when nothing competes for the machine: 40 runs of a trivial playbook one
 // after the other on one loopback target. Run with -benchtime=1x.
 func BenchmarkServiceOverhead(b *testing.B) {
-	const runs = 40
+	runs := benchEnvInt("BENCH_OVERHEAD_RUNS", 40)
 	for range b.N {
 		sshd := testenv.StartSSHD(b, testenv.SSHDOptions{})
 		e := newE2E(b, sshd)
@@ -277,12 +305,23 @@ func BenchmarkServiceOverhead(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		for _, o := range overheadQuantiles(b, p.Stderr()) {
+		qs := overheadQuantiles(b, p.Stderr())
+		for _, o := range qs[:5] {
 			b.ReportMetric(o.p50, o.name+"-p50-ms")
 			b.ReportMetric(o.p99, o.name+"-p99-ms")
 		}
+		printSteps(b, fmt.Sprintf("ServiceOverhead: %d runs, concurrency 1", runs), qs)
 		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
 	}
+}
+
+// benchEnvInt reads a positive integer setting of a benchmark from the
+// environment; def when unset or invalid.
+func benchEnvInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
 }
 
 // vmRSS returns a process's resident set in KiB.
@@ -323,5 +362,229 @@ func must(b *testing.B, err error) {
 	b.Helper()
 	if err != nil {
 		b.Fatal(err)
+	}
+}
+
+// roleTasks is the number of tasks of the role workload's role.
+const roleTasks = 10
+
+// writeBenchRole writes a role of roleTasks command tasks under dir and
+// returns a playbook that applies it (by absolute path).
+func writeBenchRole(b *testing.B, dir string) string {
+	role := filepath.Join(dir, "benchroles", "bench10")
+	must(b, os.MkdirAll(filepath.Join(role, "tasks"), 0o755))
+	var tasks strings.Builder
+	tasks.WriteString("---\n")
+	for i := range roleTasks {
+		fmt.Fprintf(&tasks, "- name: Step %d\n  ansible.builtin.command: /bin/true\n  changed_when: false\n", i+1)
+	}
+	must(b, os.WriteFile(filepath.Join(role, "tasks", "main.yml"), []byte(tasks.String()), 0o644))
+	return fmt.Sprintf("---\n- name: Role\n  hosts: all\n  gather_facts: false\n  roles:\n    - role: %s\n", role)
+}
+
+// benchKeyFile writes the first target's client key and authorizes it on
+// every target, so one key serves all.
+func benchKeyFile(b *testing.B, sshds []*testenv.SSHD) string {
+	keyFile := filepath.Join(b.TempDir(), "id_ed25519")
+	must(b, os.WriteFile(keyFile, sshds[0].ClientKey, 0o600))
+	for _, s := range sshds[1:] {
+		f, err := os.OpenFile(filepath.Join(s.Dir, "authorized_keys"), os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fmt.Fprintln(f, sshds[0].ClientPublicKey)
+		f.Close()
+	}
+	return keyFile
+}
+
+// runBare runs n plays of setup_server.yml with a bare ansible-playbook
+// loop (xargs -P conc), round robin over the inventories, with the same
+// ansible.cfg as infra, and returns the wall time. Warm, the runs share
+// one ssh ControlPath directory, so with ControlPersist a run finds the
+// master connection an earlier run to the same target left; cold, each
+// run has its own (as each of infra's runs has).
+//
+// extraEnv adds settings to the bare runs (ANSIBLE_STRATEGY=mitogen_linear).
+func runBare(b *testing.B, e *e2e, invs []string, n, conc int, cold bool, extraEnv ...string) time.Duration {
+	var list strings.Builder
+	for i := range n {
+		list.WriteString(invs[i%len(invs)] + "\n")
+	}
+	dir := b.TempDir()
+	cp := shortDir(b)
+	play := `/usr/bin/ansible-playbook -i {} playbooks/setup_server.yml >/dev/null`
+	if cold {
+		play = `sh -c 'd=$(mktemp -d ` + cp + `/rXXXXXX) && ANSIBLE_SSH_CONTROL_PATH_DIR=$d /usr/bin/ansible-playbook -i {} playbooks/setup_server.yml >/dev/null'`
+	}
+	cmd := exec.Command("bash", "-c", fmt.Sprintf(`xargs -P %d -I{} %s`, conc, play))
+	cmd.Dir = e.ansibleDir
+	cmd.Stdin = strings.NewReader(list.String())
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8",
+		"ANSIBLE_CONFIG=" + filepath.Join(e.ansibleDir, "ansible.cfg"), "ANSIBLE_SSH_CONTROL_PATH_DIR=" + cp,
+		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + filepath.Join(dir, "facts")}
+	cmd.Env = append(cmd.Env, extraEnv...)
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("bare loop: %v\n%s", err, out)
+	}
+	return time.Since(start)
+}
+
+// runInfra submits n provisioning jobs (ids prefix-0..), round robin over
+// the servers, conc at a time (each waits for a result before the next of
+// its lane goes), and returns the wall time until every result is in.
+func runInfra(b *testing.B, e *e2e, handles []string, prefix string, n, conc int) time.Duration {
+	start := time.Now()
+	if conc >= n {
+		for i := range n {
+			e.provision(fmt.Sprintf("%s-%d", prefix, i), handles[i%len(handles)])
+		}
+		for i := range n {
+			if r := e.waitProvision(fmt.Sprintf("%s-%d", prefix, i), 10*time.Minute); r.Status != messages.StatusSucceeded {
+				b.Fatalf("%s-%d: %s %+v", prefix, i, r.Status, r.Error)
+			}
+		}
+		return time.Since(start)
+	}
+	// conc lanes, lane k serving servers k, k+conc, ...: no two of a lane's
+	// jobs overlap, as in the bare loop.
+	done := make(chan error, conc)
+	for lane := range conc {
+		go func() {
+			for i := lane; i < n; i += conc {
+				id := fmt.Sprintf("%s-%d", prefix, i)
+				e.provision(id, handles[i%len(handles)])
+				if r := e.waitProvision(id, 10*time.Minute); r.Status != messages.StatusSucceeded {
+					done <- fmt.Errorf("%s: %s %+v", id, r.Status, r.Error)
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range conc {
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
+}
+
+// jobLines keeps the log lines of the jobs whose ids start with prefix.
+func jobLines(logs, prefix string) string {
+	var sb strings.Builder
+	for line := range strings.Lines(logs) {
+		if strings.Contains(line, `"job_id":"`+prefix+`-`) {
+			sb.WriteString(line)
+		}
+	}
+	return sb.String()
+}
+
+// BenchmarkServiceVsBare compares infra with a bare ansible-playbook loop
+// (same ansible.cfg) on 4 loopback targets: BENCH_VS_BARE_RUNS (default 12)
+// trivial plays and as many plays of a 10-task role, at concurrency 1 and
+// 4, the bare loop and infra alternated in one run; it prints each ratio
+// with infra's step breakdown beside it. Then the makespan of
+// BENCH_MAKESPAN_JOBS (default 50) trivial jobs over 8 targets with 1, 2
+// and 4 infra replicas of STREAM_CONCURRENCY=2 each (the curve; 0 skips
+// it). Each bare figure has a cold twin (each run its own ssh ControlPath,
+// as infra's runs; see runBare). BENCH_VS_BARE_WORKLOADS ("trivial",
+// "role10", both by default) selects workloads; BENCH_BARE_MITOGEN=1
+// adds the bare loop with Mitogen's strategy. Extra
+// infra settings (BENCH_INFRA_ENV, space-separated NAME=value) apply to
+// every replica. Run with -benchtime=1x.
+func BenchmarkServiceVsBare(b *testing.B) {
+	n := benchEnvInt("BENCH_VS_BARE_RUNS", 12)
+	jobs := benchEnvInt("BENCH_MAKESPAN_JOBS", 50)
+	if os.Getenv("BENCH_MAKESPAN_JOBS") == "0" {
+		jobs = 0 // no makespan curve
+	}
+	extra := strings.Fields(os.Getenv("BENCH_INFRA_ENV"))
+	for range b.N {
+		var sshds []*testenv.SSHD
+		for range 8 {
+			sshds = append(sshds, testenv.StartSSHD(b, testenv.SSHDOptions{}))
+		}
+		e := newE2E(b, sshds[0])
+		keyFile := benchKeyFile(b, sshds)
+		roleBook := writeBenchRole(b, e.ansibleDir)
+		book := filepath.Join(e.ansibleDir, "playbooks", "setup_server.yml")
+		var invs, handles []string
+		dir := b.TempDir()
+		for i, s := range sshds {
+			invs = append(invs, inventoryFor(b, dir, i, s, keyFile))
+			handles = append(handles, fmt.Sprintf("bench-%d", i))
+			e.addServer(handles[i], s)
+		}
+		p := e.infra(append([]string{"STREAM_CONCURRENCY=4", "LOG_LEVEL=info"}, extra...)...)
+		time.Sleep(2 * time.Second) // settle: idle
+		rss := vmRSS(b, p.Pid())
+		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
+		// Warm both (fact cache, page cache, first pins).
+		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
+		runBare(b, e, invs[:4], 4, 4, false)
+		runInfra(b, e, handles[:4], "warm", 4, 4)
+
+		b.ResetTimer()
+		var report strings.Builder
+		fmt.Fprintf(&report, "%-10s %5s %5s %10s %10s %10s %7s %7s\n", "workload", "conc", "runs", "bare s", "cold s", "infra s", "ratio", "/cold")
+		workloads := os.Getenv("BENCH_VS_BARE_WORKLOADS") // "": all
+		for _, w := range []struct{ name, book string }{{"trivial", trivialPlaybook}, {"role10", roleBook}} {
+			if workloads != "" && !slices.Contains(strings.Fields(workloads), w.name) {
+				continue
+			}
+			must(b, os.WriteFile(book, []byte(w.book), 0o644))
+			for _, conc := range []int{1, 4} {
+				prefix := fmt.Sprintf("%s-c%d", w.name, conc)
+				bare := runBare(b, e, invs[:4], n, conc, false)
+				infra := runInfra(b, e, handles[:4], prefix, n, conc)
+				cold := runBare(b, e, invs[:4], n, conc, true)
+				ratio := infra.Seconds() / bare.Seconds()
+				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f\n", w.name, conc, n,
+					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds())
+				if os.Getenv("BENCH_BARE_MITOGEN") != "" {
+					// Debian's ansible-mitogen: the bare loop with its strategy.
+					mito := runBare(b, e, invs[:4], n, conc, false, "ANSIBLE_STRATEGY=mitogen_linear")
+					fmt.Fprintf(&report, "%-10s %5d %5d bare with mitogen_linear %.2f s (%.3f of the bare loop)\n", w.name, conc, n,
+						mito.Seconds(), mito.Seconds()/bare.Seconds())
+				}
+				b.ReportMetric(ratio, prefix+"-infra/bare")
+				b.ReportMetric(infra.Seconds()/cold.Seconds(), prefix+"-infra/cold")
+				qs := overheadQuantiles(b, jobLines(p.Stderr(), prefix))
+				printSteps(b, fmt.Sprintf("%s, concurrency %d: infra's steps", w.name, conc), qs)
+			}
+		}
+		p.Signal(syscall.SIGTERM)
+		p.Wait(time.Minute)
+
+		// The makespan curve: 1, 2, 4 replicas.
+		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
+		if jobs > 0 {
+			fmt.Fprintf(&report, "\nmakespan of %d trivial jobs over %d targets, STREAM_CONCURRENCY=2 per replica\n%-9s %10s %10s\n",
+				jobs, len(handles), "replicas", "seconds", "jobs/s")
+		}
+		for _, replicas := range []int{1, 2, 4} {
+			if jobs == 0 {
+				break
+			}
+			var procs []*infraProc
+			for range replicas {
+				procs = append(procs, e.infra(append([]string{"STREAM_CONCURRENCY=2", "LOG_LEVEL=info"}, extra...)...))
+			}
+			wall := runInfra(b, e, handles, fmt.Sprintf("mk%d", replicas), jobs, jobs)
+			fmt.Fprintf(&report, "%-9d %10.2f %10.2f\n", replicas, wall.Seconds(), float64(jobs)/wall.Seconds())
+			b.ReportMetric(wall.Seconds(), fmt.Sprintf("makespan-%dr-s", replicas))
+			for _, q := range procs {
+				q.Signal(syscall.SIGTERM)
+			}
+			for _, q := range procs {
+				q.Wait(time.Minute)
+			}
+		}
+		b.StopTimer()
+		b.Log("\n" + report.String())
+		fmt.Print(report.String())
 	}
 }

@@ -4,6 +4,13 @@
 # Writes one JSON object per line to the file (or FIFO) named by the
 # environment variable AUTOPROV_EVENTS_PATH; does nothing when it is unset.
 # The format is documented in docs/events.md of the repository.
+#
+# With AUTOPROV_GATE_PATH set (a FIFO the runner holds open), the first play
+# waits before its first task until the runner writes "go" there: the
+# runner's takeover of the target (pkg/ansible/remote.go) runs while
+# ansible-playbook starts up, and no task reaches the target before it is
+# done. Anything else (the runner closed the gate) ends ansible-playbook at
+# once, before any task.
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
@@ -20,6 +27,8 @@ description:
     censored for C(no_log) tasks, and only their C(msg), C(stderr), C(stdout)
     and C(rc) fields.
   - Never raises; an error disables the plugin for the rest of the run.
+  - With C(AUTOPROV_GATE_PATH) set, waits before the first play's first task
+    until the runner writes C(go) to that FIFO, and exits at once otherwise.
 requirements:
   - enabled through callbacks_enabled in ansible.cfg
 """
@@ -33,6 +42,9 @@ import time
 from datetime import datetime, timezone
 
 from ansible.plugins.callback import CallbackBase
+
+# Exit status of ansible-playbook when the runner closed the gate.
+GATE_CLOSED_EXIT = 250
 
 VERSION = 1
 MAX_LINE = 64 * 1024
@@ -115,6 +127,7 @@ class CallbackModule(CallbackBase):
         self._seq = 0
         self._playbook = ""
         self._play = ""
+        self._gate_path = os.environ.get("AUTOPROV_GATE_PATH", "")
 
     # ---- output -------------------------------------------------------
 
@@ -232,7 +245,24 @@ class CallbackModule(CallbackBase):
             self._playbook = ""
         self._emit("playbook_start")
 
+    def _wait_at_gate(self):
+        """Blocks until the runner opens the gate; exits if it closes it."""
+        path, self._gate_path = self._gate_path, ""
+        if not path:
+            return
+        word = b""
+        try:
+            with open(path, "rb") as gate:
+                word = gate.readline().strip()
+        except Exception:  # pylint: disable=broad-except
+            pass
+        if word != b"go":
+            # Not a callback error Ansible would only warn about: no task
+            # may run, so the process ends here.
+            os._exit(GATE_CLOSED_EXIT)  # pylint: disable=protected-access
+
     def v2_playbook_on_play_start(self, play):
+        self._wait_at_gate()
         try:
             self._play = play.get_name().strip()
         except Exception:  # pylint: disable=broad-except

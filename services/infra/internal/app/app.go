@@ -142,6 +142,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		ReinstallOS:      cfg.Jobs.ReinstallOS,
 		ReinstallSSHWait: cfg.Jobs.ReinstallSSHWait,
 		SSHCheckReuse:    cfg.SSH.CheckReuse,
+		SSHCheckShared:   cfg.SSH.CheckReuseShared,
 		Limits:           limits,
 		SiteVars:         siteVars,
 	}, jobs.Deps{

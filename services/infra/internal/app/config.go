@@ -89,16 +89,17 @@ type PlaybookConfig struct {
 
 // SSHConfig configures the SSH check before every run.
 type SSHConfig struct {
-	KeyRef         string          `env:"KEY_REF" desc:"secret reference of the SSH private key for servers without ssh_key_ref (e.g. vault:secret/infra/ssh#private_key)"`
-	Attempts       int             `env:"ATTEMPTS" envDefault:"3" desc:"connection attempts before a server counts as unreachable"`
-	BaseDelay      time.Duration   `env:"BASE_DELAY" envDefault:"2s" desc:"delay before the second attempt; it grows by SSH_DELAY_FACTOR, with jitter"`
-	MaxDelay       time.Duration   `env:"MAX_DELAY" envDefault:"30s" desc:"longest delay between attempts"`
-	DelayFactor    float64         `env:"DELAY_FACTOR" envDefault:"2" desc:"each further delay is this many times the one before (at least 1)"`
-	DelayJitter    float64         `env:"DELAY_JITTER" envDefault:"0.2" desc:"spread of each delay (0.2: ±20%; 0: none; below 1)"`
-	AttemptTimeout time.Duration   `env:"ATTEMPT_TIMEOUT" envDefault:"15s" desc:"timeout of one attempt (TCP connect and SSH handshake)"`
-	HostKeyPolicy  sshcheck.Policy `env:"HOST_KEY_POLICY" envDefault:"tofu" desc:"tofu (pin the first host key, enforce it after), strict (require a pinned key) or off (insecure)"`
-	DeployUser     string          `env:"DEPLOY_USER" envDefault:"deploy" desc:"user setup_server.yml creates and later runs log in as; deploys to unregistered servers use it too"`
-	CheckReuse     time.Duration   `env:"CHECK_REUSE" envDefault:"5s" desc:"a run goes without an SSH check when the same address, port and user passed one (or ran a play that succeeded) this recently with the same host key and SSH key; never after a failed check or an unreachable play; 0 checks before every run"`
+	KeyRef           string          `env:"KEY_REF" desc:"secret reference of the SSH private key for servers without ssh_key_ref (e.g. vault:secret/infra/ssh#private_key)"`
+	Attempts         int             `env:"ATTEMPTS" envDefault:"3" desc:"connection attempts before a server counts as unreachable"`
+	BaseDelay        time.Duration   `env:"BASE_DELAY" envDefault:"2s" desc:"delay before the second attempt; it grows by SSH_DELAY_FACTOR, with jitter"`
+	MaxDelay         time.Duration   `env:"MAX_DELAY" envDefault:"30s" desc:"longest delay between attempts"`
+	DelayFactor      float64         `env:"DELAY_FACTOR" envDefault:"2" desc:"each further delay is this many times the one before (at least 1)"`
+	DelayJitter      float64         `env:"DELAY_JITTER" envDefault:"0.2" desc:"spread of each delay (0.2: ±20%; 0: none; below 1)"`
+	AttemptTimeout   time.Duration   `env:"ATTEMPT_TIMEOUT" envDefault:"15s" desc:"timeout of one attempt (TCP connect and SSH handshake)"`
+	HostKeyPolicy    sshcheck.Policy `env:"HOST_KEY_POLICY" envDefault:"tofu" desc:"tofu (pin the first host key, enforce it after), strict (require a pinned key) or off (insecure)"`
+	DeployUser       string          `env:"DEPLOY_USER" envDefault:"deploy" desc:"user setup_server.yml creates and later runs log in as; deploys to unregistered servers use it too"`
+	CheckReuse       time.Duration   `env:"CHECK_REUSE" envDefault:"5s" desc:"a run goes without an SSH check when the same address, port and user passed one (or ran a play that succeeded) this recently with the same host key and SSH key; never after a failed check or an unreachable play; 0 checks before every run"`
+	CheckReuseShared bool            `env:"CHECK_REUSE_SHARED" envDefault:"true" desc:"share the passed SSH checks of SSH_CHECK_REUSE with the other replicas through Redis (a hashed key per address, port and user holding when it passed and a hash of the host key and SSH key), so that back-to-back jobs of one server on different replicas reuse them; a failure on any replica makes all check again"`
 }
 
 // JobsConfig configures the handling of requests.

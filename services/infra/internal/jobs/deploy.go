@@ -31,6 +31,7 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 		tc = &m.TraceContext
 	}
 	ctx = j.startTrace(ctx, traceOf(tc), began, err)
+	at := j.steps.add(stepDecode, began)
 	if err != nil {
 		return j.reject(ctx, err)
 	}
@@ -44,6 +45,7 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 	j.timeoutCap = time.Duration(m.TimeoutSeconds) * time.Second
 	// A deploy to a registered server uses its credentials and its lock.
 	srv, err := store.FindServerByAddress(ctx, h.DB, addr)
+	j.steps.add(stepServerLookup, at)
 	var ambiguous *store.AmbiguousAddressError
 	switch {
 	case errors.Is(err, store.ErrServerNotFound):
@@ -75,6 +77,7 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 // target answered SSH.
 func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr string) (*outcome, error) {
 	ep := endpoint{address: addr, port: cmp.Or(m.SSHPort, messages.DefaultSSHPort), user: j.h.cfg.DeploySSHUser}
+	at := time.Now()
 	if j.server != nil {
 		srv, err := store.GetServer(ctx, j.h.DB, j.server.Handle)
 		if err != nil {
@@ -87,6 +90,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr
 		ep.alias = hostAlias("", addr)
 	}
 
+	at = j.steps.add(stepServerLookup, at)
 	if err := j.h.Authz.Target(ctx, ep.address, j.server != nil); err != nil {
 		// The requester hears what a silent host would say: infra is no
 		// port scanner. The reason is for the operator.
@@ -114,7 +118,9 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr
 		}
 	}
 
+	at = j.steps.add(stepAuthorization, at)
 	creds, err := j.sshCredentials(ctx)
+	j.steps.add(stepSecrets, at)
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +129,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr
 		return nil, err
 	}
 
+	at = time.Now()
 	env := map[string]string{}
 	for _, r := range refs {
 		if r.ref == "" {
@@ -135,6 +142,7 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr
 		env[r.env] = v.Reveal()
 		v.Wipe()
 	}
+	j.steps.add(stepSecrets, at)
 	modules := m.Modules
 	if modules == nil {
 		modules = []string{}

@@ -139,6 +139,10 @@ type Config struct {
 	// of its own. 0 checks before every run. After a failed check, or a
 	// play that found the server unreachable, the next run checks.
 	SSHCheckReuse time.Duration
+	// SSHCheckShared shares the SSH checks that passed with the other
+	// replicas through Redis (see passedChecks), so that back-to-back jobs
+	// of one server on different replicas reuse them too.
+	SSHCheckShared bool
 	// ElsewhereRecheck is how long a request whose job runs elsewhere (its
 	// job lock is held by another session) stays pending before it is
 	// delivered again to see whether that job's outcome is durable by then;
@@ -263,7 +267,10 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	if deps.Locker == nil {
 		deps.Locker = store.NewLocker(deps.DB, 0)
 	}
-	h := &Handler{cfg: cfg, Deps: deps, checks: newPassedChecks(cfg.SSHCheckReuse)}
+	h := &Handler{cfg: cfg, Deps: deps, checks: newPassedChecks(cfg.SSHCheckReuse, nil)}
+	if cfg.SSHCheckShared {
+		h.checks.rdb = deps.Redis
+	}
 	h.routes = stream.NewMux()
 	h.routes.RouteFunc(messages.StreamProvisionerQueue, h.handleProvision)
 	h.routes.RouteFunc(messages.StreamAnsibleDeployQueue, h.handleDeploy)

@@ -64,6 +64,7 @@ type job struct {
 	lockWait       time.Duration // waiting for another run on the server
 	playStarted    time.Time     // first ansible-playbook exec
 	playEnded      time.Time     // when the last ansible-playbook exited
+	steps          steps         // the job's time per step
 
 	span trace.Span // the job's span (startTrace); nil before
 }
@@ -136,6 +137,7 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 // failed.
 func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) (*outcome, error)) error {
 	db := j.h.DB
+	at := time.Now()
 	var r *store.Run
 	err := j.durably(ctx, "read run", 30*time.Second, func(ctx context.Context) (err error) {
 		r, err = store.GetRun(ctx, db, j.id)
@@ -149,6 +151,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		return j.infraError(ctx, fmt.Errorf("read run: %w", err))
 	}
 
+	at = j.steps.add(stepRunRecord, at)
 	var locks *store.RunLocks
 	lctx, lockSpan := j.startSpan(ctx, spanLock, attribute.String("autoprov.target", target))
 	err = j.durably(lctx, "take run locks", 30*time.Second, func(ctx context.Context) (err error) {
@@ -195,6 +198,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		locks.Release(rctx)
 	}()
 	j.lockWait = locks.Waited()
+	at = j.steps.add(stepLocks, at)
 
 	start := store.RunStart{
 		JobID: j.id, Kind: j.kind, Stream: j.msg.Stream, RequestID: j.msg.ID,
@@ -240,6 +244,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	defer j.h.Metrics.inFlight.Dec()
 	j.prog = j.h.startProgress(messages.JobKind(j.kind), j.id, j.log)
 	j.prog.emit(messages.ProgressEvent{Type: messages.EventRunStarted, Message: fmt.Sprintf("attempt %d of %s", run.Attempt, playbook)})
+	j.steps.add(stepRunRecord, at)
 
 	o, err := body(rctx)
 	if end, ok := asOutcome(err); ok {
@@ -290,7 +295,9 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 	}
 	// The full output is stored before the result goes out, so that a
 	// client reading the result finds the log.
+	at := time.Now()
 	j.storeOutput()
+	at = j.steps.add(stepLogStore, at)
 	// The progress stream's end goes out while the outcome is stored, and
 	// before the result: a reader that sees the result (autoprov --follow,
 	// the deployer's event streams) then finds every event of the run.
@@ -328,6 +335,7 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 	if err := j.publishData(ctx, data); err != nil {
 		return err
 	}
+	j.steps.add(stepResult, at)
 	published := j.h.Now()
 	j.h.Metrics.finished(j.kind, j.out.Playbook, j.out.Status, time.Duration(j.out.DurationMS)*time.Millisecond)
 	ev := j.log.Info().Str("status", string(j.out.Status)).Str("playbook", j.out.Playbook).
@@ -343,7 +351,8 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 		ev = ev.Float64("overhead_start_ms", ms(start)).Float64("ssh_check_ms", ms(j.sshCheck)).Bool("ssh_check_reused", j.sshCheckReused).
 			Float64("lock_wait_ms", ms(j.lockWait)).Float64("overhead_finish_ms", ms(finish))
 	}
-	ev.Msg("job finished")
+	j.steps.observe(j.h.Metrics)
+	j.steps.log(ev).Msg("job finished")
 	return nil
 }
 

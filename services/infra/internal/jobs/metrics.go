@@ -18,6 +18,7 @@ type Metrics struct {
 	overhead        *prometheus.HistogramVec
 	sshChecksReused prometheus.Counter
 	remoteStopped   *prometheus.CounterVec
+	steps           *prometheus.HistogramVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -44,8 +45,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		remoteStopped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "remote_processes_stopped_total",
 			Help: "Processes stopped on servers: of earlier runs whose controller was gone, before a play (takeover), " +
 				"and of a play that was stopped (cleanup)."}, []string{"step"}),
+		steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "job_step_seconds",
+			Help: "Time of each step of a job (decode, server_lookup, authorization, locks, run_record, secrets, " +
+				"ssh_check, run_dir, agent, takeover, process_start, play, log_store, result); a job observes only the steps it took.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60, 300, 1200}}, []string{"step"}),
 	}
-	reg.MustRegister(m.runs, m.duration, m.unreachable, m.inFlight, m.progressDropped, m.overhead, m.sshChecksReused, m.remoteStopped)
+	reg.MustRegister(m.runs, m.duration, m.unreachable, m.inFlight, m.progressDropped, m.overhead, m.sshChecksReused, m.remoteStopped, m.steps)
 	return m
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 
@@ -49,6 +50,7 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	for k, v := range vars {
 		all[k] = v
 	}
+	var execAt time.Time // this play's ansible-playbook started
 	pctx, span := j.startSpan(ctx, spanPlay, attribute.String("autoprov.playbook", playbook))
 	res, err := j.h.Runner.Run(pctx, ansible.Spec{
 		Timeout:     limits.Timeout,
@@ -64,6 +66,7 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		OnOutput:    j.onOutput(),
 		OnEvent:     j.prog.fromAnsible,
 		OnStart: func(int) {
+			execAt = time.Now()
 			if j.playStarted.IsZero() {
 				j.playStarted = j.h.Now()
 			}
@@ -83,6 +86,12 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	if err != nil {
 		return nil, fmt.Errorf("run %s: %w", playbook, err)
 	}
+	j.steps.addRun(res.Steps)
+	if !execAt.IsZero() && !res.ExitedAt.IsZero() {
+		// The wait at the gate for the takeover is counted there.
+		j.steps.d[stepPlay] += max(res.ExitedAt.Sub(execAt)-res.Steps.TakeoverWait, 0)
+		j.steps.seen[stepPlay] = true
+	}
 	j.reportRemote(ep, res)
 	// The finish overhead counts from ansible-playbook's exit: the runner's
 	// clean-up after it is the service's own time.
@@ -94,9 +103,9 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	case ansible.OutcomeSucceeded:
 		// ssh reached the server with this key, holding it to the pinned
 		// key: as good as a check that passed now.
-		j.h.checks.pass(keyOf(ep), hostKey, creds.clients, j.h.Now())
+		j.h.checks.pass(ctx, keyOf(ep), hostKey, creds.clients, j.h.Now())
 	case ansible.OutcomeUnreachable:
-		j.h.checks.forget(keyOf(ep)) // the next run checks again
+		j.h.checks.forget(ctx, keyOf(ep)) // the next run checks again
 		if j.sshCheckReused {
 			// The play went without a check of its own: check now, so that
 			// the result says what the check would have said before the

@@ -26,11 +26,13 @@ func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) erro
 	if err == nil {
 		err = h.checkExtras(m)
 	}
+	at := j.steps.add(stepDecode, began)
 	if err != nil {
 		return j.reject(ctx, err)
 	}
 	j.log = j.log.With().Str("server", m.ServerHandle).Logger()
 	srv, err := store.GetServer(ctx, h.DB, m.ServerHandle)
+	at = j.steps.add(stepServerLookup, at)
 	if errors.Is(err, store.ErrServerNotFound) {
 		return j.end(ctx, fail(messages.StatusRejected, messages.KindServerNotFound,
 			"no server with handle %q is registered", m.ServerHandle))
@@ -42,7 +44,9 @@ func (h *Handler) handleProvision(ctx context.Context, msg *stream.Message) erro
 	// A registered server is authorized as a deploy target is: provider
 	// listings and inventories are input, and a server at a special
 	// address is refused before any lock, connection or secret.
-	if err := h.Authz.Target(ctx, srv.Address, true); err != nil {
+	err = h.Authz.Target(ctx, srv.Address, true)
+	j.steps.add(stepAuthorization, at)
+	if err != nil {
 		return j.rejectAs(ctx, reasonTargetRefused, fmt.Errorf("server %s: %w", srv.Handle, err))
 	}
 	return j.runLocked(ctx, "server:"+srv.Handle, h.provisionPlaybook(m), func(ctx context.Context) (*outcome, error) {
@@ -68,6 +72,7 @@ func (h *Handler) provisionPlaybook(m *messages.ProvisionerMessage) string {
 func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*outcome, error) {
 	// The transition reads the server afresh: it may have changed while
 	// this job waited for its lock.
+	at := time.Now()
 	fsrv, err := j.h.fleet().StartProvisioning(ctx, j.server.Handle, j.id, fleetActor)
 	if err != nil {
 		return nil, fmt.Errorf("mark server provisioning: %w", err)
@@ -75,13 +80,17 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*o
 	srv := &fsrv.Server
 	j.server = srv
 	j.refreshFromProvider(ctx)
+	at = j.steps.add(stepRunRecord, at)
 	// The stored address (maybe new from the provider) is checked again.
-	if err := j.h.Authz.Target(ctx, srv.Address, true); err != nil {
+	err = j.h.Authz.Target(ctx, srv.Address, true)
+	at = j.steps.add(stepAuthorization, at)
+	if err != nil {
 		j.log.Warn().Str("reason", err.Error()).Msg("provisioning target refused: nothing dialed")
 		return nil, fail(messages.StatusRejected, messages.KindInvalidMessage, "server %s: %v", srv.Handle, err)
 	}
 
 	creds, err := j.sshCredentials(ctx)
+	j.steps.add(stepSecrets, at)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +104,7 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*o
 		}
 		// Cached facts and a passed SSH check describe the old OS.
 		j.h.Runner.ForgetHost(ep.alias)
-		j.h.checks.forget(keyOf(ep))
+		j.h.checks.forget(ctx, keyOf(ep))
 		if hostKey, err = j.waitForSSH(ctx, ep, creds); err != nil {
 			return nil, err
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/crypto/ssh"
@@ -129,12 +130,13 @@ func (j *job) pinnedKey(ctx context.Context, ep endpoint) (string, error) {
 // as the error. A check that passed moments ago for the same endpoint, host
 // key and credentials stands in for a new one (Config.SSHCheckReuse).
 func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (string, error) {
+	defer j.steps.add(stepSSHCheck, time.Now())
 	pinned, err := j.pinnedKey(ctx, ep)
 	if err != nil {
 		return "", fmt.Errorf("read pinned host key: %w", err)
 	}
 	key := keyOf(ep)
-	if ago, ok := j.h.checks.reuse(key, pinned, creds.clients, j.h.Now()); ok {
+	if ago, ok := j.h.checks.reuse(ctx, key, pinned, creds.clients, j.h.Now()); ok {
 		j.sshCheckReused = true
 		j.h.Metrics.sshChecksReused.Inc()
 		j.log.Debug().Dur("passed_ago", ago).Msg("SSH check skipped: the server passed one moments ago")
@@ -146,7 +148,7 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 	endSpan(span, err)
 	j.sshCheck += j.h.Now().Sub(checkStart)
 	if err != nil {
-		j.h.checks.forget(key)
+		j.h.checks.forget(ctx, key)
 	}
 	var unreachable *sshcheck.UnreachableError
 	var mismatch *sshcheck.HostKeyMismatchError
@@ -176,7 +178,7 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 			return "", err
 		}
 	}
-	j.h.checks.pass(key, pinned, creds.clients, j.h.Now())
+	j.h.checks.pass(ctx, key, pinned, creds.clients, j.h.Now())
 	return pinned, nil
 }
 
