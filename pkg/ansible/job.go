@@ -335,7 +335,7 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 	if err := e.start(); err != nil {
 		return nil, err
 	}
-	res, err := e.supervise(ctx)
+	res, err := e.supervise(ctx, nil) // a job has no takeover: no gate to open
 	if e.deliverPanic != nil {
 		panic(e.deliverPanic)
 	}
