@@ -191,6 +191,10 @@ JSON
 		"PLAYBOOK_VARS_FILE=$RUN/site-vars.json"
 		"SSH_KEY_REF=file:ssh/local-target.key"
 	)
+	# The Ansible job demo's repository is on this host's end of the
+	# target's veth: an address of this host, which infra refuses for a
+	# repository unless allowed (targets are not allowed there).
+	INFRA_ENV+=("SOURCES_ALLOW_NETWORKS=$host_addr/32")
 	# The scheduler's source: a static inventory (a fresh target each time,
 	# so the server is registered anew: no pinned host key, root login).
 	cat >"$RUN/inventory.yml" <<YAML

@@ -2,6 +2,7 @@ package app
 
 import (
 	"cmp"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,15 +24,26 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 		return nil, nil
 	}
 	base := filepath.Dir(cfg.Playbook.RunRoot)
+	sourceGuard := guard
 	srcCfg := cfg.Sources
 	if srcCfg.CacheDir == "" {
 		srcCfg.CacheDir = filepath.Join(base, "autoprov-sources")
 	}
-	cache, err := sources.NewCache(srcCfg, log, sources.WithGuard(guard))
+	if len(srcCfg.AllowNetworks) > 0 {
+		// Repositories and URL inventories get their own, wider guard;
+		// the hosts a job runs on keep infra's.
+		special := authz.SpecialConfig{AllowNetworks: append(slices.Clone(cfg.Authz.Special.AllowNetworks), srcCfg.AllowNetworks...)}
+		g, err := authz.NewGuard(special, authz.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("SOURCES_ALLOW_NETWORKS: %w", err)
+		}
+		sourceGuard = g
+	}
+	cache, err := sources.NewCache(srcCfg, log, sources.WithGuard(sourceGuard))
 	if err != nil {
 		return nil, err
 	}
-	inventories, err := inventory.NewResolver(cfg.Inventory, cache, guard, log)
+	inventories, err := inventory.NewResolver(cfg.Inventory, cache, sourceGuard, log)
 	if err != nil {
 		return nil, err
 	}

@@ -57,6 +57,10 @@ type Config struct {
 	// AllowHTTP lets plain http:// repositories (and Galaxy servers)
 	// through: for tests and development on loopback only.
 	AllowHTTP bool `env:"ALLOW_HTTP" desc:"allow plain http:// repository URLs (development only)"`
+	// AllowNetworks lets repositories (and URL inventories) at these
+	// special addresses through, on top of SPECIAL_ALLOW_NETWORKS: a git
+	// server on this host, without letting deploy targets there too.
+	AllowNetworks []string `env:"ALLOW_NETWORKS" envSeparator:"," desc:"networks (CIDR) of special addresses (this host's own, loopback, ...) where job repositories and URL inventories may be, on top of SPECIAL_ALLOW_NETWORKS, which targets use; cloud metadata never (empty by default)"`
 }
 
 // Repo names one repository at one reference.
