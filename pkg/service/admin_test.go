@@ -71,7 +71,9 @@ func getReady(t *testing.T, base string) (int, service.Readiness) {
 func TestAdminReadiness(t *testing.T) {
 	rdb := testenv.Redis(t)
 	pool := testenv.Pool(t)
-	a, base := startAdmin(t, service.AdminConfig{CheckTimeout: 200 * time.Millisecond})
+	// Long enough for a Postgres ping on a loaded machine; the slow check
+	// waits it out twice.
+	a, base := startAdmin(t, service.AdminConfig{CheckTimeout: 1500 * time.Millisecond})
 	a.AddCheck("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	a.AddCheck("postgres", pool.Ping)
 
