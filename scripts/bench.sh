@@ -2,7 +2,10 @@
 # bench.sh: run every benchmark of every module against real services and
 # print comparable figures (what `make bench` runs). Heavy benchmarks do
 # their whole measurement in one iteration, so Go's default -benchtime runs
-# them once; BENCH='regexp' selects benchmarks.
+# them once; BENCH='regexp' selects benchmarks. BENCH_JOBS (default 200)
+# sizes BenchmarkJobsVsBare (services/deployer: jobs through the API and 4
+# infra replicas against a bare ansible-playbook loop); BenchmarkCheckout
+# (services/infra/internal/sources) times a job's source step.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/autoprovisioner/autoprovisioner/ansible/tests/target"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
@@ -30,32 +28,11 @@ import (
 // that the token is in no answer or log. A job cancelled while infra is
 // down is never run: infra publishes the result the deployer stored.
 func TestJobEndToEndWithRealInfra(t *testing.T) {
-	for _, tool := range []string{"ansible-playbook", "git", "sshd"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if _, err := os.Stat("/usr/sbin/" + tool); err != nil {
-				t.Fatalf("%s is missing (make test installs it)", tool)
-			}
-		}
-	}
-	root, err := target.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
 	token := "ghs_" + testenv.Unique("")
 
 	// The playbook repository.
 	repos := t.TempDir()
-	work := filepath.Join(t.TempDir(), "work")
-	git := func(args ...string) {
-		cmd := exec.Command("git", args...)
-		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + repos, "GIT_CONFIG_NOSYSTEM=1", "GIT_AUTHOR_NAME=t",
-			"GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com"}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
-	git("init", "-q", "--initial-branch=main", work)
 	const site = `- name: Greet
   hosts: all
   gather_facts: false
@@ -66,13 +43,7 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
         dest: "{{ out }}/{{ inventory_hostname }}.txt"
         mode: "0644"
 `
-	if err := os.WriteFile(filepath.Join(work, "site.yml"), []byte(site), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	git("-C", work, "add", "-A")
-	git("-C", work, "commit", "-q", "-m", "site")
-	git("-C", work, "tag", "v1")
-	git("clone", "-q", "--bare", work, filepath.Join(repos, "org", "ops.git"))
+	jobRepo(t, repos, site)
 	gitURL, refused := serveRepos(t, "127.0.0.1", token, repos)
 
 	// The webhook receiver.
@@ -87,86 +58,16 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	}))
 	t.Cleanup(recv.Close)
 
-	dsn, redisURL := testenv.Postgres(t), testenv.RedisDB(t)
-	bins := t.TempDir()
-	const ap = "github.com/autoprovisioner/autoprovisioner/"
-	for _, b := range []struct {
-		out, pkg string
-		static   bool
-	}{
-		{"infra", ap + "services/infra", false},
-		{"runguard", ap + "pkg/ansible/cmd/runguard", true},
-		{"deployer", ".", false},
-	} {
-		if err := testenv.GoBuild(filepath.Join(bins, b.out), b.pkg, b.static); err != nil {
-			t.Fatalf("build %s: %v", b.pkg, err)
-		}
-	}
-	secretDir := t.TempDir()
-	const requestKey = "deployer-request-key-0123456789abcdef-0123456789"
-	if err := os.WriteFile(filepath.Join(secretDir, "deployer-request-key"), []byte(requestKey), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	runRoot := "/tmp/dj-" + testenv.Unique("")[:8] // short: ssh's socket names sit under it
-	t.Cleanup(func() { os.RemoveAll(runRoot) })
-	out := t.TempDir()
-	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json", "DEPLOY_SECRET_REFS=env:PROJ_SECRET_*"}
-	infraAdmin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	infraEnv := testenv.BinaryEnv(append(common,
-		"ADMIN_ADDR="+infraAdmin, "PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot,
-		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=env:AUTOPROV_SECRET_SSH_KEY", "AUTOPROV_SECRET_SSH_KEY="+string(sshd.ClientKey),
-		"SSH_BASE_DELAY=200ms", "SSH_ATTEMPT_TIMEOUT=3s",
-		"SPECIAL_ALLOW_NETWORKS=127.0.0.0/8", "DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
-		"SOURCES_ALLOW_HTTP=true", "JOB_WORK_DIR="+filepath.Join(t.TempDir(), "jobs"),
-		"SOURCES_CACHE_DIR="+filepath.Join(t.TempDir(), "sources"),
-		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_", "PROJ_SECRET_GIT="+token,
-		// The target is not a registered server: the job brings its own
-		// SSH key (infra's key is never lent to a job).
-		"PROJ_SECRET_SSH="+string(sshd.ClientKey),
-		"REQUEST_SIGNATURES=require", "REQUEST_KEYS=deployer-1@ansible:job:queue=file:deployer-request-key")...)
-	infra := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
-	infra.WaitHTTP("http://"+infraAdmin+"/readyz", 200, time.Minute)
-	api, admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	const hookKey = "e2e-webhook-signing-key-0123456789abcdef"
-	depEnv := append(common, "WEBHOOK_SIGNING_KEY="+hookKey)
-	deployer := testenv.StartBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(append(depEnv, "API_ADDR="+api, "ADMIN_ADDR="+admin,
-		"REQUEST_SIGNING_KEY_ID=deployer-1", "REQUEST_SIGNING_KEY="+requestKey, "WEBHOOK_ALLOW_CIDRS=127.0.0.1/32")...))
-	deployer.WaitHTTP("http://"+admin+"/readyz", 200, 2*time.Minute)
+	stack := startJobStack(t, token, sshd.ClientKey)
+	infra := stack.startInfra(t)
+	deployer := stack.deployer
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("infra logs:\n%s\ndeployer logs:\n%s", infra.Stderr(), deployer.Stderr())
 		}
 	})
-
-	const project = "3c9a7e10-5b2d-4f6e-8a1c-9d0e2f4b6a81"
-	stdout, stderr, code := testenv.RunBinary(t, filepath.Join(bins, "deployer"), testenv.BinaryEnv(depEnv...),
-		"keys", "create", "--name", "ci", "--scopes", "jobs:write,credentials:write", "--project", project, "--json")
-	var created struct {
-		Key           string `json:"key"`
-		WebhookSecret string `json:"webhook_secret"`
-	}
-	if code != 0 || json.Unmarshal([]byte(stdout), &created) != nil || created.WebhookSecret == "" {
-		t.Fatalf("keys create: %d %s %s", code, stdout, stderr)
-	}
-	call := func(method, path, body string) (int, string) {
-		req, _ := http.NewRequest(method, "http://"+api+"/api/v1"+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+created.Key)
-		if body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := (&http.Client{Timeout: 10 * time.Minute}).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	for _, c := range []string{`{"name":"git","ref":"env:PROJ_SECRET_GIT"}`, `{"name":"ssh","ref":"env:PROJ_SECRET_SSH"}`} {
-		if code, resp := call("POST", "/credentials", c); code != 201 {
-			t.Fatalf("credential: %d %s", code, resp)
-		}
-	}
+	out := t.TempDir()
+	call := func(method, path, body string) (int, string) { return stack.call(t, method, path, body) }
 	job := fmt.Sprintf(`{"source":{"type":"playbook","repository":%q,"ref":"v1","paths":["site.yml"],"git_credential":"git"},
 		"inventory":{"type":"inline","hosts":{"t1":{"ansible_host":%q,"ansible_port":%d,"ansible_user":%q}}},
 		"credentials":{"ssh":"ssh"},
@@ -191,7 +92,7 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	if err := json.Unmarshal([]byte(resp), &j); err != nil {
 		t.Fatal(err)
 	}
-	events := followEvents(t, "http://"+api+"/api/v1/jobs/"+j.ID+"/stream", created.Key)
+	events := followEvents(t, "http://"+stack.api+"/api/v1/jobs/"+j.ID+"/stream", stack.key)
 	code, resp = call("GET", "/jobs/"+j.ID+"?wait=5m", "")
 	if err := json.Unmarshal([]byte(resp), &j); err != nil || code != 200 || j.Status != "succeeded" {
 		t.Fatalf("job: %d %s", code, resp)
@@ -221,7 +122,7 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	if hook.Header.Get(webhooks.HeaderEvent) != webhooks.EventJobFinished || !strings.Contains(string(body), `"status":"succeeded"`) {
 		t.Errorf("webhook %s: %s", hook.Header.Get(webhooks.HeaderEvent), body)
 	}
-	if err := webhooks.Verify(created.WebhookSecret, hook.Header.Get(webhooks.HeaderSignature), body, time.Hour, time.Now()); err != nil {
+	if err := webhooks.Verify(stack.hookKey, hook.Header.Get(webhooks.HeaderSignature), body, time.Hour, time.Now()); err != nil {
 		t.Errorf("webhook signature: %v", err)
 	}
 	if refused() != 0 {
@@ -246,7 +147,7 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	if code, r := call("DELETE", "/jobs/"+q.ID, ""); code != 200 || !strings.Contains(r, `"status":"cancelled"`) {
 		t.Fatalf("cancel queued job: %d %s", code, r)
 	}
-	infra2 := testenv.StartBinary(t, filepath.Join(bins, "infra"), infraEnv)
+	infra2 := stack.startInfra(t)
 	testenv.WaitFor(t, 2*time.Minute, "infra to publish the stored cancelled result", func() bool {
 		for _, line := range strings.Split(infra2.Stderr(), "\n") {
 			if strings.Contains(line, q.ID) && strings.Contains(line, "publishing its stored result again") {

@@ -197,20 +197,7 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		return created["key"].(string)
 	}
 	key, keyB := newKey("e2e", projectA), newKey("e2e-b", projectB)
-	callAs := func(key, method, path, body string) (int, string) {
-		req, _ := http.NewRequest(method, "http://"+api+"/api/v1"+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		if body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := (&http.Client{Timeout: 10 * time.Minute}).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	callAs := func(key, method, path, body string) (int, string) { return apiCall(t, api, key, method, path, body) }
 	call := func(method, path, body string) (int, string) { return callAs(key, method, path, body) }
 
 	requestFor := func(project, server, repo, secretsOf string) string {
@@ -367,14 +354,7 @@ func gitServer(t *testing.T, addr, token string) (string, func() int32) {
 	dir := t.TempDir()
 	work := filepath.Join(dir, "work")
 	bare := filepath.Join(dir, "repos", "acme", "shop.git")
-	git := func(args ...string) {
-		cmd := exec.Command("git", args...)
-		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_AUTHOR_NAME=t",
-			"GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com"}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
+	git := gitRunner(t, dir)
 	git("init", "-q", "--initial-branch=main", work)
 	compose := "services:\n  web:\n    image: nginx\n    ports: [\"${PORT}:80\"]\n    profiles: [web]\n"
 	if err := os.WriteFile(filepath.Join(work, "compose.yml"), []byte(compose), 0o644); err != nil {
@@ -398,7 +378,7 @@ func gitServer(t *testing.T, addr, token string) (string, func() int32) {
 // (git http-backend) on addr, to clients that send token as basic
 // authentication (x-access-token:<token>); it returns its URL and a count
 // of the requests refused.
-func serveRepos(t *testing.T, addr, token, root string) (string, func() int32) {
+func serveRepos(t testing.TB, addr, token, root string) (string, func() int32) {
 	t.Helper()
 	execPath, err := exec.Command("git", "--exec-path").Output()
 	if err != nil {

@@ -87,35 +87,11 @@ func BenchmarkServiceVsPlainVsRunner(b *testing.B) {
 	}
 }
 
-// inventoryFor writes an inventory for one target the way infra does
-// (pinned host key, strict checking) but with a key file.
-func inventoryFor(b *testing.B, dir string, i int, s *testenv.SSHD, keyFile string) string {
-	b.Helper()
-	known := filepath.Join(dir, fmt.Sprintf("known_hosts_%d", i))
-	if err := os.WriteFile(known, []byte(fmt.Sprintf("[%s]:%d %s\n", s.Host, s.Port, s.HostKey)), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	inv := filepath.Join(dir, fmt.Sprintf("inv_%d.yml", i))
-	content := fmt.Sprintf(`all:
-  hosts:
-    target%d:
-      ansible_host: %s
-      ansible_port: %d
-      ansible_user: %s
-      ansible_ssh_private_key_file: %s
-      ansible_ssh_common_args: -o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes
-`, i, s.Host, s.Port, s.User, keyFile, known)
-	if err := os.WriteFile(inv, []byte(content), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	return inv
-}
-
 func runPlainLoop(b *testing.B, e *e2e, sshds []*testenv.SSHD, keyFile string) time.Duration {
 	dir := b.TempDir()
 	var invs []string
 	for i, s := range sshds {
-		invs = append(invs, inventoryFor(b, dir, i, s, keyFile))
+		invs = append(invs, s.WriteInventory(b, dir, fmt.Sprintf("target%d", i), keyFile))
 	}
 	var list strings.Builder
 	for i := range benchRuns {
@@ -151,7 +127,7 @@ func runAnsibleRunner(b *testing.B, e *e2e, sshds []*testenv.SSHD, keyFile strin
 				b.Fatal(err)
 			}
 		}
-		inv := inventoryFor(b, dir, i, s, keyFile)
+		inv := s.WriteInventory(b, dir, fmt.Sprintf("target%d", i), keyFile)
 		must(b, copyFile(inv, filepath.Join(pdd, "inventory", "hosts.yml")))
 		must(b, os.WriteFile(filepath.Join(pdd, "project", "setup_server.yml"), book, 0o600))
 		envvars, _ := json.Marshal(map[string]string{
@@ -382,22 +358,6 @@ func writeBenchRole(b *testing.B, dir string) string {
 	return fmt.Sprintf("---\n- name: Role\n  hosts: all\n  gather_facts: false\n  roles:\n    - role: %s\n", role)
 }
 
-// benchKeyFile writes the first target's client key and authorizes it on
-// every target, so one key serves all.
-func benchKeyFile(b *testing.B, sshds []*testenv.SSHD) string {
-	keyFile := filepath.Join(b.TempDir(), "id_ed25519")
-	must(b, os.WriteFile(keyFile, sshds[0].ClientKey, 0o600))
-	for _, s := range sshds[1:] {
-		f, err := os.OpenFile(filepath.Join(s.Dir, "authorized_keys"), os.O_APPEND|os.O_WRONLY, 0o600)
-		if err != nil {
-			b.Fatal(err)
-		}
-		fmt.Fprintln(f, sshds[0].ClientPublicKey)
-		f.Close()
-	}
-	return keyFile
-}
-
 // runBare runs n plays of setup_server.yml with a bare ansible-playbook
 // loop (xargs -P conc), round robin over the inventories, with the same
 // ansible.cfg as infra, and returns the wall time. Warm, the runs share
@@ -508,13 +468,13 @@ func BenchmarkServiceVsBare(b *testing.B) {
 			sshds = append(sshds, testenv.StartSSHD(b, testenv.SSHDOptions{}))
 		}
 		e := newE2E(b, sshds[0])
-		keyFile := benchKeyFile(b, sshds)
+		keyFile := testenv.ShareClientKey(b, b.TempDir(), sshds)
 		roleBook := writeBenchRole(b, e.ansibleDir)
 		book := filepath.Join(e.ansibleDir, "playbooks", "setup_server.yml")
 		var invs, handles []string
 		dir := b.TempDir()
 		for i, s := range sshds {
-			invs = append(invs, inventoryFor(b, dir, i, s, keyFile))
+			invs = append(invs, s.WriteInventory(b, dir, fmt.Sprintf("target%d", i), keyFile))
 			handles = append(handles, fmt.Sprintf("bench-%d", i))
 			e.addServer(handles[i], s)
 		}

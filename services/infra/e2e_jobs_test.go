@@ -566,6 +566,9 @@ func TestAnsibleJobGitAndURLInventories(t *testing.T) {
 	if len(r.Hosts) != 1 || r.Hosts["t1"].Changed != 2 {
 		t.Errorf("recap %+v, want t1 with two changes", r.Hosts)
 	}
+	if r.InventoryCommit == "" || r.InventoryCommit != r.Commit {
+		t.Errorf("inventory_commit %q, want the repository's commit %q (the playbook's, same repository)", r.InventoryCommit, r.Commit)
+	}
 	attempts := p.sshAttempts(t)
 
 	m = w.job("job-url-inv", nil, "site.yml")
@@ -658,6 +661,8 @@ class InventoryModule(BaseInventoryPlugin):
             self.inventory.set_variable(h['name'], 'ansible_host', h['address'])
             self.inventory.set_variable(h['name'], 'ansible_port', h['port'])
             self.inventory.set_variable(h['name'], 'ansible_user', h['user'])
+            for k, v in h.get('vars', {}).items():
+                self.inventory.set_variable(h['name'], k, v)
 `
 
 // TestAnsibleJobDynamicInventory: a dynamic inventory plugin from a
@@ -670,11 +675,16 @@ func TestAnsibleJobDynamicInventory(t *testing.T) {
 	s := w.sshds[0]
 	hub := sourcestest.NewGalaxyServer(t, "")
 	hub.Add(t, sourcestest.BuildCollection(t, "acme", "cloud", "1.0.0", map[string]string{"plugins/inventory/static.py": cloudPlugin}))
-	w.repo.Commit(t, map[string]string{"site.yml": sitePlay, "collections/requirements.yml": "collections:\n  - name: acme.cloud\n"})
+	// greet.yml writes the host's greeting, a variable only the plugin sets.
+	greet := "- name: Greet\n  hosts: all\n  gather_facts: false\n  tasks:\n    - name: Greeting\n      ansible.builtin.copy:\n" +
+		"        content: \"{{ greeting }}\"\n        dest: \"{{ out }}/{{ inventory_hostname }}.greeting\"\n        mode: \"0644\"\n"
+	w.repo.Commit(t, map[string]string{"site.yml": sitePlay, "greet.yml": greet, "collections/requirements.yml": "collections:\n  - name: acme.cloud\n"})
 	w.start("GALAXY_SERVERS=hub="+hub.URL, "GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_CLOUD=ACME_CLOUD_TOKEN=cloud-secret")
 	m := w.job("job-dynamic", nil, "site.yml")
+	job := m
 	m.Inventory = messages.JobInventory{Type: messages.InventoryDynamic, Plugin: "acme.cloud.static",
-		Config: messages.Vars{"hosts": []any{map[string]any{"name": "vm1", "address": s.Host, "port": int64(s.Port), "user": s.User}}}}
+		Config: messages.Vars{"hosts": []any{map[string]any{"name": "vm1", "address": s.Host, "port": int64(s.Port), "user": s.User,
+			"vars": map[string]any{"greeting": "{{ not templated }}"}}}}}
 	m.Credentials.Cloud = "env:PROJ_SECRET_CLOUD"
 	m.Options.Limit = "cloud"
 	w.submit(m)
@@ -682,5 +692,24 @@ func TestAnsibleJobDynamicInventory(t *testing.T) {
 	jobStatus(t, r, messages.StatusSucceeded, "")
 	if len(r.Hosts) != 1 || r.Hosts["vm1"].Changed != 2 {
 		t.Errorf("recap %+v, want vm1 with two changes", r.Hosts)
+	}
+
+	// The plugin's host variables reach the play, as data; a connection
+	// variable among them is refused before any connection.
+	m = w.job("job-dynamic-vars", nil, "greet.yml")
+	m.Inventory, m.Credentials.Cloud = job.Inventory, job.Credentials.Cloud
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-dynamic-vars", 2*time.Minute), messages.StatusSucceeded, "")
+	if got, err := os.ReadFile(filepath.Join(w.out, "vm1.greeting")); err != nil || string(got) != "{{ not templated }}" {
+		t.Errorf("the plugin's host variable in the play: %q %v", got, err)
+	}
+	m = w.job("job-dynamic-conn", nil, "greet.yml")
+	m.Inventory, m.Credentials.Cloud = job.Inventory, job.Credentials.Cloud
+	m.Inventory.Config = messages.Vars{"hosts": []any{map[string]any{"name": "vm1", "address": s.Host, "port": int64(s.Port), "user": s.User,
+		"vars": map[string]any{"greeting": "hi", "ansible_shell_executable": "/tmp/x"}}}}
+	w.submit(m)
+	if r := w.waitJob("job-dynamic-conn", time.Minute); r.Status != messages.StatusRejected ||
+		!strings.Contains(fmt.Sprint(r.Error), "ansible_shell_executable") {
+		t.Errorf("a plugin's connection variable: %s %+v, want rejected naming it", r.Status, r.Error)
 	}
 }

@@ -109,6 +109,12 @@ type Host struct {
 	Port    int      // ansible_port (or ansible_ssh_port), else 22
 	User    string   // ansible_user (or ansible_ssh_user), empty if none
 	Groups  []string // groups the host is in, sorted, "all" and "ungrouped" left out
+	// Vars are the host's other variables as the listing has them (group
+	// variables merged in), !unsafe strings as plain strings; the
+	// connection variables read into the fields above are left out. The
+	// caller decides which names it passes on (a dynamic inventory's
+	// variables reach the play only through them).
+	Vars map[string]any
 }
 
 // Run is where one job's inventory goes and what ansible-inventory sees.
@@ -166,30 +172,30 @@ var (
 // file) as Resolve used. Errors wrap ErrInvalid, ErrTooManyHosts,
 // ErrTooLarge, ErrFetch, ErrHostVar, authz.ErrDenied (a URL at a refused
 // address) or the sources errors.
-func (r *Resolver) Resolve(ctx context.Context, spec Spec, run Run) (file string, hosts []Host, err error) {
+func (r *Resolver) Resolve(ctx context.Context, spec Spec, run Run) (file string, hosts []Host, commit string, err error) {
 	if !filepath.IsAbs(run.Dir) {
-		return "", nil, fmt.Errorf("%w: run directory must be absolute", ErrInvalid)
+		return "", nil, "", fmt.Errorf("%w: run directory must be absolute", ErrInvalid)
 	}
 	switch spec.Kind {
 	case KindInline:
 		file, err = r.inline(spec, run)
 	case KindGit:
-		file, err = r.git(ctx, spec, run)
+		file, commit, err = r.git(ctx, spec, run)
 	case KindURL:
 		file, err = r.fetch(ctx, spec, run)
 	case KindDynamic:
 		file, err = r.dynamic(spec, run)
 	default:
-		return "", nil, fmt.Errorf("%w: kind %q", ErrInvalid, spec.Kind)
+		return "", nil, "", fmt.Errorf("%w: kind %q", ErrInvalid, spec.Kind)
 	}
 	if err != nil {
-		return "", nil, err
+		return "", nil, "", err
 	}
 	hosts, err = r.list(ctx, spec, run, file)
 	if err != nil {
-		return "", nil, err
+		return "", nil, "", err
 	}
-	return file, hosts, nil
+	return file, hosts, commit, nil
 }
 
 // Enabled is the ANSIBLE_INVENTORY_ENABLED value for spec's file (as
@@ -275,26 +281,26 @@ func checkHostName(h string) error {
 	return nil
 }
 
-// git checks the inventory file out of its repository.
-func (r *Resolver) git(ctx context.Context, spec Spec, run Run) (string, error) {
+// git checks the inventory file out of its repository and returns it
+// with the commit it was checked out at.
+func (r *Resolver) git(ctx context.Context, spec Spec, run Run) (file, commit string, err error) {
 	if r.cache == nil {
-		return "", fmt.Errorf("%w: git inventories are not configured", ErrInvalid)
+		return "", "", fmt.Errorf("%w: git inventories are not configured", ErrInvalid)
 	}
 	if spec.Path == "" {
-		return "", fmt.Errorf("%w: path is required", ErrInvalid)
+		return "", "", fmt.Errorf("%w: path is required", ErrInvalid)
 	}
 	dst := filepath.Join(run.Dir, "inventory-src")
-	if _, err := r.cache.Checkout(ctx, spec.Repo, dst); err != nil {
-		return "", fmt.Errorf("inventory repository: %w", err)
+	if commit, err = r.cache.Checkout(ctx, spec.Repo, dst); err != nil {
+		return "", "", fmt.Errorf("inventory repository: %w", err)
 	}
-	file, err := sources.SafePath(dst, spec.Path)
-	if err != nil {
-		return "", fmt.Errorf("inventory: %w", err)
+	if file, err = sources.SafePath(dst, spec.Path); err != nil {
+		return "", "", fmt.Errorf("inventory: %w", err)
 	}
 	if _, err := os.Stat(file); err != nil {
-		return "", fmt.Errorf("%w: %s is not in the repository", ErrInvalid, spec.Path)
+		return "", "", fmt.Errorf("%w: %s is not in the repository", ErrInvalid, spec.Path)
 	}
-	return file, nil
+	return file, commit, nil
 }
 
 // dynamic writes the plugin's configuration file.

@@ -59,14 +59,15 @@ func TestInline(t *testing.T) {
 			"db1":  {"ansible_host": "198.51.100.9"},
 		},
 	}
-	file, hosts, err := r.Resolve(context.Background(), spec, run(t))
+	file, hosts, _, err := r.Resolve(context.Background(), spec, run(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Host{
 		{Name: "198.51.100.7", Address: "198.51.100.7", Port: 22, Groups: []string{"web"}},
 		{Name: "db1", Address: "198.51.100.9", Port: 22, Groups: []string{"db"}},
-		{Name: "web1", Address: "198.51.100.5", Port: 2222, User: "deploy", Groups: []string{"web"}},
+		{Name: "web1", Address: "198.51.100.5", Port: 2222, User: "deploy", Groups: []string{"web"},
+			Vars: map[string]any{"motd": "{{ lookup('pipe', 'id') }}"}},
 	}
 	checkHosts(t, want, hosts)
 	if b, _ := os.ReadFile(file); !bytes.Contains(b, []byte(`!unsafe "{{ lookup('pipe', 'id') }}"`)) {
@@ -80,7 +81,7 @@ func TestInline(t *testing.T) {
 		"vars of stranger":  {Kind: KindInline, Hosts: []string{"a"}, HostVars: map[string]map[string]any{"b": {"x": 1}}},
 		"unknown kind":      {Kind: "static"},
 	} {
-		if _, _, err := r.Resolve(context.Background(), bad, run(t)); !errors.Is(err, ErrInvalid) {
+		if _, _, _, err := r.Resolve(context.Background(), bad, run(t)); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
 		}
 	}
@@ -98,7 +99,7 @@ func TestHostVarsRefused(t *testing.T) {
 		"bad address":      {"ansible_host": "a b"},
 	} {
 		spec := Spec{Kind: KindInline, Hosts: []string{"h"}, HostVars: map[string]map[string]any{"h": vars}}
-		if _, _, err := r.Resolve(context.Background(), spec, run(t)); !errors.Is(err, ErrHostVar) {
+		if _, _, _, err := r.Resolve(context.Background(), spec, run(t)); !errors.Is(err, ErrHostVar) {
 			t.Errorf("%s: err = %v, want ErrHostVar", name, err)
 		}
 	}
@@ -121,7 +122,7 @@ func TestGit(t *testing.T) {
 	repo.Commit(t, nil)
 	r := newResolver(t, Config{}, false)
 	spec := Spec{Kind: KindGit, Repo: sources.Repo{URL: repo.URL, Ref: "main", Token: "tok"}, Path: "prod/hosts.yml"}
-	_, hosts, err := r.Resolve(context.Background(), spec, run(t))
+	_, hosts, _, err := r.Resolve(context.Background(), spec, run(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,12 +146,12 @@ func TestGit(t *testing.T) {
 	for _, c := range cases {
 		s := spec
 		s.Path = c.path
-		if _, _, err := r.Resolve(context.Background(), s, run(t)); !errors.Is(err, c.want) {
+		if _, _, _, err := r.Resolve(context.Background(), s, run(t)); !errors.Is(err, c.want) {
 			t.Errorf("%s: err = %v, want %v", c.path, err, c.want)
 		}
 	}
 	small := newResolver(t, Config{MaxHosts: 2}, false)
-	if _, _, err := small.Resolve(context.Background(), spec, run(t)); !errors.Is(err, ErrTooManyHosts) {
+	if _, _, _, err := small.Resolve(context.Background(), spec, run(t)); !errors.Is(err, ErrTooManyHosts) {
 		t.Errorf("three hosts from a range, limit 2: err = %v", err)
 	}
 }
@@ -210,7 +211,7 @@ func TestURL(t *testing.T) {
 	for _, c := range []struct{ path, format string }{{"/yaml", ""}, {"/json", ""}, {"/ini", "ini"}, {"/json", "json"}, {"/yaml", "yaml"}} {
 		spec := Spec{Kind: KindURL, URL: srv.url + c.path, Format: c.format, Header: "Authorization", HeaderValue: secret}
 		rd := run(t)
-		_, hosts, err := r.Resolve(context.Background(), spec, rd)
+		_, hosts, _, err := r.Resolve(context.Background(), spec, rd)
 		if err != nil {
 			t.Errorf("%s (format %q): %v", c.path, c.format, err)
 			continue
@@ -230,7 +231,7 @@ func TestURL(t *testing.T) {
 		{"/move", secret, ErrFetch},
 	} {
 		spec := Spec{Kind: KindURL, URL: srv.url + c.path, Header: "Authorization", HeaderValue: c.header}
-		if _, _, err := r.Resolve(context.Background(), spec, run(t)); !errors.Is(err, c.want) {
+		if _, _, _, err := r.Resolve(context.Background(), spec, run(t)); !errors.Is(err, c.want) {
 			t.Errorf("%s: err = %v, want %v", c.path, err, c.want)
 		}
 	}
@@ -247,7 +248,7 @@ func TestURLSpecialAddressRefused(t *testing.T) {
 	port := srv.url[strings.LastIndex(srv.url, ":")+1:]
 	strict := newResolver(t, Config{}, true)
 	for _, u := range []string{srv.url + "/inv", "http://localhost:" + port + "/inv", "http://[::1]:" + port + "/inv", "http://0.0.0.0:" + port + "/inv"} {
-		_, _, err := strict.Resolve(context.Background(), Spec{Kind: KindURL, URL: u}, run(t))
+		_, _, _, err := strict.Resolve(context.Background(), Spec{Kind: KindURL, URL: u}, run(t))
 		if !errors.Is(err, authz.ErrDenied) {
 			t.Errorf("%s: err = %v, want authz.ErrDenied", u, err)
 		}
@@ -256,7 +257,7 @@ func TestURLSpecialAddressRefused(t *testing.T) {
 		t.Fatalf("the refused fetches opened %d connections", n)
 	}
 	// The same URL with loopback allowed connects: the count above is real.
-	if _, _, err := newResolver(t, Config{}, false).Resolve(context.Background(), Spec{Kind: KindURL, URL: srv.url + "/inv"}, run(t)); err != nil {
+	if _, _, _, err := newResolver(t, Config{}, false).Resolve(context.Background(), Spec{Kind: KindURL, URL: srv.url + "/inv"}, run(t)); err != nil {
 		t.Fatal(err)
 	}
 	if srv.accepted.Load() == 0 {
@@ -305,6 +306,8 @@ class InventoryModule(BaseInventoryPlugin):
             self.inventory.set_variable(h['name'], 'ansible_host', h['address'])
             self.inventory.set_variable(h['name'], 'ansible_port', h['port'])
             self.inventory.set_variable(h['name'], 'ansible_user', h['user'])
+            for k, v in h.get('vars', {}).items():
+                self.inventory.set_variable(h['name'], k, v)
 `
 
 func TestDynamic(t *testing.T) {
@@ -324,17 +327,21 @@ func TestDynamic(t *testing.T) {
 		Kind:   KindDynamic,
 		Plugin: "acme.cloud.static",
 		PluginConfig: map[string]any{"hosts": []any{
-			map[string]any{"name": "vm1", "address": "198.51.100.21", "port": 22, "user": "admin"},
+			map[string]any{"name": "vm1", "address": "198.51.100.21", "port": 22, "user": "admin",
+				"vars": map[string]any{"role": "web", "motd": "{{ not templated }}", "tags": []any{"a", "b"}}},
 			map[string]any{"name": "vm2", "address": "198.51.100.22", "port": 2200, "user": "admin"},
 		}},
 		Env: map[string]string{"ACME_CLOUD_TOKEN": "cloud-secret-77"},
 	}
-	_, hosts, err := newResolver(t, Config{}, false).Resolve(context.Background(), spec, rd)
+	_, hosts, _, err := newResolver(t, Config{}, false).Resolve(context.Background(), spec, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Host{
-		{Name: "vm1", Address: "198.51.100.21", Port: 22, User: "admin", Groups: []string{"cloud"}},
+		// The host's own variables come with it, connection ones read
+		// into the fields, a template as plain data.
+		{Name: "vm1", Address: "198.51.100.21", Port: 22, User: "admin", Groups: []string{"cloud"},
+			Vars: map[string]any{"role": "web", "motd": "{{ not templated }}", "tags": []any{"a", "b"}}},
 		{Name: "vm2", Address: "198.51.100.22", Port: 2200, User: "admin", Groups: []string{"cloud"}},
 	}
 	checkHosts(t, want, hosts)
@@ -343,12 +350,12 @@ func TestDynamic(t *testing.T) {
 	// Without the credential the plugin fails, and so does Resolve.
 	rd2 := Run{Dir: t.TempDir(), CollectionsPath: inst.CollectionsPath}
 	spec.Env = nil
-	if _, _, err := newResolver(t, Config{}, false).Resolve(context.Background(), spec, rd2); !errors.Is(err, ErrInvalid) {
+	if _, _, _, err := newResolver(t, Config{}, false).Resolve(context.Background(), spec, rd2); !errors.Is(err, ErrInvalid) {
 		t.Errorf("without the credential: err = %v", err)
 	}
 	for _, bad := range []map[string]string{{"LD_PRELOAD": "/x.so"}, {"ANSIBLE_INVENTORY_ENABLED": "script"}, {"PATH": "/tmp"}, {"lower": "x"}} {
 		spec.Env = bad
-		if _, _, err := newResolver(t, Config{}, false).Resolve(context.Background(), spec, Run{Dir: t.TempDir()}); !errors.Is(err, ErrInvalid) {
+		if _, _, _, err := newResolver(t, Config{}, false).Resolve(context.Background(), spec, Run{Dir: t.TempDir()}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("env %v: err = %v, want ErrInvalid", bad, err)
 		}
 	}
@@ -357,11 +364,11 @@ func TestDynamic(t *testing.T) {
 func TestHostLimit(t *testing.T) {
 	r := newResolver(t, Config{MaxHosts: 2}, false)
 	spec := Spec{Kind: KindInline, Hosts: []string{"a", "b", "c"}}
-	if _, _, err := r.Resolve(context.Background(), spec, run(t)); !errors.Is(err, ErrTooManyHosts) {
+	if _, _, _, err := r.Resolve(context.Background(), spec, run(t)); !errors.Is(err, ErrTooManyHosts) {
 		t.Errorf("err = %v, want ErrTooManyHosts", err)
 	}
 	spec.Hosts = spec.Hosts[:2]
-	if _, hosts, err := r.Resolve(context.Background(), spec, run(t)); err != nil || len(hosts) != 2 {
+	if _, hosts, _, err := r.Resolve(context.Background(), spec, run(t)); err != nil || len(hosts) != 2 {
 		t.Errorf("two hosts: %v %v", hosts, err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -175,6 +176,33 @@ var refusedVars = []string{
 	"ansible_paramiko_proxy_command", "ansible_ssh_proxy_command",
 }
 
+// readVars are the variables connection reads into a Host's fields.
+var readVars = []string{"ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port",
+	"ansible_user", "ansible_ssh_user", "ansible_connection"}
+
+// plain is v with ansible-inventory's {"__ansible_unsafe": s} wrappers
+// replaced by s, at any depth.
+func plain(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		if u, ok := t["__ansible_unsafe"].(string); ok && len(t) == 1 {
+			return u
+		}
+		m := make(map[string]any, len(t))
+		for k, e := range t {
+			m[k] = plain(e)
+		}
+		return m
+	case []any:
+		l := make([]any, len(t))
+		for i, e := range t {
+			l[i] = plain(e)
+		}
+		return l
+	}
+	return v
+}
+
 // connection reads where host name would be connected to.
 func connection(name string, vars map[string]any) (Host, error) {
 	refuse := func(why string) (Host, error) {
@@ -241,6 +269,14 @@ func connection(name string, vars map[string]any) (Host, error) {
 		return Host{}, err
 	} else if ok {
 		h.User = s
+	}
+	for k, v := range vars {
+		if !slices.Contains(readVars, k) {
+			if h.Vars == nil {
+				h.Vars = map[string]any{}
+			}
+			h.Vars[k] = plain(v)
+		}
 	}
 	if h.Address == "" || len(h.Address) > 253 || strings.ContainsAny(h.Address, " \t\r\n\x00{}[]%,/\\") {
 		return refuse("ansible_host " + strconv.Quote(h.Address))

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
@@ -19,7 +20,9 @@ import (
 // JobInventories resolves git, URL and dynamic inventories to a file and
 // its hosts (package inventory).
 type JobInventories interface {
-	Resolve(ctx context.Context, spec inventory.Spec, run inventory.Run) (file string, hosts []inventory.Host, err error)
+	// Resolve returns the inventory's file, its hosts and, for a git
+	// inventory, the commit it was read at.
+	Resolve(ctx context.Context, spec inventory.Spec, run inventory.Run) (file string, hosts []inventory.Host, commit string, err error)
 }
 
 // envCloudCredential holds a dynamic inventory's cloud credential when it
@@ -29,8 +32,8 @@ const envCloudCredential = "AUTOPROV_CLOUD_CREDENTIAL"
 // resolveInventory resolves a git, URL or dynamic inventory and locates
 // its hosts. A git or URL inventory's file is read again by the play (it
 // cannot change in between: it is in the job's directory); a dynamic one
-// is not asked again: the play gets the hosts and groups it listed, so it
-// can never reach a host that was not authorized.
+// is not asked again: the play gets the hosts, groups and host variables
+// it listed, so it can never reach a host that was not authorized.
 func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 	inv := aj.m.Inventory
 	if aj.cfg.Inventories == nil {
@@ -59,7 +62,7 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 		}
 		spec.Env = cloudEnv(cloud)
 	}
-	file, hosts, err := aj.cfg.Inventories.Resolve(ctx, spec, inventory.Run{Dir: aj.dir, CollectionsPath: aj.env["ANSIBLE_COLLECTIONS_PATH"]})
+	file, hosts, commit, err := aj.cfg.Inventories.Resolve(ctx, spec, inventory.Run{Dir: aj.dir, CollectionsPath: aj.env["ANSIBLE_COLLECTIONS_PATH"]})
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -75,6 +78,7 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 		// repository.
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: aj.red.RedactString(err.Error())}}}
 	}
+	aj.result.InventoryCommit = commit // a git inventory's; "" for the others
 	if len(hosts) > aj.cfg.MaxHosts {
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field,
 			Message: fmt.Sprintf("has %d hosts; this infra allows at most %d (INVENTORY_MAX_HOSTS)", len(hosts), aj.cfg.MaxHosts)}}}
@@ -85,7 +89,20 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 	var fields []messages.FieldError
 	aj.groups = map[string]ansible.JobGroup{}
 	for _, ih := range hosts {
-		h, problem, err := aj.locate(ctx, ih.Name, ih.Address, ih.Port, ih.User, nil)
+		// A dynamic inventory is not read again by the play: its hosts'
+		// variables reach it as the job's host variables, each name
+		// checked as an inline inventory's (no connection variables).
+		var vars map[string]any
+		if inv.Type == messages.InventoryDynamic {
+			vars = ih.Vars
+			if bad := refusedInventoryVars(vars); len(bad) > 0 {
+				for _, k := range bad {
+					fields = append(fields, messages.FieldError{Field: "inventory.hosts[" + ih.Name + "].vars[" + k + "]", Message: "is a connection variable an inventory may not set"})
+				}
+				continue
+			}
+		}
+		h, problem, err := aj.locate(ctx, ih.Name, ih.Address, ih.Port, ih.User, vars)
 		if err != nil {
 			return err
 		}
@@ -109,6 +126,19 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 		aj.invFile, aj.invEnabled = file, inventory.Enabled(spec, file)
 	}
 	return nil
+}
+
+// refusedInventoryVars are the names among vars an inventory may not set
+// (messages.AllowedInventoryVar), sorted.
+func refusedInventoryVars(vars map[string]any) []string {
+	var bad []string
+	for k := range vars {
+		if !messages.AllowedInventoryVar(k) {
+			bad = append(bad, k)
+		}
+	}
+	slices.Sort(bad)
+	return bad
 }
 
 // urlFormat is the format a URL inventory's name says (its extension):

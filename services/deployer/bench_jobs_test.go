@@ -1,0 +1,180 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+// benchJobsPlaybook is the trivial playbook of BenchmarkJobsVsBare.
+const benchJobsPlaybook = `- name: Trivial
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Ping
+      ansible.builtin.ping:
+`
+
+// Shape of BenchmarkJobsVsBare: replicas of infra, each with
+// STREAM_CONCURRENCY=benchJobsSlots, so the bare loop runs
+// benchJobsReplicas*benchJobsSlots plays at a time, over benchJobsTargets.
+const (
+	benchJobsReplicas = 4
+	benchJobsSlots    = 2
+	benchJobsTargets  = 8
+)
+
+// BenchmarkJobsVsBare measures issue 23's job makespan: BENCH_JOBS
+// (default 200) jobs of a trivial playbook from a git repository over
+// HTTP, each on one of 8 loopback targets (round robin), submitted through
+// the deployer's API with a project key and run by 4 infra replicas of
+// STREAM_CONCURRENCY=2, against the same number of ansible-playbook runs
+// of the same playbook (a checkout of the same commit, the same
+// ansible.cfg) in a plain loop, xargs -P 8: equal total concurrency. Both
+// sides run in one session, bare first, then the API, then bare again (the
+// mean of the two bare runs is the reference, so drift of the machine's
+// load is split); it prints both makespans and the ratio (goal: within
+// 1.15x). Run with -benchtime=1x.
+func BenchmarkJobsVsBare(b *testing.B) {
+	n := 200
+	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS")); err == nil && v > 0 {
+		n = v
+	}
+	for range b.N {
+		var sshds []*testenv.SSHD
+		for range benchJobsTargets {
+			sshds = append(sshds, testenv.StartSSHD(b, testenv.SSHDOptions{}))
+		}
+		keyFile := testenv.ShareClientKey(b, b.TempDir(), sshds)
+		token := "ghs_" + testenv.Unique("")
+		repos := b.TempDir()
+		jobRepo(b, repos, benchJobsPlaybook)
+		gitURL, _ := serveRepos(b, "127.0.0.1", token, repos)
+		stack := startJobStack(b, token, sshds[0].ClientKey)
+		var infras []*testenv.Process
+		for range benchJobsReplicas {
+			infras = append(infras, stack.startInfra(b, fmt.Sprintf("STREAM_CONCURRENCY=%d", benchJobsSlots), "LOG_LEVEL=info"))
+		}
+		// The bare side: a checkout of the same commit and inventories of
+		// the same targets, infra's ansible.cfg.
+		checkout := filepath.Join(b.TempDir(), "ops")
+		if out, err := exec.Command("git", "clone", "-q", "--branch", "v1", filepath.Join(repos, "org", "ops.git"), checkout).CombinedOutput(); err != nil {
+			b.Fatalf("git clone: %v\n%s", err, out)
+		}
+		invDir := b.TempDir()
+		var invs []string
+		for i, s := range sshds {
+			invs = append(invs, s.WriteInventory(b, invDir, fmt.Sprintf("t%d", i), keyFile))
+		}
+		bare := func(jobs int) time.Duration {
+			return bareJobLoop(b, stack.root, checkout, invs, jobs, benchJobsReplicas*benchJobsSlots)
+		}
+		viaAPI := func(prefix string, jobs int) time.Duration {
+			return apiJobs(b, stack, gitURL, sshds, prefix, jobs)
+		}
+		// Warm both: page cache, infra's bare clone, first host key pins.
+		bare(benchJobsTargets)
+		viaAPI("warm", benchJobsTargets)
+
+		b.ResetTimer()
+		bare1 := bare(n)
+		api := viaAPI("bench", n)
+		bare2 := bare(n)
+		b.StopTimer()
+		ref := (bare1 + bare2) / 2
+		ratio := api.Seconds() / ref.Seconds()
+		report := fmt.Sprintf("%d jobs of a trivial playbook over %d targets, concurrency %d (%d infra replicas x STREAM_CONCURRENCY=%d)\n"+
+			"%-28s %10s %10s\n%-28s %10.2f %10.2f\n%-28s %10.2f %10.2f\n%-28s %10.2f %10.2f\n%-28s %10.3f (goal <= 1.15)\n",
+			n, benchJobsTargets, benchJobsReplicas*benchJobsSlots, benchJobsReplicas, benchJobsSlots,
+			"", "seconds", "jobs/s",
+			"bare ansible-playbook loop", bare1.Seconds(), float64(n)/bare1.Seconds(),
+			"API + infra", api.Seconds(), float64(n)/api.Seconds(),
+			"bare loop again", bare2.Seconds(), float64(n)/bare2.Seconds(),
+			"API / mean of bare", ratio)
+		b.ReportMetric(api.Seconds(), "api-s")
+		b.ReportMetric(ref.Seconds(), "bare-s")
+		b.ReportMetric(ratio, "api/bare")
+		for _, p := range infras {
+			p.Signal(syscall.SIGTERM)
+		}
+		for _, p := range infras {
+			p.Wait(time.Minute)
+		}
+		b.Log("\n" + report)
+		fmt.Print(report)
+	}
+}
+
+// bareJobLoop runs the checkout's site.yml n times with ansible-playbook
+// (xargs -P conc), round robin over the inventories, with infra's
+// ansible.cfg, each run with its own ssh ControlPath directory (as each of
+// infra's runs has), and returns the wall time.
+func bareJobLoop(b *testing.B, root, checkout string, invs []string, n, conc int) time.Duration {
+	var list strings.Builder
+	for i := range n {
+		list.WriteString(invs[i%len(invs)] + "\n")
+	}
+	home, cp := b.TempDir(), b.TempDir()
+	play := `sh -c 'd=$(mktemp -d ` + cp + `/rXXXXXX) && ANSIBLE_SSH_CONTROL_PATH_DIR=$d /usr/bin/ansible-playbook -i {} site.yml >/dev/null'`
+	cmd := exec.Command("bash", "-c", fmt.Sprintf(`xargs -P %d -I{} %s`, conc, play))
+	cmd.Dir = checkout
+	cmd.Stdin = strings.NewReader(list.String())
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8",
+		"ANSIBLE_CONFIG=" + filepath.Join(root, "ansible", "ansible.cfg"),
+		"ANSIBLE_CACHE_PLUGIN_CONNECTION=" + filepath.Join(home, "facts")}
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("bare loop: %v\n%s", err, out)
+	}
+	return time.Since(start)
+}
+
+// apiJobs submits n jobs of site.yml at v1 through the API, job i on
+// target i mod len(sshds), all at once, waits for every one to succeed and
+// returns the wall time from the first submission to the last result. A
+// submission the key's rate limit (API_RATE_LIMIT) refuses is sent again.
+func apiJobs(b *testing.B, stack *jobStack, gitURL string, sshds []*testenv.SSHD, prefix string, n int) time.Duration {
+	start := time.Now()
+	ids := make([]string, n)
+	for i := range n {
+		s := sshds[i%len(sshds)]
+		job := fmt.Sprintf(`{"source":{"type":"playbook","repository":%q,"ref":"v1","paths":["site.yml"],"git_credential":"git"},
+			"inventory":{"type":"inline","hosts":{"t%d":{"ansible_host":%q,"ansible_port":%d,"ansible_user":%q}}},
+			"credentials":{"ssh":"ssh"},"options":{"timeout":600}}`, gitURL+"/org/ops.git", i%len(sshds), s.Host, s.Port, s.User)
+		code, resp := stack.call(b, "POST", "/jobs", job)
+		for code == 429 { // the key's rate limit, as a CI client meets it
+			time.Sleep(100 * time.Millisecond)
+			code, resp = stack.call(b, "POST", "/jobs", job)
+		}
+		var j struct{ ID string }
+		if code != 202 || json.Unmarshal([]byte(resp), &j) != nil {
+			b.Fatalf("%s-%d: submit: %d %s", prefix, i, code, resp)
+		}
+		ids[i] = j.ID
+	}
+	for i, id := range ids {
+		for {
+			code, resp := stack.call(b, "GET", "/jobs/"+id+"?wait=5m", "")
+			var j struct{ Status string }
+			if code != 200 || json.Unmarshal([]byte(resp), &j) != nil {
+				b.Fatalf("%s-%d: %d %s", prefix, i, code, resp)
+			}
+			if j.Status == "succeeded" {
+				break
+			}
+			if j.Status != "queued" && j.Status != "running" {
+				b.Fatalf("%s-%d: %s", prefix, i, resp)
+			}
+		}
+	}
+	return time.Since(start)
+}
