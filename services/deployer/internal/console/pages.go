@@ -356,6 +356,11 @@ func (c *Console) deploymentPage(w http.ResponseWriter, r *http.Request) {
 		c.failAPI(w, r, res, err)
 		return
 	}
+	if d.Kind == deployments.KindJob {
+		// The API answers a job's id here too: show it as a job.
+		http.Redirect(w, r, Prefix+"/runs/job/"+url.PathEscape(d.ID), http.StatusSeeOther)
+		return
+	}
 	data := map[string]any{"Title": "Deployment " + d.ID, "D": d, "Terminal": d.Status.Terminal()}
 	var hooks struct {
 		Items []webhooks.Delivery `json:"items"`
@@ -379,8 +384,14 @@ func (c *Console) deploymentPage(w http.ResponseWriter, r *http.Request) {
 // deploymentPassthrough serves the API's events stream or log of a
 // deployment as the session's key: the same handler, the same checks.
 func (c *Console) deploymentPassthrough(what string) http.HandlerFunc {
+	return c.passthrough("/api/v1/deployments/", what)
+}
+
+// passthrough serves the API's base+{id}+"/"+what (an events stream or a
+// log) as the session's key, with the browser's Last-Event-ID.
+func (c *Console) passthrough(base, what string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		path := "/api/v1/deployments/" + url.PathEscape(chi.URLParam(r, "id")) + "/" + what
+		path := base + url.PathEscape(chi.URLParam(r, "id")) + "/" + what
 		req, err := apiRequest(r, http.MethodGet, path, nil)
 		if err != nil {
 			c.fail(w, r, http.StatusBadRequest, "Bad request.")
