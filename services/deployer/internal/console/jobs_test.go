@@ -215,6 +215,18 @@ func TestJobsInTheConsole(t *testing.T) {
 		t.Fatalf("paged through %d runs one by one, want 3 (2 jobs, 1 deployment)", len(seen))
 	}
 
+	// The overview's runs per hour count jobs for keys that may read them
+	// only: 2 jobs and 1 deployment for the admin, the deployment for the
+	// deployments key, the jobs for the jobs key.
+	for _, c := range []struct {
+		b    *browser
+		want string
+	}{{admin, "(3 runs)"}, {ci, "(1 runs)"}, {b, "(2 runs)"}} {
+		if _, page := c.b.get("/ui/"); !strings.Contains(page, c.want) {
+			t.Fatalf("overview, want %s:\n%s", c.want, page)
+		}
+	}
+
 	// Who sees a job: a deployments key neither lists nor opens it (404,
 	// as the API answers), nor does another project's jobs key.
 	if _, page := ci.get("/ui/runs"); strings.Contains(page, "/ui/runs/job/") {

@@ -82,10 +82,18 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		wg.Go(func() { queues = c.queueRows(r.Context()) })
 		wg.Go(func() { ready = c.readiness(r.Context()) })
 	}
-	if key.Has(auth.ScopeDeploymentsRead) && c.deps.Deployments != nil {
+	// Deployments and jobs count for the keys that may read them.
+	var kinds []string
+	if key.Has(auth.ScopeDeploymentsRead) {
+		kinds = append(kinds, deployments.KindDeploy)
+	}
+	if key.Has(auth.ScopeJobsRead) {
+		kinds = append(kinds, deployments.KindJob)
+	}
+	if len(kinds) > 0 && c.deps.Deployments != nil {
 		wg.Go(func() {
 			var err error
-			if depHours, err = c.deps.Deployments.Hourly(r.Context(), api.VisibilityOf(key), since); err != nil {
+			if depHours, err = c.deps.Deployments.Hourly(r.Context(), api.VisibilityOf(key), kinds, since); err != nil {
 				c.log.Warn().Err(err).Msg("hourly deployments")
 			}
 		})
