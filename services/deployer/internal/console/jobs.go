@@ -14,7 +14,6 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
-	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
 // ---- A job's page
@@ -42,22 +41,8 @@ func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
 			data["ExtraVars"] = string(b)
 		}
 	}
-	var hooks struct {
-		Items []webhooks.Delivery `json:"items"`
-	}
-	if res, err := c.call(r, http.MethodGet, "/api/v1/deployments/"+url.PathEscape(id)+"/webhooks", nil, &hooks); err == nil && res.Problem == nil {
-		data["Webhooks"] = hooks.Items
-	}
-	if j.Status.Terminal() {
-		if res, err := c.call(r, http.MethodGet, base+"/logs", nil, nil); err == nil && res.Problem == nil {
-			log := res.Body
-			if len(log) > maxShownLog {
-				data["LogCut"] = true
-				log = log[len(log)-maxShownLog:]
-			}
-			data["Log"] = string(log)
-		}
-	}
+	data["Noun"], data["LogURL"], data["EventsURL"] = "job", Prefix+"/runs/job/"+j.ID+"/logs", Prefix+"/runs/job/"+j.ID+"/stream"
+	c.runDetails(r, data, "/api/v1/deployments/"+url.PathEscape(id)+"/webhooks", base+"/logs", j.Status.Terminal())
 	c.render(w, r, http.StatusOK, "job", data)
 }
 
@@ -68,17 +53,7 @@ func (c *Console) jobPassthrough(what string) http.HandlerFunc {
 }
 
 func (c *Console) cancelJob(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
-	res, err := c.call(r, http.MethodDelete, "/api/v1/jobs/"+url.PathEscape(id), nil, nil)
-	if err != nil || (res.Problem != nil && res.Status != http.StatusConflict) {
-		c.failAPI(w, r, res, err)
-		return
-	}
-	done := "cancel requested"
-	if res.Problem != nil {
-		done = "already finished"
-	}
-	http.Redirect(w, r, Prefix+"/runs/job/"+url.PathEscape(id)+"?done="+url.QueryEscape(done), http.StatusSeeOther)
+	c.cancelRun(w, r, "/api/v1/jobs/", Prefix+"/runs/job/")
 }
 
 // ---- New job

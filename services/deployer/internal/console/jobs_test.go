@@ -2,7 +2,6 @@ package console_test
 
 import (
 	"html"
-	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -144,19 +143,7 @@ func TestJobsInTheConsole(t *testing.T) {
 	}
 
 	// Its stream through the console resumes after Last-Event-ID.
-	events := func(last string) (int, string) {
-		req, _ := http.NewRequest(http.MethodGet, e.URL+"/ui/runs/job/"+failed+"/stream", nil)
-		if last != "" {
-			req.Header.Set("Last-Event-ID", last)
-		}
-		res, err := b.c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(body)
-	}
+	events := func(last string) (int, string) { return b.events("/ui/runs/job/"+failed+"/stream", last) }
 	status, all := events("")
 	ids := regexp.MustCompile(`(?m)^id: (\S+)$`).FindAllStringSubmatch(all, -1)
 	if status != http.StatusOK || !strings.Contains(all, "event: task_started") || !strings.Contains(all, "event: run_finished") || len(ids) < 3 {
