@@ -176,7 +176,7 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// The stand-in infra: a deployment with correlation id "live" waits
 	// for release, one with "hold" until it is cancelled.
-	release, hold := make(chan struct{}), make(chan struct{})
+	release, hold, releaseJob := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	infra := &fakeinfra.Infra{DB: db, Redis: rdb, Queue: messages.StreamAnsibleDeployQueue, Results: messages.StreamDeployResults,
 		Logs: runlog.NewPostgres(db, 1<<20), PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {
 			switch m.CorrelationID {
@@ -186,6 +186,11 @@ func TestConsoleInBrowser(t *testing.T) {
 				return fakeinfra.Plan{Hold: hold}
 			}
 			return fakeinfra.Plan{Tasks: 1}
+		},
+		// An Ansible job waits for releaseJob; its task names hold markup.
+		JobQueue: messages.StreamAnsibleJobQueue, JobResults: messages.StreamJobResults,
+		JobPlanFor: func(*messages.AnsibleJobMessage) fakeinfra.Plan {
+			return fakeinfra.Plan{Tasks: 2, TaskDelay: 300 * time.Millisecond, Hold: releaseJob, TaskName: xss}
 		}}
 	infraDone := make(chan struct{})
 	go func() { defer close(infraDone); _ = infra.Run(ctx) }()
@@ -403,9 +408,43 @@ func TestConsoleInBrowser(t *testing.T) {
 	waitFor("cancelled", `document.querySelector("#run-status").textContent.trim() === "cancelled"`, true)
 	w.check(t, "cancel")
 
-	// The runs list holds deployments and provisioning runs, newest first.
+	// An Ansible job from its form: the API's error next to a field, then
+	// live output whose task names (markup) show as text.
+	w.expecting(422)
+	run("invalid job", chromedp.Navigate(base+"/ui/job"), chromedp.WaitVisible(chromedp.CSS("#job-submit")),
+		chromedp.SetValue(chromedp.CSS("#f-project_id"), "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"),
+		chromedp.SetValue(chromedp.CSS("#f-inventory\\.hosts"), "web-1:\n  ansible_host: 198.51.100.7\ndb-1: {}\n"),
+		chromedp.Click(chromedp.CSS("#job-submit")), chromedp.WaitVisible(chromedp.CSS("#e-source\\.repository")))
+	screenshot("job-form")
+	w.check(t, "invalid job")
+	run("job", chromedp.SetValue(chromedp.CSS("#f-source\\.repository"), "https://git.example.com/org/playbooks.git"),
+		chromedp.Click(chromedp.CSS("#job-submit")), chromedp.WaitVisible(chromedp.CSS("#live-output")))
+	waitFor("job live output starts", `document.querySelector("#live-output").textContent.includes("run_started")`, false)
+	close(releaseJob)
+	waitFor("the job ends live", `document.querySelector("#live-output").textContent.includes("run_finished")`, false)
+	if got := text("#live-output"); !strings.Contains(got, xss+" 2") || !strings.Contains(got, "host=db-1") {
+		t.Fatalf("job live output:\n%s", got)
+	}
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("img").length`)); n != 0 {
+		t.Fatal("the job's live output made an img element of a task name")
+	}
+	screenshot("job-live")
+	w.check(t, "job live output")
+	run("job done", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#run-status")))
+	waitFor("the job's log after the end", `!!document.querySelector("#full-log") && !!document.querySelector("#playbooks")`, true)
+	if got := text("main"); !strings.Contains(got, xss+" 2") || !strings.Contains(got, "db-1") {
+		t.Fatalf("job page:\n%s", got)
+	}
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("img").length`)); n != 0 {
+		t.Fatal("the job's page made an img element of a task name")
+	}
+	screenshot("job-done")
+	w.check(t, "job done")
+
+	// The runs list holds deployments, jobs and provisioning runs, newest
+	// first.
 	run("runs", chromedp.Navigate(base+"/ui/runs"), chromedp.WaitVisible(chromedp.CSS("#runs")))
-	if got := text("#runs"); !strings.Contains(got, "deployment") || !strings.Contains(got, "provision") {
+	if got := text("#runs"); !strings.Contains(got, "deployment") || !strings.Contains(got, "provision") || !strings.Contains(got, "job") {
 		t.Fatalf("runs list:\n%s", got)
 	}
 	screenshot("runs")

@@ -93,8 +93,8 @@ type Deps struct {
 	Queues *stream.Inspector
 	// Ping checks this deployer's Postgres and Redis for the readiness.
 	Ping func(ctx context.Context) error
-	// Runs are the kinds of runs in the Runs list; nil: deployments and
-	// the fleet's provisioning runs.
+	// Runs are the kinds of runs in the Runs list; nil: deployments,
+	// Ansible jobs and the fleet's provisioning runs.
 	Runs   []RunSource
 	Client *http.Client // for the readiness probes
 	Logger zerolog.Logger
@@ -123,7 +123,7 @@ func New(cfg Config, deps Deps) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, deps: deps, log: deps.Logger.With().Str("component", "console").Logger(), now: time.Now}
 	if c.deps.Runs == nil {
-		c.deps.Runs = []RunSource{deploymentRuns{c}, provisioningRuns{c}}
+		c.deps.Runs = []RunSource{deploymentRuns{c}, jobRuns{c}, provisioningRuns{c}}
 	}
 	if err := c.parse(); err != nil {
 		return nil, err
@@ -161,9 +161,15 @@ func (c *Console) routes() chi.Router {
 		r.Get("/runs/deployment/{id}/events", c.deploymentPassthrough("events"))
 		r.Get("/runs/deployment/{id}/log", c.deploymentPassthrough("log"))
 		r.Post("/runs/deployment/{id}/cancel", c.cancelDeployment)
+		r.Get("/runs/job/{id}", c.jobPage)
+		r.Get("/runs/job/{id}/stream", c.jobPassthrough("stream"))
+		r.Get("/runs/job/{id}/logs", c.jobPassthrough("logs"))
+		r.Post("/runs/job/{id}/cancel", c.cancelJob)
 		r.Get("/runs/provision/{id}", c.provisionPage)
 		r.Get("/deploy", c.deployForm)
 		r.Post("/deploy", c.deploySubmit)
+		r.Get("/job", c.jobForm)
+		r.Post("/job", c.jobSubmit)
 		r.Get("/queues", c.queuesPage)
 		r.Post("/queues/dead/{action}", c.deadAction)
 		r.Get("/keys", c.keysPage)

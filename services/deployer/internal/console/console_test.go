@@ -51,6 +51,23 @@ func (b *browser) post(path string, form url.Values) (*http.Response, string) {
 	return res, string(body)
 }
 
+// events reads an event stream to its end, after last (a Last-Event-ID)
+// when not "".
+func (b *browser) events(path, last string) (int, string) {
+	b.t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, b.base+path, nil)
+	if last != "" {
+		req.Header.Set("Last-Event-ID", last)
+	}
+	res, err := b.c.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(body)
+}
+
 var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
 func csrfOf(t *testing.T, page string) string {
@@ -177,19 +194,7 @@ func TestRunPagesAndEvents(t *testing.T) {
 	b := newBrowser(t, e.URL)
 	b.signIn(e.CI)
 
-	events := func(last string) (int, string) {
-		req, _ := http.NewRequest(http.MethodGet, e.URL+"/ui/runs/deployment/"+id+"/events", nil)
-		if last != "" {
-			req.Header.Set("Last-Event-ID", last)
-		}
-		res, err := b.c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(body)
-	}
+	events := func(last string) (int, string) { return b.events("/ui/runs/deployment/"+id+"/events", last) }
 	status, all := events("")
 	if status != http.StatusOK || !strings.Contains(all, "event: run_started") || !strings.Contains(all, "event: run_finished") {
 		t.Fatalf("events: %d\n%s", status, all)

@@ -82,10 +82,18 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		wg.Go(func() { queues = c.queueRows(r.Context()) })
 		wg.Go(func() { ready = c.readiness(r.Context()) })
 	}
-	if key.Has(auth.ScopeDeploymentsRead) && c.deps.Deployments != nil {
+	// Deployments and jobs count for the keys that may read them.
+	var kinds []string
+	if key.Has(auth.ScopeDeploymentsRead) {
+		kinds = append(kinds, deployments.KindDeploy)
+	}
+	if key.Has(auth.ScopeJobsRead) {
+		kinds = append(kinds, deployments.KindJob)
+	}
+	if len(kinds) > 0 && c.deps.Deployments != nil {
 		wg.Go(func() {
 			var err error
-			if depHours, err = c.deps.Deployments.Hourly(r.Context(), api.VisibilityOf(key), since); err != nil {
+			if depHours, err = c.deps.Deployments.Hourly(r.Context(), api.VisibilityOf(key), kinds, since); err != nil {
 				c.log.Warn().Err(err).Msg("hourly deployments")
 			}
 		})
@@ -356,31 +364,52 @@ func (c *Console) deploymentPage(w http.ResponseWriter, r *http.Request) {
 		c.failAPI(w, r, res, err)
 		return
 	}
+	if d.Kind == deployments.KindJob {
+		// The API answers a job's id here too: show it as a job.
+		http.Redirect(w, r, Prefix+"/runs/job/"+url.PathEscape(d.ID), http.StatusSeeOther)
+		return
+	}
 	data := map[string]any{"Title": "Deployment " + d.ID, "D": d, "Terminal": d.Status.Terminal()}
+	data["Noun"], data["LogURL"], data["EventsURL"] = "deployment", Prefix+"/runs/deployment/"+d.ID+"/log", Prefix+"/runs/deployment/"+d.ID+"/events"
+	c.runDetails(r, data, base+"/webhooks", base+"/log", d.Status.Terminal())
+	c.render(w, r, http.StatusOK, "deployment", data)
+}
+
+// runDetails adds a run's webhook deliveries (Webhooks) and, once it
+// ended, the end of its log (Log, LogCut) to a run page's data, read
+// from the API's hooks and log paths as the session's key: what the
+// template "runtail" shows, with the page's Noun, LogURL and EventsURL.
+func (c *Console) runDetails(r *http.Request, data map[string]any, hooksPath, logPath string, ended bool) {
 	var hooks struct {
 		Items []webhooks.Delivery `json:"items"`
 	}
-	if res, err := c.call(r, http.MethodGet, base+"/webhooks", nil, &hooks); err == nil && res.Problem == nil {
+	if res, err := c.call(r, http.MethodGet, hooksPath, nil, &hooks); err == nil && res.Problem == nil {
 		data["Webhooks"] = hooks.Items
 	}
-	if d.Status.Terminal() {
-		if res, err := c.call(r, http.MethodGet, base+"/log", nil, nil); err == nil && res.Problem == nil {
-			log := res.Body
-			if len(log) > maxShownLog {
-				data["LogCut"] = true
-				log = log[len(log)-maxShownLog:]
-			}
-			data["Log"] = string(log)
-		}
+	if !ended {
+		return
 	}
-	c.render(w, r, http.StatusOK, "deployment", data)
+	if res, err := c.call(r, http.MethodGet, logPath, nil, nil); err == nil && res.Problem == nil {
+		log := res.Body
+		if len(log) > maxShownLog {
+			data["LogCut"] = true
+			log = log[len(log)-maxShownLog:]
+		}
+		data["Log"] = string(log)
+	}
 }
 
 // deploymentPassthrough serves the API's events stream or log of a
 // deployment as the session's key: the same handler, the same checks.
 func (c *Console) deploymentPassthrough(what string) http.HandlerFunc {
+	return c.passthrough("/api/v1/deployments/", what)
+}
+
+// passthrough serves the API's base+{id}+"/"+what (an events stream or a
+// log) as the session's key, with the browser's Last-Event-ID.
+func (c *Console) passthrough(base, what string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		path := "/api/v1/deployments/" + url.PathEscape(chi.URLParam(r, "id")) + "/" + what
+		path := base + url.PathEscape(chi.URLParam(r, "id")) + "/" + what
 		req, err := apiRequest(r, http.MethodGet, path, nil)
 		if err != nil {
 			c.fail(w, r, http.StatusBadRequest, "Bad request.")
@@ -394,8 +423,14 @@ func (c *Console) deploymentPassthrough(what string) http.HandlerFunc {
 }
 
 func (c *Console) cancelDeployment(w http.ResponseWriter, r *http.Request) {
+	c.cancelRun(w, r, "/api/v1/deployments/", Prefix+"/runs/deployment/")
+}
+
+// cancelRun cancels the route's run through the API's DELETE apiBase+id
+// as the session's key, and goes back to its page, pageBase+id.
+func (c *Console) cancelRun(w http.ResponseWriter, r *http.Request, apiBase, pageBase string) {
 	id := chi.URLParam(r, "id")
-	res, err := c.call(r, http.MethodDelete, "/api/v1/deployments/"+url.PathEscape(id), nil, nil)
+	res, err := c.call(r, http.MethodDelete, apiBase+url.PathEscape(id), nil, nil)
 	if err != nil || (res.Problem != nil && res.Status != http.StatusConflict) {
 		c.failAPI(w, r, res, err)
 		return
@@ -404,7 +439,7 @@ func (c *Console) cancelDeployment(w http.ResponseWriter, r *http.Request) {
 	if res.Problem != nil {
 		done = "already finished"
 	}
-	http.Redirect(w, r, Prefix+"/runs/deployment/"+url.PathEscape(id)+"?done="+url.QueryEscape(done), http.StatusSeeOther)
+	http.Redirect(w, r, pageBase+url.PathEscape(id)+"?done="+url.QueryEscape(done), http.StatusSeeOther)
 }
 
 func (c *Console) provisionPage(w http.ResponseWriter, r *http.Request) {

@@ -1,8 +1,10 @@
 package console
 
 import (
+	"cmp"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"sort"
@@ -52,8 +54,8 @@ func (p *Position) until(kind string) time.Time {
 	return p.At // created_at < p.At
 }
 
-// RunSource is one kind of run in the Runs list: deployments and
-// provisioning runs now, Ansible jobs once they exist. Runs returns up to
+// RunSource is one kind of run in the Runs list: deployments, Ansible
+// jobs, provisioning runs. Runs returns up to
 // limit runs the signed-in key may see, newest first, after before (nil:
 // from the top); a kind equal to before.Kind resumes after before.ID.
 type RunSource interface {
@@ -106,6 +108,92 @@ func (s deploymentRuns) Runs(r *http.Request, f RunFilter, before *Position, lim
 			Link: Prefix + "/runs/deployment/" + d.ID})
 	}
 	return out, nil
+}
+
+// jobRuns lists Ansible jobs through the API's jobs list handler (its
+// scope jobs:read, the key's projects).
+type jobRuns struct{ c *Console }
+
+func (jobRuns) Kind() string { return "job" }
+func (jobRuns) Visible(key *auth.Key) bool {
+	return key.Has(auth.ScopeJobsRead)
+}
+
+func (s jobRuns) Runs(r *http.Request, f RunFilter, before *Position, limit int) ([]Run, error) {
+	if f.Server != "" {
+		// A job runs on an inventory, not on one server: the server
+		// filter (the deployments' column) never matches one.
+		return nil, nil
+	}
+	q := url.Values{"limit": {strconv.Itoa(min(limit, 100))}}
+	if f.Status != "" {
+		q.Set("status", f.Status)
+	}
+	if before != nil {
+		if before.Kind == s.Kind() {
+			q.Set("cursor", deployments.CursorAt(before.At, before.ID))
+		} else {
+			q.Set("until", before.until(s.Kind()).UTC().Format(time.RFC3339Nano))
+		}
+	}
+	var list struct {
+		Items []jobView `json:"items"`
+	}
+	res, err := s.c.call(r, http.MethodGet, "/api/v1/jobs?"+q.Encode(), nil, &list)
+	if err != nil {
+		return nil, err
+	}
+	if res.Problem != nil {
+		return nil, &errBadFilter{problemText(res.Problem)}
+	}
+	out := make([]Run, 0, len(list.Items))
+	for _, j := range list.Items {
+		run := Run{Kind: s.Kind(), ID: j.ID, Status: string(j.Status), CreatedAt: j.CreatedAt, FinishedAt: j.FinishedAt,
+			Link: Prefix + "/runs/job/" + j.ID}
+		run.Target, run.What = jobTarget(&j.Request), jobWhat(&j.Request)
+		out = append(out, run)
+	}
+	return out, nil
+}
+
+// jobView is a job as GET /api/v1/jobs/{id} shows it, its request
+// decoded as a job's.
+type jobView struct {
+	api.Job
+	Request deployments.JobRequest `json:"request"`
+}
+
+// jobWhat is what a job runs, in a few words.
+func jobWhat(r *deployments.JobRequest) string {
+	src := r.Source
+	switch src.Type {
+	case "playbook":
+		w := src.Repository
+		if src.Ref != "" {
+			w += "@" + src.Ref
+		}
+		if len(src.Paths) > 0 {
+			w += " " + strings.Join(src.Paths, ", ")
+		}
+		return w
+	case "collection_role":
+		return src.Collection + "." + src.Role
+	case "role":
+		return "role " + cmp.Or(src.RolePath, src.Repository)
+	}
+	return src.Type
+}
+
+// jobTarget is where a job runs: an inline inventory's hosts, or its
+// inventory's kind.
+func jobTarget(r *deployments.JobRequest) string {
+	if names := r.HostNames(); len(names) > 0 {
+		if len(names) > 3 {
+			return strings.Join(names[:3], ", ") + fmt.Sprintf(" and %d more", len(names)-3)
+		}
+		return strings.Join(names, ", ")
+	}
+	return r.Inventory.Type + " inventory"
 }
 
 // provisioningRuns lists the fleet's provisioning runs (infra's runs),

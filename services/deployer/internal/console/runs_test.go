@@ -47,18 +47,20 @@ func (m memRuns) Runs(_ *http.Request, _ RunFilter, before *Position, limit int)
 	return kept[:min(limit, len(kept))], nil
 }
 
-// TestListRunsPagesAcrossKinds pages through two kinds whose runs share
-// creation times: every run comes once, in order.
+// TestListRunsPagesAcrossKinds pages through three kinds (as deployments,
+// jobs and provisioning runs) whose runs share creation times: every run
+// comes once, in order.
 func TestListRunsPagesAcrossKinds(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var a, b []Run
+	var a, b, j []Run
 	for i := range 7 {
 		a = append(a, Run{Kind: "deployment", ID: fmt.Sprintf("d%d", i), CreatedAt: at.Add(time.Duration(i/2) * time.Second)})
 		b = append(b, Run{Kind: "provision", ID: fmt.Sprintf("p%d", i), CreatedAt: at.Add(time.Duration(i/3) * time.Second)})
+		j = append(j, Run{Kind: "job", ID: fmt.Sprintf("j%d", i), CreatedAt: at.Add(time.Duration(i/2) * time.Second)})
 	}
-	c := &Console{deps: Deps{Runs: []RunSource{memRuns{"deployment", a}, memRuns{"provision", b}}}}
+	c := &Console{deps: Deps{Runs: []RunSource{memRuns{"deployment", a}, memRuns{"job", j}, memRuns{"provision", b}}}}
 	r, _ := http.NewRequestWithContext(context.WithValue(context.Background(), ctxAuth, &authInfo{key: &auth.Key{}}), "GET", "/", nil)
-	for _, limit := range []int{1, 2, 3, 5, 14, 20} {
+	for _, limit := range []int{1, 2, 3, 5, 14, 21, 30} {
 		var got []string
 		var before *Position
 		for pages := 0; ; pages++ {
@@ -83,8 +85,8 @@ func TestListRunsPagesAcrossKinds(t *testing.T) {
 				t.Fatalf("position %v round trip: %v %v", next, before, err)
 			}
 		}
-		if len(got) != 14 {
-			t.Fatalf("limit %d: %d runs, want 14: %v", limit, len(got), got)
+		if len(got) != 21 {
+			t.Fatalf("limit %d: %d runs, want 21: %v", limit, len(got), got)
 		}
 		seen := map[string]bool{}
 		for _, id := range got {

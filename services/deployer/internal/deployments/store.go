@@ -261,15 +261,16 @@ func CursorAt(at time.Time, id string) string {
 	return encodeCursor(&Deployment{CreatedAt: at, ID: id})
 }
 
-// Hourly counts the deployments v sees created since since, by hour (UTC,
-// truncated) and status (queued and running together as "running").
-func (s *Service) Hourly(ctx context.Context, v Visibility, since time.Time) (map[time.Time]map[string]int, error) {
-	args := []any{since}
-	where := "d.created_at >= $1"
+// Hourly counts the rows of kinds (KindDeploy, KindJob) v sees created
+// since since, by hour (UTC, truncated) and status (queued and running
+// together as "running").
+func (s *Service) Hourly(ctx context.Context, v Visibility, kinds []string, since time.Time) (map[time.Time]map[string]int, error) {
+	args := []any{since, kinds}
+	where := "d.created_at >= $1 AND d.kind = ANY($2)"
 	switch cond, arg := v.clause(); {
 	case arg != nil:
 		args = append(args, arg)
-		where += " AND " + strings.ReplaceAll(cond, "?", "$2")
+		where += " AND " + strings.ReplaceAll(cond, "?", "$3")
 	case cond != "":
 		where += " AND " + cond
 	}

@@ -9,6 +9,7 @@
 package fakeinfra
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
@@ -41,6 +42,8 @@ type Plan struct {
 	Output string
 	// EventMessage is put in each host event (to make events big).
 	EventMessage string
+	// TaskName names the tasks "<TaskName> <n>" (default "task").
+	TaskName string
 }
 
 // Infra is the stand-in.
@@ -228,7 +231,7 @@ func (f *Infra) run(ctx context.Context, rs runSpec) error {
 	var out strings.Builder
 	changed := 0
 	for i := 1; i <= plan.Tasks && !cancelled; i++ {
-		task := fmt.Sprintf("task %d", i)
+		task := fmt.Sprintf("%s %d", cmp.Or(plan.TaskName, "task"), i)
 		ev.emit(ctx, messages.ProgressEvent{Type: messages.EventTaskStarted, Play: rs.play, Task: task})
 		if plan.TaskDelay > 0 {
 			time.Sleep(plan.TaskDelay)
@@ -250,7 +253,7 @@ func (f *Infra) run(ctx context.Context, rs runSpec) error {
 		res.Succeed()
 	default:
 		res.Fail(status, messages.KindPlaybookFailed, "a task failed")
-		res.FailedTask = &messages.FailedTask{Name: "task 1", Host: rs.hosts[0], Play: rs.play, Message: "boom"}
+		res.FailedTask = &messages.FailedTask{Name: cmp.Or(plan.TaskName, "task") + " 1", Host: rs.hosts[0], Play: rs.play, Message: "boom"}
 	}
 	res.Playbook = rs.playbook
 	res.Hosts = map[string]messages.HostRecap{}

@@ -1,0 +1,273 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+)
+
+// ---- A job's page
+
+// jobPage shows an Ansible job as GET /api/v1/jobs/{id} does for the
+// session's key (jobs:read, its projects: another project's job is 404).
+func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	base := "/api/v1/jobs/" + url.PathEscape(id)
+	var j jobView
+	res, err := c.call(r, http.MethodGet, base, nil, &j)
+	if err == nil && res.Problem == nil && j.Kind != deployments.KindJob {
+		// The jobs API answers a deployment's id too: show it as one.
+		http.Redirect(w, r, Prefix+"/runs/deployment/"+url.PathEscape(j.ID), http.StatusSeeOther)
+		return
+	}
+	if err != nil || res.Problem != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	data := map[string]any{"Title": "Job " + j.ID, "J": j, "Terminal": j.Status.Terminal(),
+		"What": jobWhat(&j.Request), "Hosts": j.Request.HostNames()}
+	if len(j.Request.Options.ExtraVars) > 0 {
+		if b, err := json.MarshalIndent(j.Request.Options.ExtraVars, "", "  "); err == nil {
+			data["ExtraVars"] = string(b)
+		}
+	}
+	data["Noun"], data["LogURL"], data["EventsURL"] = "job", Prefix+"/runs/job/"+j.ID+"/logs", Prefix+"/runs/job/"+j.ID+"/stream"
+	c.runDetails(r, data, "/api/v1/deployments/"+url.PathEscape(id)+"/webhooks", base+"/logs", j.Status.Terminal())
+	c.render(w, r, http.StatusOK, "job", data)
+}
+
+// jobPassthrough serves the API's job event stream or log as the
+// session's key.
+func (c *Console) jobPassthrough(what string) http.HandlerFunc {
+	return c.passthrough("/api/v1/jobs/", what)
+}
+
+func (c *Console) cancelJob(w http.ResponseWriter, r *http.Request) {
+	c.cancelRun(w, r, "/api/v1/jobs/", Prefix+"/runs/job/")
+}
+
+// ---- New job
+
+// formField is a field of a form, named as the API names it.
+type formField struct {
+	Name, Label, Help string
+	Type              string // "" (text), "textarea", "checkbox", "select"
+	Options           []string
+}
+
+// jobFields are the job form's fields, in order, grouped by the API's
+// request keys.
+var jobFields = []struct {
+	Legend string
+	Fields []formField
+}{
+	{"Job", []formField{
+		{Name: "project_id", Label: "Project", Help: "the project (a UUID) the job belongs to"},
+		{Name: "correlation_id", Label: "Correlation id", Help: "optional"},
+	}},
+	{"Source", []formField{
+		{Name: "source.type", Label: "Type", Help: "a playbook repository, a role in a repository, or a collection's role",
+			Type: "select", Options: []string{"playbook", "role", "collection_role"}},
+		{Name: "source.repository", Label: "Repository", Help: "playbook or role: the git repository's URL"},
+		{Name: "source.ref", Label: "Ref", Help: "a branch, tag or commit; empty: the default branch"},
+		{Name: "source.paths", Label: "Playbooks", Help: "playbook: paths in the repository, comma-separated, run in order"},
+		{Name: "source.role_path", Label: "Role path", Help: "role: the role's path in the repository"},
+		{Name: "source.collection", Label: "Collection", Help: "collection_role: namespace.collection"},
+		{Name: "source.role", Label: "Role", Help: "collection_role: the role's name"},
+		{Name: "source.version", Label: "Collection version", Help: "collection_role: optional"},
+		{Name: "source.git_credential", Label: "Git credential", Help: "a stored credential's name (or a secret reference)"},
+	}},
+	{"Inventory", []formField{
+		{Name: "inventory.hosts", Label: "Hosts", Type: "textarea",
+			Help: "YAML or JSON: host names with their variables ({web-1: {ansible_host: 192.0.2.10}}), or a list of names"},
+	}},
+	{"Credentials", []formField{
+		{Name: "credentials.ssh", Label: "SSH key", Help: "a stored credential's name (or a secret reference)"},
+		{Name: "credentials.become_password", Label: "Become password", Help: "optional: a stored credential's name"},
+		{Name: "credentials.vault_password", Label: "Vault password", Help: "optional: a stored credential's name"},
+	}},
+	{"Options", []formField{
+		{Name: "options.tags", Label: "Tags", Help: "comma-separated"},
+		{Name: "options.skip_tags", Label: "Skip tags", Help: "comma-separated"},
+		{Name: "options.limit", Label: "Limit", Help: "a host pattern"},
+		{Name: "options.check", Label: "Check mode (dry run)", Type: "checkbox"},
+		{Name: "options.diff", Label: "Show diffs", Type: "checkbox"},
+		{Name: "options.verbosity", Label: "Verbosity", Help: "0 to 4 (-v to -vvvv)"},
+		{Name: "options.timeout", Label: "Timeout (seconds)", Help: "empty: infra's limit"},
+		{Name: "options.extra_vars", Label: "Extra variables", Type: "textarea", Help: "YAML or JSON: a mapping"},
+		{Name: "options.callback_url", Label: "Callback URL", Help: "optional webhook on completion"},
+	}},
+}
+
+// jobFieldNames are the form's field names.
+func jobFieldNames() []string {
+	var names []string
+	for _, g := range jobFields {
+		for _, f := range g.Fields {
+			names = append(names, f.Name)
+		}
+	}
+	return names
+}
+
+// mayRunJobs answers 403 unless the key has jobs:write: the form is
+// offered to such keys only (the API would refuse the post anyway).
+func (c *Console) mayRunJobs(w http.ResponseWriter, r *http.Request) bool {
+	if c.key(r).Has(auth.ScopeJobsWrite) {
+		return true
+	}
+	c.fail(w, r, http.StatusForbidden, "Running jobs needs the scope jobs:write.")
+	return false
+}
+
+func (c *Console) jobForm(w http.ResponseWriter, r *http.Request) {
+	if !c.mayRunJobs(w, r) {
+		return
+	}
+	vals := map[string]string{"source.type": "playbook", "source.paths": "site.yml"}
+	if ps := c.key(r).Projects; len(ps) > 0 {
+		vals["project_id"] = ps[0]
+	}
+	c.renderJob(w, r, http.StatusOK, vals, nil, "")
+}
+
+func (c *Console) renderJob(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general string) {
+	c.render(w, r, status, "jobform", map[string]any{"Title": "New job", "Groups": jobFields,
+		"Values": vals, "Errors": errs, "General": general, "Projects": c.key(r).Projects})
+}
+
+// jobRequest builds the API's request from the form; errs gets what the
+// form itself cannot read (numbers, YAML), by field.
+func jobRequest(vals, errs map[string]string) deployments.JobRequest {
+	list := func(name string) []string {
+		var out []string
+		for v := range strings.SplitSeq(vals[name], ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				out = append(out, v)
+			}
+		}
+		return out
+	}
+	req := deployments.JobRequest{ProjectID: vals["project_id"], CorrelationID: vals["correlation_id"],
+		Source: deployments.JobSource{Type: vals["source.type"], Repository: vals["source.repository"], Ref: vals["source.ref"],
+			Paths: list("source.paths"), GitCredential: vals["source.git_credential"], RolePath: vals["source.role_path"],
+			Collection: vals["source.collection"], Role: vals["source.role"], Version: vals["source.version"]},
+		Inventory: deployments.JobInventory{Type: "inline"},
+		Credentials: deployments.JobCredentials{SSH: vals["credentials.ssh"], BecomePassword: vals["credentials.become_password"],
+			VaultPassword: vals["credentials.vault_password"]},
+		Options: deployments.JobOptions{Tags: list("options.tags"), SkipTags: list("options.skip_tags"), Limit: vals["options.limit"],
+			Check: vals["options.check"] == "on", Diff: vals["options.diff"] == "on", CallbackURL: vals["options.callback_url"]},
+	}
+	if req.Source.Type != "playbook" {
+		req.Source.Paths = nil // shown filled in by default
+	}
+	for name, dst := range map[string]*int{"options.verbosity": &req.Options.Verbosity, "options.timeout": &req.Options.Timeout} {
+		if v := vals[name]; v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs[name] = "must be a whole number"
+				continue
+			}
+			*dst = n
+		}
+	}
+	if v := vals["inventory.hosts"]; v != "" {
+		if err := decodeYAMLAsJSON(v, &req.Inventory.Hosts); err != nil {
+			errs["inventory.hosts"] = "must be YAML or JSON: a mapping of host names to their variables, or a list of names"
+		}
+	}
+	if v := vals["options.extra_vars"]; v != "" {
+		if err := decodeYAMLAsJSON(v, &req.Options.ExtraVars); err != nil {
+			errs["options.extra_vars"] = "must be YAML or JSON: a mapping of variable names to values"
+		}
+	}
+	return req
+}
+
+// decodeYAMLAsJSON reads YAML (JSON is YAML) into out as its JSON would
+// be read, so that the API's own decoding rules apply.
+func decodeYAMLAsJSON(s string, out any) error {
+	var v any
+	if err := yaml.Unmarshal([]byte(s), &v); err != nil {
+		return err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err // a mapping with keys that are not strings
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	return dec.Decode(out)
+}
+
+func (c *Console) jobSubmit(w http.ResponseWriter, r *http.Request) {
+	if !c.mayRunJobs(w, r) {
+		return
+	}
+	names := jobFieldNames()
+	vals := map[string]string{}
+	for _, n := range names {
+		vals[n] = strings.TrimSpace(r.PostFormValue(n))
+	}
+	errs := map[string]string{}
+	req := jobRequest(vals, errs)
+	if len(errs) > 0 {
+		c.renderJob(w, r, http.StatusUnprocessableEntity, vals, errs, "Correct the fields marked below.")
+		return
+	}
+	var j jobView
+	res, err := c.call(r, http.MethodPost, "/api/v1/jobs", req, &j)
+	if err != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	if res.Problem != nil {
+		var general []string
+		for _, fe := range res.Problem.Errors {
+			if f := formFieldOf(names, fe.Field); f != "" {
+				if errs[f] == "" {
+					errs[f] = fe.Message
+					if fe.Field != f {
+						errs[f] = strings.TrimPrefix(fe.Field, f) + ": " + fe.Message
+					}
+				}
+			} else {
+				general = append(general, fe.Field+": "+fe.Message)
+			}
+		}
+		if len(general) == 0 && len(errs) == 0 {
+			general = append(general, problemText(res.Problem))
+		}
+		c.renderJob(w, r, res.Status, vals, errs, strings.Join(general, "; "))
+		return
+	}
+	http.Redirect(w, r, Prefix+"/runs/job/"+url.PathEscape(j.ID), http.StatusSeeOther)
+}
+
+// formFieldOf is the form field an API error's field belongs to: the
+// field itself, or the one it is an element or key of (source.paths[0],
+// inventory.hosts.web-1.ansible_host); "" when none.
+func formFieldOf(names []string, field string) string {
+	best := ""
+	for _, n := range names {
+		if field == n || (strings.HasPrefix(field, n) && strings.ContainsAny(field[len(n):len(n)+1], "[.")) {
+			if len(n) > len(best) {
+				best = n
+			}
+		}
+	}
+	if best == "" && slices.Contains([]string{"inventory", "inventory.type"}, field) {
+		return "inventory.hosts"
+	}
+	return best
+}

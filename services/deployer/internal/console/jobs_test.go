@@ -1,0 +1,253 @@
+package console_test
+
+import (
+	"html"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/fakeinfra"
+)
+
+// markup is a user-supplied string that must show as text.
+const markup = `<img src=x onerror=alert(1)>`
+
+// jobForm is a valid job form: a playbook on two inline hosts.
+func jobForm(csrf, correlation string) url.Values {
+	return url.Values{"csrf": {csrf}, "project_id": {deployertest.Project}, "correlation_id": {correlation},
+		"source.type": {"playbook"}, "source.repository": {"https://git.example.com/org/playbooks.git"},
+		"source.ref": {"v1.4.0"}, "source.paths": {"site.yml, db.yml"},
+		"inventory.hosts": {"web-1:\n  ansible_host: 198.51.100.7\ndb-1: {}\n"},
+		"options.tags":    {"deploy, web"}, "options.check": {"on"}, "options.verbosity": {"2"},
+		"options.extra_vars": {`{"release": "1.4", "replicas": 3}`}}
+}
+
+// TestJobsInTheConsole runs Ansible jobs from the console's form (its own
+// errors and the API's next to the fields), follows one on its page (the
+// API's job stream, resumable), lists jobs with deployments (the
+// deployments source lists no job), cancels one, and checks who sees what.
+func TestJobsInTheConsole(t *testing.T) {
+	release := make(chan struct{})
+	e := deployertest.Start(t, deployertest.Options{JobPlanFor: func(m *messages.AnsibleJobMessage) fakeinfra.Plan {
+		switch m.CorrelationID {
+		case "fail":
+			return fakeinfra.Plan{Tasks: 2, TaskName: markup, Status: messages.StatusFailed}
+		case "hold":
+			return fakeinfra.Plan{Hold: release, Tasks: 1}
+		}
+		return fakeinfra.Plan{Tasks: 2}
+	}})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	jobsKey := e.Key("jobs", []auth.Scope{auth.ScopeJobsWrite}, deployertest.Project)
+	b := newBrowser(t, e.URL)
+	csrf := b.signIn(jobsKey)
+
+	// The form is offered to jobs:write only.
+	res, page := b.get("/ui/job")
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `href="/ui/job"`) || !strings.Contains(page, `id="f-inventory.hosts"`) {
+		t.Fatalf("job form: %d\n%s", res.StatusCode, page)
+	}
+	ci := newBrowser(t, e.URL)
+	ciCSRF := ci.signIn(e.CI)
+	if _, page := ci.get("/ui/"); strings.Contains(page, `href="/ui/job"`) {
+		t.Fatal("a key without jobs:write is offered the job form")
+	}
+	if res, _ := ci.get("/ui/job"); res.StatusCode != http.StatusForbidden {
+		t.Fatalf("job form for a deployments key: %d, want 403", res.StatusCode)
+	}
+	if res, _ := ci.post("/ui/job", jobForm(ciCSRF, "")); res.StatusCode != http.StatusForbidden {
+		t.Fatalf("job post by a deployments key: %d, want 403", res.StatusCode)
+	}
+
+	// The form's own errors: YAML that is not an inventory, a verbosity
+	// that is not a number.
+	bad := jobForm(csrf, "")
+	bad.Set("inventory.hosts", "web-1: [unclosed")
+	bad.Set("options.verbosity", "loud")
+	res, page = b.post("/ui/job", bad)
+	if res.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(page, `id="e-inventory.hosts"`) ||
+		!strings.Contains(page, `id="e-options.verbosity"`) || !strings.Contains(page, "web-1: [unclosed") {
+		t.Fatalf("form errors: %d\n%s", res.StatusCode, page)
+	}
+	// The API's: next to their fields, markup in a host name (echoed in
+	// the field's path) escaped.
+	bad = jobForm(csrf, "")
+	bad.Set("source.repository", "")
+	bad.Set("inventory.hosts", `["web-1", "`+markup+`"]`)
+	bad.Set("credentials.ssh", "no-such-credential")
+	res, page = b.post("/ui/job", bad)
+	if res.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(page, `id="e-source.repository"`) ||
+		!strings.Contains(page, `id="e-inventory.hosts"`) {
+		t.Fatalf("API errors: %d\n%s", res.StatusCode, page)
+	}
+	if strings.Contains(page, markup) || !strings.Contains(page, html.EscapeString(markup)) {
+		t.Fatalf("a host name is not escaped in the form:\n%s", page)
+	}
+	if n := len(e.Infra.Jobs()); n != 0 {
+		t.Fatalf("%d jobs reached infra from invalid forms", n)
+	}
+
+	// A valid one goes to its page; its request is the form's.
+	res, _ = b.post("/ui/job", jobForm(csrf, "hold"))
+	loc := res.Header.Get("Location")
+	if res.StatusCode != http.StatusSeeOther || !strings.HasPrefix(loc, "/ui/runs/job/") {
+		t.Fatalf("submit: %d %s", res.StatusCode, loc)
+	}
+	held := strings.TrimPrefix(loc, "/ui/runs/job/")
+	testenv.WaitFor(t, 20*time.Second, "the job reaches infra", func() bool { return len(e.Infra.Jobs()) == 1 })
+	m := e.Infra.Jobs()[0]
+	if m.JobID != held || m.Source.Ref != "v1.4.0" || strings.Join(m.Source.Paths, ",") != "site.yml,db.yml" ||
+		len(m.Inventory.Hosts) != 2 || m.Inventory.Hosts["web-1"]["ansible_host"] != "198.51.100.7" ||
+		!m.Options.Check || m.Options.Verbosity != 2 || strings.Join(m.Options.Tags, ",") != "deploy,web" ||
+		m.Options.ExtraVars["release"] != "1.4" {
+		t.Fatalf("the job's request is not the form's: %+v", m)
+	}
+	res, page = b.get(loc)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="live-output"`) ||
+		!strings.Contains(page, `data-events="/ui/runs/job/`+held+`/stream"`) || !strings.Contains(page, `id="cancel"`) {
+		t.Fatalf("running job's page: %d\n%s", res.StatusCode, page)
+	}
+
+	// A job with markup in its task names fails: its page shows them as
+	// text, with its recap, playbooks, commit and log.
+	res, _ = b.post("/ui/job", jobForm(csrf, "fail"))
+	failed := strings.TrimPrefix(res.Header.Get("Location"), "/ui/runs/job/")
+	if _, body := e.Do(http.MethodGet, "/api/v1/jobs/"+failed+"?wait=30s", jobsKey, nil); !strings.Contains(string(body), `"status":"failed"`) {
+		t.Fatalf("the failing job: %s", body)
+	}
+	res, page = b.get("/ui/runs/job/" + failed)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("failed job's page: %d\n%s", res.StatusCode, page)
+	}
+	for _, want := range []string{`id="full-log"`, `id="failed-task"`, `id="playbooks"`, strings.Repeat("ab", 20),
+		html.EscapeString(markup) + " 1", `<td data-label="Host" class="mono">db-1</td>`, "changed 2"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("failed job's page lacks %q:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, markup) {
+		t.Fatalf("a task name is not escaped in the job page:\n%s", page)
+	}
+
+	// Its stream through the console resumes after Last-Event-ID.
+	events := func(last string) (int, string) { return b.events("/ui/runs/job/"+failed+"/stream", last) }
+	status, all := events("")
+	ids := regexp.MustCompile(`(?m)^id: (\S+)$`).FindAllStringSubmatch(all, -1)
+	if status != http.StatusOK || !strings.Contains(all, "event: task_started") || !strings.Contains(all, "event: run_finished") || len(ids) < 3 {
+		t.Fatalf("job stream: %d\n%s", status, all)
+	}
+	if status, rest := events(ids[0][1]); status != http.StatusOK || strings.Contains(rest, "id: "+ids[0][1]+"\n") ||
+		!strings.Contains(rest, "id: "+ids[1][1]+"\n") {
+		t.Fatalf("resume after %s: %d\n%s", ids[0][1], status, rest)
+	}
+	if res, body := b.get("/ui/runs/job/" + failed + "/logs"); res.StatusCode != http.StatusOK || !strings.Contains(body, "TASK [") {
+		t.Fatalf("job log: %d %s", res.StatusCode, body)
+	}
+
+	// The runs list: jobs with the deployments; the deployments' kind
+	// lists no job; filters and the cursor keep working across kinds.
+	if res, body := e.Do(http.MethodPost, "/api/v1/deployments?wait=30s", e.CI, deployertest.Request()); res.StatusCode != http.StatusOK {
+		t.Fatalf("deploy: %d %s", res.StatusCode, body)
+	}
+	admin := newBrowser(t, e.URL)
+	admin.signIn(e.Admin)
+	_, page = admin.get("/ui/runs")
+	for _, want := range []string{"/ui/runs/job/" + held, "/ui/runs/job/" + failed, "/ui/runs/deployment/", "db-1, web-1",
+		"https://git.example.com/org/playbooks.git@v1.4.0 site.yml, db.yml"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("runs list lacks %q:\n%s", want, page)
+		}
+	}
+	if _, page := admin.get("/ui/runs?kind=deployment"); strings.Contains(page, "/ui/runs/job/") {
+		t.Fatal("the deployments' kind lists jobs")
+	}
+	if _, page := admin.get("/ui/runs?kind=job&status=failed"); !strings.Contains(page, failed) || strings.Contains(page, held) {
+		t.Fatalf("kind=job&status=failed:\n%s", page)
+	}
+	if _, page := admin.get("/ui/runs?server=198.51.100.7"); strings.Contains(page, "/ui/runs/job/") {
+		t.Fatal("a server filter lists jobs")
+	}
+	seen := map[string]bool{}
+	path := "/ui/runs?limit=1"
+	for pages := 0; path != ""; pages++ {
+		if pages > 10 {
+			t.Fatal("the pages never end")
+		}
+		_, page := admin.get(path)
+		for _, m := range regexp.MustCompile(`/ui/runs/(deployment|job)/([0-9a-f-]{36})"`).FindAllStringSubmatch(page, -1) {
+			if seen[m[2]] {
+				t.Fatalf("%s listed twice", m[2])
+			}
+			seen[m[2]] = true
+		}
+		path = ""
+		if m := regexp.MustCompile(`href="([^"]+)" id="next-page"`).FindStringSubmatch(page); m != nil {
+			path = strings.ReplaceAll(m[1], "&amp;", "&")
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("paged through %d runs one by one, want 3 (2 jobs, 1 deployment)", len(seen))
+	}
+
+	// The overview's runs per hour count jobs for keys that may read them
+	// only: 2 jobs and 1 deployment for the admin, the deployment for the
+	// deployments key, the jobs for the jobs key.
+	for _, c := range []struct {
+		b    *browser
+		want string
+	}{{admin, "(3 runs)"}, {ci, "(1 runs)"}, {b, "(2 runs)"}} {
+		if _, page := c.b.get("/ui/"); !strings.Contains(page, c.want) {
+			t.Fatalf("overview, want %s:\n%s", c.want, page)
+		}
+	}
+
+	// Who sees a job: a deployments key neither lists nor opens it (404,
+	// as the API answers), nor does another project's jobs key.
+	if _, page := ci.get("/ui/runs"); strings.Contains(page, "/ui/runs/job/") {
+		t.Fatal("a deployments key lists jobs")
+	}
+	for _, p := range []string{"/ui/runs/job/" + failed, "/ui/runs/deployment/" + failed, "/ui/runs/job/" + failed + "/stream"} {
+		if res, _ := ci.get(p); res.StatusCode != http.StatusNotFound {
+			t.Fatalf("deployments key %s: %d, want 404", p, res.StatusCode)
+		}
+	}
+	other := newBrowser(t, e.URL)
+	other.signIn(e.Key("other-jobs", []auth.Scope{auth.ScopeJobsWrite}, "22222222-3333-4444-5555-666666666666"))
+	if res, _ := other.get("/ui/runs/job/" + failed); res.StatusCode != http.StatusNotFound {
+		t.Fatalf("another project's job: %d, want 404", res.StatusCode)
+	}
+	if _, page := other.get("/ui/runs"); strings.Contains(page, failed) {
+		t.Fatal("another project's job is listed")
+	}
+	// A job's id on the deployments' page goes to the job's page.
+	if res, _ := b.get("/ui/runs/deployment/" + failed); res.StatusCode != http.StatusSeeOther ||
+		res.Header.Get("Location") != "/ui/runs/job/"+failed {
+		t.Fatalf("a job's id on the deployment page: %d %s", res.StatusCode, res.Header.Get("Location"))
+	}
+
+	// Cancel the held job from its page.
+	if res, _ := other.post("/ui/runs/job/"+held+"/cancel", url.Values{"csrf": {csrfOf(t, func() string { _, p := other.get("/ui/"); return p }())}}); res.StatusCode != http.StatusNotFound {
+		t.Fatalf("another project's key cancels: %d, want 404", res.StatusCode)
+	}
+	res, _ = b.post("/ui/runs/job/"+held+"/cancel", url.Values{"csrf": {csrf}})
+	if res.StatusCode != http.StatusSeeOther || !strings.Contains(res.Header.Get("Location"), "done=cancel") {
+		t.Fatalf("cancel: %d %s", res.StatusCode, res.Header.Get("Location"))
+	}
+	testenv.WaitFor(t, 20*time.Second, "the job is cancelled", func() bool {
+		_, page := b.get("/ui/runs/job/" + held)
+		return strings.Contains(page, `id="run-status">cancelled<`)
+	})
+}
