@@ -276,7 +276,9 @@ func TestACLRolesInRealRedis(t *testing.T) {
 			func() error {
 				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: progressStream("provision", "prov-1"), Values: map[string]any{"data": "forged"}}).Err()
 			},
-			func() error { return rc["deployer"].Expire(ctx, progressStream("provision", "prov-1"), time.Second).Err() },
+			func() error {
+				return rc["deployer"].Expire(ctx, progressStream("provision", "prov-1"), time.Second).Err()
+			},
 			func() error { return rc["deployer"].Del(ctx, progressStream("provision", "prov-1")).Err() },
 			func() error { return rc["deployer"].Set(ctx, cancelKey("provision", "prov-1"), "1", time.Minute).Err() },
 			func() error { return rc["deployer"].Exists(ctx, cancelKey("provision", "prov-1")).Err() },
