@@ -207,6 +207,13 @@ func TestACLRolesInRealRedis(t *testing.T) {
 			t.Errorf("%s reads progress: %v %v", u, evs, err)
 		}
 	}
+	// The deployer's console follows a provisioning run's progress, read-only.
+	if evs, err := rc["deployer"].XRange(ctx, progressStream("provision", "prov-1"), "-", "+").Result(); err != nil || len(evs) != 1 {
+		t.Errorf("deployer reads a provisioning run's progress: %v %v", evs, err)
+	}
+	if err := rc["deployer"].XRead(ctx, &redis.XReadArgs{Streams: []string{progressStream("provision", "prov-1"), "0"}, Block: -1}).Err(); err != nil {
+		t.Errorf("deployer follows a provisioning run's progress: %v", err)
+	}
 	if strings.Contains(log.String(), "NOPERM") || strings.Contains(log.String(), "can't access") {
 		t.Fatalf("the stream runtime ran a command its role may not:\n%s", log.String())
 	}
@@ -263,13 +270,16 @@ func TestACLRolesInRealRedis(t *testing.T) {
 			func() error {
 				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: progressStream("deploy", "x"), Values: map[string]any{"data": "x"}}).Err()
 			},
-			// It reaches deploys only: a provisioning job's progress and
-			// cancel key are out of its reach, as are the names of before
+			// A provisioning job's progress it reads but may not write; its
+			// cancel key is out of its reach, as are the names of before
 			// the kinds (job:<id>:events, job:<id>:cancel).
-			func() error { return rc["deployer"].XRange(ctx, progressStream("provision", "prov-1"), "-", "+").Err() },
 			func() error {
-				return rc["deployer"].XRead(ctx, &redis.XReadArgs{Streams: []string{progressStream("provision", "prov-1"), "0"}, Block: -1}).Err()
+				return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: progressStream("provision", "prov-1"), Values: map[string]any{"data": "forged"}}).Err()
 			},
+			func() error {
+				return rc["deployer"].Expire(ctx, progressStream("provision", "prov-1"), time.Second).Err()
+			},
+			func() error { return rc["deployer"].Del(ctx, progressStream("provision", "prov-1")).Err() },
 			func() error { return rc["deployer"].Set(ctx, cancelKey("provision", "prov-1"), "1", time.Minute).Err() },
 			func() error { return rc["deployer"].Exists(ctx, cancelKey("provision", "prov-1")).Err() },
 			func() error { return rc["deployer"].Set(ctx, "job:prov-1:cancel", "1", time.Minute).Err() },

@@ -16,6 +16,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/console"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 )
 
 // ConsoleConfig configures the web console served under /ui/ on the API's
@@ -85,12 +86,12 @@ func (p *Parts) buildConsole(ctx context.Context, d service.Deps, streams deploy
 	}
 	c, err := console.New(console.Config{
 		SessionTTL: cfg.SessionTTL, Secure: cfg.Secure || tls, AuthFailureRate: p.cfg.API.AuthFailureRate,
-		Streams: names, Services: services,
+		Streams: names, Services: services, Events: events.StreamConfig{Heartbeat: p.cfg.API.SSEHeartbeat, Retry: p.cfg.API.SSERetry},
 	}, console.Deps{
 		API: p.API.Handler(), Auth: authn, Keys: keys, Forget: authn.Forget,
 		Limiter:  auth.NewLimiter(d.Redis, auth.RateKeyPrefix, p.cfg.API.RateLimit, p.cfg.API.RateBurst),
 		Sessions: console.NewSessions(d.DB), Deployments: p.Deployments, Fleet: fleet.New(d.DB, fleet.Options{}),
-		Queues: stream.NewInspector(rdb),
+		Queues: stream.NewInspector(rdb), Events: p.Hub, Logs: p.Logs,
 		Ping: func(ctx context.Context) error {
 			if err := d.DB.Ping(ctx); err != nil {
 				return fmt.Errorf("postgres: %w", err)

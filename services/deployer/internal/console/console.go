@@ -25,9 +25,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 )
 
 //go:embed templates/*.html
@@ -53,6 +55,8 @@ type Config struct {
 	Streams []string
 	// Services are the services whose readiness the Overview shows.
 	Services []Service
+	// Events configures a provisioning run's live output stream.
+	Events events.StreamConfig
 }
 
 // Service is a service whose readiness the Overview shows.
@@ -91,6 +95,10 @@ type Deps struct {
 	Fleet       *fleet.Store
 	// Queues reads the streams and acts on dead letters; nil hides them.
 	Queues *stream.Inspector
+	// Events follows a provisioning run's progress for its live output;
+	// Logs holds its full log once it ended. Nil leaves them out.
+	Events *events.Hub
+	Logs   runlog.Store
 	// Ping checks this deployer's Postgres and Redis for the readiness.
 	Ping func(ctx context.Context) error
 	// Runs are the kinds of runs in the Runs list; nil: deployments,
@@ -166,6 +174,8 @@ func (c *Console) routes() chi.Router {
 		r.Get("/runs/job/{id}/logs", c.jobPassthrough("logs"))
 		r.Post("/runs/job/{id}/cancel", c.cancelJob)
 		r.Get("/runs/provision/{id}", c.provisionPage)
+		r.Get("/runs/provision/{id}/events", c.provisionEvents)
+		r.Get("/runs/provision/{id}/log", c.provisionLogFile)
 		r.Get("/deploy", c.deployForm)
 		r.Post("/deploy", c.deploySubmit)
 		r.Get("/job", c.jobForm)

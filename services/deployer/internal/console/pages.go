@@ -443,18 +443,8 @@ func (c *Console) cancelRun(w http.ResponseWriter, r *http.Request, apiBase, pag
 }
 
 func (c *Console) provisionPage(w http.ResponseWriter, r *http.Request) {
-	if !c.key(r).Has(auth.ScopeServersRead) || c.deps.Fleet == nil {
-		c.fail(w, r, http.StatusForbidden, "This API key does not have the scope servers:read.")
-		return
-	}
-	run, result, err := c.deps.Fleet.RunResult(r.Context(), chi.URLParam(r, "id"))
-	if errors.Is(err, fleet.ErrNotFound) {
-		c.fail(w, r, http.StatusNotFound, "No run has this id.")
-		return
-	}
-	if err != nil {
-		c.log.Error().Err(err).Msg("read run")
-		c.fail(w, r, http.StatusInternalServerError, "The run cannot be read right now.")
+	run, result := c.provisionRun(w, r)
+	if run == nil {
 		return
 	}
 	data := map[string]any{"Title": "Provisioning run " + run.JobID, "Run": run}
@@ -466,6 +456,7 @@ func (c *Console) provisionPage(w http.ResponseWriter, r *http.Request) {
 		}
 		data["Result"] = res
 	}
+	c.provisionLog(r.Context(), run, data)
 	c.render(w, r, http.StatusOK, "provision", data)
 }
 

@@ -17,9 +17,10 @@ import (
 // TestDeployerUserReachesOnlyDeploys runs the hub as the deployer's ACL
 // user of the shipped ACL file: it follows a deploy's events, which infra
 // writes as its own user, and the deployer may set that deploy's cancel
-// key; a provisioning job's events and cancel key (and the names of
-// before the kinds, job:<id>:...) are refused, so a deployer cannot
-// watch or cancel what the scheduler asked for.
+// key; a provisioning job's events it may read (the console's run page)
+// but not write, and its cancel key (and the names of before the kinds,
+// job:<id>:...) are refused, so a deployer cannot cancel what the
+// scheduler asked for.
 func TestDeployerUserReachesOnlyDeploys(t *testing.T) {
 	t.Parallel()
 	_, rc := testenv.ACLRedis(t)
@@ -82,16 +83,27 @@ func TestDeployerUserReachesOnlyDeploys(t *testing.T) {
 		t.Fatalf("infra does not see the deploy's cancel key: %d %v", n, err)
 	}
 
+	// A provisioning job's events it reads (the console's run page), and
+	// no more.
+	if evs, err := rc["deployer"].XRange(ctx, messages.ProgressStream(messages.JobKindProvision, provision), "-", "+").Result(); err != nil || len(evs) != 1 {
+		t.Fatalf("the deployer cannot read a provisioning job's events: %v %v", evs, err)
+	}
+	if err := rc["deployer"].XRead(ctx, &redis.XReadArgs{
+		Streams: []string{messages.ProgressStream(messages.JobKindProvision, provision), "0"}, Block: -1}).Err(); err != nil {
+		t.Fatalf("the deployer cannot follow a provisioning job's events: %v", err)
+	}
+
 	refused := map[string]func() error{
 		"set a provisioning job's cancel key": func() error {
 			return rc["deployer"].Set(ctx, messages.CancelKey(messages.JobKindProvision, provision), "1", time.Minute).Err()
 		},
-		"read a provisioning job's events": func() error {
-			return rc["deployer"].XRange(ctx, messages.ProgressStream(messages.JobKindProvision, provision), "-", "+").Err()
+		"write a provisioning job's events": func() error {
+			return rc["deployer"].XAdd(ctx, &redis.XAddArgs{Stream: messages.ProgressStream(messages.JobKindProvision, provision),
+				Values: map[string]any{messages.DataField: "forged"}}).Err()
 		},
-		"follow a provisioning job's events": func() error {
-			return rc["deployer"].XRead(ctx, &redis.XReadArgs{
-				Streams: []string{messages.ProgressStream(messages.JobKindProvision, provision), "0"}, Block: -1}).Err()
+		"write a provisioning job's events from a script": func() error {
+			return rc["deployer"].Eval(ctx, "return redis.call('XADD', ARGV[1], '*', 'data', 'x')", nil,
+				messages.ProgressStream(messages.JobKindProvision, provision)).Err()
 		},
 		"set a provisioning job's cancel key from a script": func() error {
 			return rc["deployer"].Eval(ctx, "return redis.call('SET', KEYS[1], '1')",
@@ -100,10 +112,6 @@ func TestDeployerUserReachesOnlyDeploys(t *testing.T) {
 		"set a provisioning job's cancel key from a script naming no key": func() error {
 			return rc["deployer"].Eval(ctx, "return redis.call('SET', ARGV[1], '1')", nil,
 				messages.CancelKey(messages.JobKindProvision, provision)).Err()
-		},
-		"read a provisioning job's events from a script": func() error {
-			return rc["deployer"].Eval(ctx, "return redis.call('XRANGE', ARGV[1], '-', '+')", nil,
-				messages.ProgressStream(messages.JobKindProvision, provision)).Err()
 		},
 		"set a cancel key of the names without kind": func() error {
 			return rc["deployer"].Set(ctx, "job:"+provision+":cancel", "1", time.Minute).Err()
