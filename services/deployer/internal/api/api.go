@@ -145,6 +145,10 @@ func (a *API) Addr() string {
 // hint, ?wait= requests answer with the current state.
 func (a *API) Shutdown() { a.once.Do(func() { close(a.shutdown) }) }
 
+// Stopping is closed once Shutdown was called: streams served beside the
+// API (the console's) end with the API's own.
+func (a *API) Stopping() <-chan struct{} { return a.shutdown }
+
 // Run serves until ctx is done, then shuts down gracefully: no new
 // connections, streams and waits end at once, other requests finish within
 // ShutdownGrace.

@@ -91,7 +91,7 @@ func (p *Parts) buildConsole(ctx context.Context, d service.Deps, streams deploy
 		API: p.API.Handler(), Auth: authn, Keys: keys, Forget: authn.Forget,
 		Limiter:  auth.NewLimiter(d.Redis, auth.RateKeyPrefix, p.cfg.API.RateLimit, p.cfg.API.RateBurst),
 		Sessions: console.NewSessions(d.DB), Deployments: p.Deployments, Fleet: fleet.New(d.DB, fleet.Options{}),
-		Queues: stream.NewInspector(rdb), Events: p.Hub, Logs: p.Logs,
+		Queues: stream.NewInspector(rdb), Events: p.Hub, Logs: p.Logs, Shutdown: p.API.Stopping(),
 		Ping: func(ctx context.Context) error {
 			if err := d.DB.Ping(ctx); err != nil {
 				return fmt.Errorf("postgres: %w", err)

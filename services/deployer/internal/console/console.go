@@ -99,6 +99,9 @@ type Deps struct {
 	// Logs holds its full log once it ended. Nil leaves them out.
 	Events *events.Hub
 	Logs   runlog.Store
+	// Shutdown, closed when the server shuts down, ends those streams
+	// (as the API's own end). Nil: they end with their clients.
+	Shutdown <-chan struct{}
 	// Ping checks this deployer's Postgres and Redis for the readiness.
 	Ping func(ctx context.Context) error
 	// Runs are the kinds of runs in the Runs list; nil: deployments,

@@ -90,7 +90,7 @@ func (c *Console) provisionEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.deps.Events.Serve(w, r, events.Request{
-		JobID: run.JobID, Kind: messages.JobKindProvision, LastEventID: last,
+		JobID: run.JobID, Kind: messages.JobKindProvision, LastEventID: last, Shutdown: c.deps.Shutdown,
 		Final: func(ctx context.Context) (string, bool, error) {
 			cur, _, err := c.deps.Fleet.RunResult(ctx, run.JobID)
 			if err != nil {
