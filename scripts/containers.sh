@@ -96,7 +96,8 @@ build() {
 	shift
 	t=$(date +%s)
 	podman build -q --layers --format docker --build-arg DEBIAN_IMAGE="$BASE_IMAGE" "$@" . >/dev/null ||
-		die "podman build $name failed (run it again without -q: podman build $* .)"
+		{ ensure_dev_null; die "podman build $name failed (run it again without -q: podman build $* .)"; }
+	ensure_dev_null # a build's package scripts were seen leaving it 0600 (lib.sh)
 	step "image $name in $(elapsed "$t")"
 }
 
@@ -125,18 +126,32 @@ images() {
 	step "every image built in $(elapsed "$t")"
 }
 
+# guard_dev_null: while image builds and containers run, keep /dev/null's
+# mode 0666 (lib.sh's ensure_dev_null): a build's package scripts were seen
+# leaving the host's 0600, which breaks the Go tests running beside the lane.
+guard_dev_null() {
+	(while sleep 0.2; do ensure_dev_null; done) &
+	DEV_NULL_GUARD=$!
+	trap 'kill "$DEV_NULL_GUARD" 2>/dev/null; ensure_dev_null' EXIT
+}
+
 case "${1:-}" in
 deps) deps ;;
-images) images ;;
+images)
+	guard_dev_null
+	images
+	;;
 test)
+	guard_dev_null
 	images
 	step "container test: go test -tags containers -run TestContainers ./deploy"
-	cd deploy && exec go test -tags containers -count=1 -timeout 15m -run TestContainers -v .
+	cd deploy && go test -tags containers -count=1 -timeout 15m -run TestContainers -v .
 	;;
 run)
+	guard_dev_null
 	images
 	step "the compose stack: the main job, then infra scaled to 3 (deploy/containers_test.go)"
-	cd deploy && exec go test -tags containers -count=1 -timeout 20m -run TestContainers -v .
+	cd deploy && go test -tags containers -count=1 -timeout 20m -run TestContainers -v .
 	;;
 *)
 	echo "usage: $0 deps|images|test|run" >&2

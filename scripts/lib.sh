@@ -9,6 +9,19 @@ die() {
 	exit 1
 }
 
+# ensure_dev_null restores /dev/null to mode 0666 when something left it
+# otherwise: image builds of the container lane were seen leaving it 0600
+# on these machines, after which initdb (as postgres) and every
+# unprivileged `>/dev/null` fail. Says so when it mends it.
+ensure_dev_null() {
+	local mode
+	mode=$(stat -c %a /dev/null 2>/dev/null) || return 0
+	if [ "$mode" != 666 ] && [ "$(id -u)" -eq 0 ]; then
+		printf '\033[1;33mwarning:\033[0m /dev/null had mode %s; set back to 666\n' "$mode" >&2
+		chmod 666 /dev/null
+	fi
+}
+
 # wait_for NAME TRIES CMD...: run CMD every 0.1 s until it succeeds, at most TRIES times.
 wait_for() {
 	local name=$1 tries=$2

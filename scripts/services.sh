@@ -240,6 +240,7 @@ main() {
 	deps) cmd_deps ;;
 	start)
 		profile_ports "${2:-dev}"
+		ensure_dev_null
 		cmd_deps
 		start_redis
 		start_postgres
