@@ -51,19 +51,12 @@ func (s *Service) jobMessage(ctx context.Context, r *JobRequest, v Visibility, j
 		m, err = messages.DecodeAnsibleJobMessage(data)
 	}
 	if err != nil {
-		var ve *messages.ValidationError
-		var de *messages.DecodeError
-		switch {
-		case errors.As(err, &ve):
-			for _, f := range ve.Fields {
-				fields = appendField(fields, FieldError{Field: jobAPIField(f.Field), Message: f.Message})
-			}
-		case errors.As(err, &de) && len(de.Fields) > 0:
-			for _, f := range de.Fields {
-				fields = appendField(fields, FieldError{Field: jobAPIField(f.Field), Message: f.Message})
-			}
-		default:
-			return nil, &InvalidError{Fields: []FieldError{{Field: "", Message: "the request cannot be encoded as a wire message"}}}
+		wf, err := wireFields(err, jobAPIField)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range wf {
+			fields = appendField(fields, f)
 		}
 	}
 	if r.Options.CallbackURL != "" {

@@ -180,20 +180,11 @@ func (s *Service) toMessage(r *Request, v Visibility, jobID string, at time.Time
 		m, err = messages.DecodeAnsibleDeployMessage(data)
 	}
 	if err != nil {
-		var ve *messages.ValidationError
-		var de *messages.DecodeError
-		switch {
-		case errors.As(err, &ve):
-			for _, f := range ve.Fields {
-				fields = append(fields, FieldError{Field: apiField(f.Field), Message: f.Message})
-			}
-		case errors.As(err, &de) && len(de.Fields) > 0:
-			for _, f := range de.Fields {
-				fields = append(fields, FieldError{Field: apiField(f.Field), Message: f.Message})
-			}
-		default:
-			return nil, &InvalidError{Fields: []FieldError{{Field: "", Message: "the request cannot be encoded as a wire message"}}}
+		wf, err := wireFields(err, apiField)
+		if err != nil {
+			return nil, err
 		}
+		fields = append(fields, wf...)
 	}
 	// A valid project id is checked before anything else is said about
 	// the request: a project the key does not hold is refused as such.
@@ -635,4 +626,26 @@ func (s *Service) OutputTail(ctx context.Context, id string) (string, error) {
 		return "", fmt.Errorf("read output tail: %w", err)
 	}
 	return tail, nil
+}
+
+// wireFields turns the wire contract's refusal of a message (its
+// validation or decoding field errors) into the API's field errors, each
+// field named by apiName; any other error is an InvalidError of its own.
+func wireFields(err error, apiName func(string) string) ([]FieldError, error) {
+	var ve *messages.ValidationError
+	var de *messages.DecodeError
+	var wire []messages.FieldError
+	switch {
+	case errors.As(err, &ve):
+		wire = ve.Fields
+	case errors.As(err, &de) && len(de.Fields) > 0:
+		wire = de.Fields
+	default:
+		return nil, &InvalidError{Fields: []FieldError{{Field: "", Message: "the request cannot be encoded as a wire message"}}}
+	}
+	fields := make([]FieldError, 0, len(wire))
+	for _, f := range wire {
+		fields = append(fields, FieldError{Field: apiName(f.Field), Message: f.Message})
+	}
+	return fields, nil
 }
