@@ -3,8 +3,10 @@ package store
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -74,13 +76,18 @@ func canonicalIP(s string, ip netip.Addr) (string, error) {
 	return ip.String(), nil
 }
 
-// AddressTarget returns the run lock key (runs.target) of a deploy to an
-// address that is no registered server: "address:" and the canonical
-// address, so that every spelling of one host takes the same lock.
-func AddressTarget(address string) (string, error) {
+// AddressTarget returns the run lock key (runs.target) of a run on an SSH
+// endpoint that is no registered server: "address:", the canonical address
+// and the port (0: 22), as host:port, so that every spelling of one
+// endpoint takes the same lock while hosts behind one address (port
+// forwarding, NAT, containers) each have their own.
+func AddressTarget(address string, port int) (string, error) {
 	c, err := CanonicalAddress(address)
 	if err != nil {
 		return "", err
 	}
-	return "address:" + c, nil
+	if port == 0 {
+		port = 22
+	}
+	return "address:" + net.JoinHostPort(c, strconv.Itoa(port)), nil
 }

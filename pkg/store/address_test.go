@@ -85,8 +85,18 @@ func TestCanonicalAddress(t *testing.T) {
 			t.Errorf("CanonicalAddress(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
 		}
 	}
-	if got, _ := store.AddressTarget("::ffff:192.0.2.1"); got != "address:192.0.2.1" {
-		t.Errorf("AddressTarget = %q", got)
+	for _, tc := range []struct {
+		address string
+		port    int
+		want    string
+	}{
+		{"::ffff:192.0.2.1", 0, "address:192.0.2.1:22"},
+		{"192.0.2.1", 2222, "address:192.0.2.1:2222"},
+		{"2001:DB8::1", 22, "address:[2001:db8::1]:22"},
+	} {
+		if got, err := store.AddressTarget(tc.address, tc.port); err != nil || got != tc.want {
+			t.Errorf("AddressTarget(%q, %d) = %q, %v; want %q", tc.address, tc.port, got, err, tc.want)
+		}
 	}
 }
 

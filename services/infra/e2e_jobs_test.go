@@ -438,6 +438,42 @@ func TestAnsibleJobAndDeployNeverOverlap(t *testing.T) {
 	}
 }
 
+// meetPlay holds its host until the host named by the extra var other
+// has arrived too: two jobs of it finish only when they run at once.
+const meetPlay = `- name: Meet
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Arrive, then wait for the other
+      ansible.builtin.shell: >-
+        touch {{ out }}/{{ inventory_hostname }}.here;
+        for i in $(seq 600); do [ -e {{ out }}/{{ other }}.here ] && exit 0; sleep 0.1; done; exit 1
+      changed_when: true
+`
+
+// TestAnsibleJobsBehindOneAddress: two hosts that are no registered server
+// share an address (one machine's loopback here, a NAT or port forwarding
+// in the field) on different SSH ports: each has its own lock, so two jobs
+// on them run side by side (each waits until the other has started; one
+// lock for the address would hold the second until the first gave up).
+func TestAnsibleJobsBehindOneAddress(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 2)
+	if w.sshds[0].Host != w.sshds[1].Host || w.sshds[0].Port == w.sshds[1].Port {
+		t.Fatalf("targets at %s:%d and %s:%d: want one address, two ports", w.sshds[0].Host, w.sshds[0].Port, w.sshds[1].Host, w.sshds[1].Port)
+	}
+	w.repo.Commit(t, map[string]string{"meet.yml": meetPlay})
+	w.start("STREAM_CONCURRENCY=4")
+	for i, name := range []string{"a", "b"} {
+		m := w.job("job-meet-"+name, map[string]messages.Vars{name: w.host(i)}, "meet.yml")
+		m.Options.ExtraVars["other"] = map[string]string{"a": "b", "b": "a"}[name]
+		w.submit(m)
+	}
+	for _, name := range []string{"a", "b"} {
+		jobStatus(t, w.waitJob("job-meet-"+name, 2*time.Minute), messages.StatusSucceeded, "")
+	}
+}
+
 // recordsIn returns the four-field lines of a file.
 func (e *e2e) recordsIn(path string) [][]string {
 	data, err := os.ReadFile(path)

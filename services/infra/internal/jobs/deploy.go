@@ -61,9 +61,11 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 	if err := checkPorts(m, j.server); err != nil {
 		return j.reject(ctx, err)
 	}
-	target := "address:" + addr
+	var target string
 	if j.server != nil {
 		target = "server:" + j.server.Handle
+	} else if target, err = store.AddressTarget(addr, m.SSHPort); err != nil {
+		return j.reject(ctx, err)
 	}
 	return j.runLocked(ctx, target, h.cfg.Playbooks.Deploy, func(ctx context.Context) (*outcome, error) {
 		return j.deploy(ctx, m, addr)

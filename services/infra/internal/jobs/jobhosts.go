@@ -148,7 +148,9 @@ func (aj *ansibleJob) locate(ctx context.Context, name, given string, port int, 
 		// A job's playbook is the requester's code, and may use the
 		// run's ssh-agent from the controller: the service's own key is
 		// never lent to reach a host that is no registered server.
-		h.target = "address:" + addr
+		if h.target, err = store.AddressTarget(addr, h.ep.port); err != nil {
+			return nil, err.Error(), nil
+		}
 		if aj.m.Credentials.SSH == "" {
 			return nil, "is not a registered server: the job needs credentials.ssh to reach it (infra's own key is never lent to a job)", nil
 		}
