@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // Remote work and its controller.
@@ -48,6 +50,13 @@ import (
 //   - The cleanup: a run that was stopped (cancelled, timeout, idle timeout)
 //     runs reap.py for its own marker after its process group is gone, so
 //     its task does not outlive it either.
+//   - The clean mark (Config.Clean, optional): a run whose play succeeded
+//     (ansible-playbook exited 0 by itself: every task of it returned)
+//     marks its scope clean; the next run of the scope takes the mark away
+//     and, when it was there, skips its takeover: nothing of the run before
+//     it can be running. A run that dies after taking the mark leaves none,
+//     so the run after it takes over. Failed runs mark nothing (a task's
+//     own timeout may leave its module running), nor do stopped ones.
 //
 // Processes a finished task left on purpose (a daemon started with
 // start-stop-daemon or setsid, a service) are not tasks and are never
@@ -78,6 +87,51 @@ type RemoteReport struct {
 	Privileged bool `json:"privileged"`
 	// Duration is how long the step took, SSH connection included.
 	Duration time.Duration `json:"-"`
+	// Skipped: the takeover did not run, the scope's last run having ended
+	// clean (Config.Clean).
+	Skipped bool `json:"skipped,omitempty"`
+}
+
+// CleanScopes remembers the scopes (targets, see remoteMarker) whose last
+// run ended clean. The caller must hold the server, as for the takeover.
+type CleanScopes interface {
+	// TakeClean reports whether scope is marked clean, and removes the
+	// mark in the same step.
+	TakeClean(ctx context.Context, scope string) (bool, error)
+	// MarkClean marks scope clean.
+	MarkClean(ctx context.Context, scope string) error
+}
+
+// cleanMarkTimeout bounds each use of Config.Clean.
+const cleanMarkTimeout = 5 * time.Second
+
+// leftClean takes the scope's clean mark (Config.Clean): true when the
+// takeover may be skipped. Any error means a takeover.
+func (r *Runner) leftClean(ctx context.Context, m remoteMarker, log zerolog.Logger) bool {
+	if r.cfg.Clean == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, cleanMarkTimeout)
+	defer cancel()
+	clean, err := r.cfg.Clean.TakeClean(ctx, m.scope)
+	if err != nil {
+		log.Warn().Err(err).Msg("reading the target's clean mark failed: the takeover runs")
+		return false
+	}
+	return clean
+}
+
+// markClean marks the run's scope clean after its play succeeded; a
+// failure only costs the next run a takeover.
+func (r *Runner) markClean(ctx context.Context, m remoteMarker, log zerolog.Logger) {
+	if r.cfg.Clean == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanMarkTimeout)
+	defer cancel()
+	if err := r.cfg.Clean.MarkClean(ctx, m.scope); err != nil {
+		log.Warn().Err(err).Msg("marking the target clean failed: its next run takes over")
+	}
 }
 
 // remoteMarker is the marker of one run: "<scope>.<run>", [0-9a-f.] only

@@ -96,6 +96,10 @@ type Config struct {
 	// to this user, RunRoot becomes 0711 (traversable, not listable), and
 	// AnsibleDir must be readable by the user.
 	RunAs *Credential
+	// Clean, when set, remembers which targets were left clean (see
+	// CleanScopes): a run whose scope's last run ended clean skips its
+	// takeover. Nil: every run takes over.
+	Clean CleanScopes
 }
 
 // Credential is a user and group id (see Config.RunAs).
@@ -366,6 +370,11 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		if r.hooks.onTakeover != nil {
 			r.hooks.onTakeover()
 		}
+		if r.leftClean(ctx, marker, log) {
+			log.Debug().Msg("takeover skipped: the target's last run of the scope succeeded")
+			tk <- takeoverDone{report: &RemoteReport{Skipped: true}, at: time.Now(), took: time.Since(at)}
+			return
+		}
 		rep, stop := r.takeover(ctx, rd, &spec, key, marker, log)
 		tk <- takeoverDone{report: rep, stop: stop, at: time.Now(), took: time.Since(at)}
 	}()
@@ -386,6 +395,8 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
 		// The play was stopped: so is its task on the target.
 		res.Cleanup = r.cleanupRemote(ctx, rd, &spec, key, marker, log)
+	case OutcomeSucceeded:
+		r.markClean(ctx, marker, log)
 	}
 	done = &e.t
 	return res, nil

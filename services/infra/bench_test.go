@@ -454,7 +454,10 @@ func jobLines(logs, prefix string) string {
 // "role10", both by default) selects workloads; BENCH_BARE_MITOGEN=1
 // adds the bare loop with Mitogen's strategy. Extra
 // infra settings (BENCH_INFRA_ENV, space-separated NAME=value) apply to
-// every replica. Run with -benchtime=1x.
+// every replica. Beside each ratio it prints the machine's CPU time per run
+// of each side (testenv.MachineCPU: the service, ssh, the targets' sshd and
+// Python, Redis, Postgres): once the CPU is the limit, the makespan follows
+// it. Run with -benchtime=1x.
 func BenchmarkServiceVsBare(b *testing.B) {
 	n := benchEnvInt("BENCH_VS_BARE_RUNS", 12)
 	jobs := benchEnvInt("BENCH_MAKESPAN_JOBS", 50)
@@ -498,12 +501,18 @@ func BenchmarkServiceVsBare(b *testing.B) {
 			must(b, os.WriteFile(book, []byte(w.book), 0o644))
 			for _, conc := range []int{1, 4} {
 				prefix := fmt.Sprintf("%s-c%d", w.name, conc)
+				cpu0 := testenv.MachineCPU(b)
 				bare := runBare(b, e, invs[:4], n, conc, false)
+				cpu1, own1 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
 				infra := runInfra(b, e, handles[:4], prefix, n, conc)
+				cpu2, own2 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
 				cold := runBare(b, e, invs[:4], n, conc, true)
+				cpu3 := testenv.MachineCPU(b)
 				ratio := infra.Seconds() / bare.Seconds()
-				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f\n", w.name, conc, n,
-					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds())
+				perRun := func(d time.Duration) float64 { return float64(d.Milliseconds()) / float64(n) }
+				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f   cpu ms/run: bare %.0f cold %.0f infra %.0f (its own process %.0f)\n", w.name, conc, n,
+					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds(),
+					perRun(cpu1-cpu0), perRun(cpu3-cpu2), perRun(cpu2-cpu1), perRun(own2-own1))
 				if os.Getenv("BENCH_BARE_MITOGEN") != "" {
 					// Debian's ansible-mitogen: the bare loop with its strategy.
 					mito := runBare(b, e, invs[:4], n, conc, false, "ANSIBLE_STRATEGY=mitogen_linear")

@@ -275,3 +275,55 @@ func TestBusyServerRequestsDoNotHoldTheSlot(t *testing.T) {
 		t.Errorf("%d dead letters, want none (waiting must not count deliveries)", len(dead))
 	}
 }
+
+// After a play that succeeded, the next run of the server skips the
+// takeover (the clean mark in Postgres); after a failed one it takes over
+// again. The killed-controller test above covers a run that dies after
+// taking the mark.
+func TestTakeoverSkippedAfterSuccess(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e := newE2E(t, sshd)
+	e.addServer("web-1", sshd)
+	scope := scopeOf(t, "web-1", sshd)
+	p := e.infra()
+	marked := func() bool {
+		var n int
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM clean_scopes WHERE scope = $1`, scope).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	if marked() {
+		t.Fatal("a clean mark before any run")
+	}
+	steps := []struct {
+		job      string
+		fail     bool
+		takeover string // what the run's takeover did
+		mark     bool   // the mark after the run
+	}{
+		{"job-1", false, "takeover stopped", true}, // nothing known: takes over
+		{"job-2", false, "takeover skipped", true}, // after a success
+		{"job-3", true, "takeover skipped", false}, // after a success; fails
+		{"job-4", false, "takeover stopped", true}, // after a failure
+	}
+	for _, s := range steps {
+		e.control("web-1", map[string]any{"fail": s.fail})
+		e.provision(s.job, "web-1")
+		r := e.waitProvision(s.job, 2*time.Minute)
+		if want := map[bool]messages.Status{false: messages.StatusSucceeded, true: messages.StatusFailed}[s.fail]; r.Status != want {
+			t.Fatalf("%s: %s %+v, want %s", s.job, r.Status, r.Error, want)
+		}
+		waitLogged(t, p, 10*time.Second, s.job, s.takeover)
+		other := map[string]string{"takeover stopped": "takeover skipped", "takeover skipped": "takeover stopped"}[s.takeover]
+		for line := range strings.Lines(p.Stderr()) {
+			if strings.Contains(line, `"job_id":"`+s.job+`"`) && strings.Contains(line, other) {
+				t.Errorf("%s: want %q only, logged: %s", s.job, s.takeover, line)
+			}
+		}
+		if got := marked(); got != s.mark {
+			t.Errorf("%s: clean mark %v, want %v", s.job, got, s.mark)
+		}
+	}
+}

@@ -70,6 +70,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		IdleTimeout:  cfg.Playbook.IdleTimeout,
 		FactCacheDir: cfg.Playbook.FactCache,
 		RunAs:        runAs,
+		Clean:        cleanScopes(cfg.Playbook.TakeoverAlways, d.DB),
 	}, log)
 	if err != nil {
 		return nil, err
@@ -219,4 +220,13 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		}},
 		{Name: "consumer", Run: consumer.Run},
 	}, nil
+}
+
+// cleanScopes are the runner's clean marks in Postgres, or none (every play
+// takes over) with PLAYBOOK_TAKEOVER_ALWAYS.
+func cleanScopes(always bool, db store.Querier) ansible.CleanScopes {
+	if always {
+		return nil
+	}
+	return store.CleanScopes{DB: db}
 }

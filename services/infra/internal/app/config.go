@@ -85,6 +85,8 @@ type PlaybookConfig struct {
 	Timeouts    map[string]string `env:"TIMEOUTS" desc:"per-playbook limits, e.g. deploy_project.yml:20m/5m,recovery.yml:15m/3m (wall/idle)"`
 	User        string            `env:"USER" desc:"unprivileged user the playbooks run as (infra must run as root), e.g. autoprov-play; plays then cannot read infra's files, memory or environment (empty: infra's own user)"`
 	VarsFile    string            `env:"VARS_FILE" desc:"JSON object of site-wide extra vars for every run (role defaults, e.g. docker_install_source); never secrets; a run's own vars win"`
+	// TakeoverAlways turns the clean marks off (see ansible.CleanScopes).
+	TakeoverAlways bool `env:"TAKEOVER_ALWAYS" envDefault:"false" desc:"take over the target (stop earlier runs' remote tasks over SSH) before every play, even when its last run succeeded; set it while replicas of a version older than the clean marks still run"`
 }
 
 // SSHConfig configures the SSH check before every run.
