@@ -11,7 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // A job (RunJob) is a general Ansible run: a playbook of the caller's
@@ -302,7 +305,8 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 			log.Error().Err(err).Msg("remove run dir")
 		}
 	}()
-	if err := rd.writeJobInputs(&js, keys); err != nil {
+	markers := jobMarkers(&js, keys)
+	if err := rd.writeJobInputs(&js, keys, markers); err != nil {
 		return nil, err
 	}
 	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
@@ -342,7 +346,70 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	switch res.Outcome {
+	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
+		// The play was stopped: so are its tasks on its hosts.
+		res.Cleanup = r.cleanupJob(ctx, rd, &js, keys, markers, log)
+	}
 	return res, nil
+}
+
+// jobMarkers are the remote markers of a job's hosts (see remote.go): one
+// per host that passed its check, none for a host whose variables (or any
+// group's) choose their own ansible_python_interpreter, which the marker
+// would replace.
+func jobMarkers(js *JobSpec, keys []pinnedKey) []*remoteMarker {
+	markers := make([]*remoteMarker, len(js.Hosts))
+	for _, g := range js.Groups {
+		if _, ok := g.Vars["ansible_python_interpreter"]; ok {
+			return markers
+		}
+	}
+	for i, h := range js.Hosts {
+		if _, ok := h.Vars["ansible_python_interpreter"]; ok || h.Blocked {
+			continue
+		}
+		m := newRemoteMarker(h.Host, keys[i])
+		markers[i] = &m
+	}
+	return markers
+}
+
+// cleanupJob stops the tasks of a stopped job on each of its marked hosts
+// (a few at a time) and sums up what was stopped.
+func (r *Runner) cleanupJob(ctx context.Context, rd *runDir, js *JobSpec, keys []pinnedKey, markers []*remoteMarker, log zerolog.Logger) *RemoteReport {
+	total := &RemoteReport{Privileged: true}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, m := range markers {
+		if m == nil {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			hs := js.Spec
+			hs.Host = js.Hosts[i].Host
+			rep := r.cleanupRemote(ctx, rd, &hs, keys[i], *m, log.With().Str("host", hs.Host.Alias).Logger())
+			if rep == nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			total.Stopped += rep.Stopped
+			total.Killed += rep.Killed
+			total.Left += rep.Left
+			total.Runs = append(total.Runs, rep.Runs...)
+			total.Dirs += rep.Dirs
+			total.Privileged = total.Privileged && rep.Privileged
+			total.Duration = max(total.Duration, rep.Duration)
+		}()
+	}
+	wg.Wait()
+	return total
 }
 
 // jobArgv is a job's command line: only paths and validated options.
@@ -387,7 +454,7 @@ const vaultScript = "#!/bin/sh\nexec /usr/bin/printenv " + envVaultPassword + "\
 
 // writeJobInputs writes a job's inventory, known_hosts, vars and vault
 // script.
-func (d *runDir) writeJobInputs(js *JobSpec, keys []pinnedKey) error {
+func (d *runDir) writeJobInputs(js *JobSpec, keys []pinnedKey, markers []*remoteMarker) error {
 	var inv, known strings.Builder
 	inv.WriteString("all:\n  hosts:\n")
 	for i, h := range js.Hosts {
@@ -403,6 +470,10 @@ func (d *runDir) writeJobInputs(js *JobSpec, keys []pinnedKey) error {
 		fmt.Fprintf(&inv, "    %s:\n      ansible_host: !unsafe %s\n      ansible_port: %d\n      ansible_user: !unsafe %s\n"+
 			"      ansible_ssh_common_args: !unsafe %s\n      ansible_connection: ssh\n",
 			quoted(h.Alias), quoted(h.Address), h.Port, quoted(h.User), quoted(strings.Join(ssh, " ")))
+		if m := markers[i]; m != nil {
+			fmt.Fprintf(&inv, "      ansible_python_interpreter: !unsafe %s\n      ansible_remote_tmp: !unsafe %s\n",
+				quoted(m.interpreter()), quoted(m.remoteTmp()))
+		}
 		if err := writeJobVars(&inv, "      ", h.Vars); err != nil {
 			return fmt.Errorf("host %s: %w", h.Alias, err)
 		}

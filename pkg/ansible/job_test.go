@@ -97,7 +97,7 @@ func TestJobInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.remove()
-	if err := d.writeJobInputs(&js, keys); err != nil {
+	if err := d.writeJobInputs(&js, keys, jobMarkers(&js, keys)); err != nil {
 		t.Fatal(err)
 	}
 	known, _ := os.ReadFile(d.knownHosts)
@@ -109,7 +109,7 @@ func TestJobInputs(t *testing.T) {
 		t.Errorf("vault script %q", script)
 	}
 	for host, wants := range map[string][]string{
-		"up":   {"HostKeyAlgorithms=ssh-ed25519", `"__ansible_unsafe": "{{ not templated }}"`, `"tier"`},
+		"up":   {"HostKeyAlgorithms=ssh-ed25519", `"__ansible_unsafe": "{{ not templated }}"`, `"tier"`, markerEnv + "=", "autoprov-"},
 		"down": {"ProxyCommand=/bin/false", `"ansible_connection": "ssh"`},
 	} {
 		out, err := execOutput(t, "/usr/bin/ansible-inventory", "-i", d.inventory, "--host", host)

@@ -503,6 +503,11 @@ func TestAnsibleJobCancel(t *testing.T) {
 		_, err := os.Stat(filepath.Join(w.out, "spans.log"))
 		return err == nil
 	})
+	// The task on the host carries the job's marker, as a deploy's does.
+	scope := scopeOf(t, "t1", w.sshds[0])
+	testenv.WaitFor(t, time.Minute, "the job's task to run on its host, marked", func() bool {
+		return len(markedProcesses(scope)) > 0
+	})
 	began := time.Now()
 	if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindJob, "job-cancel"), "test", time.Hour).Err(); err != nil {
 		t.Fatal(err)
@@ -511,6 +516,11 @@ func TestAnsibleJobCancel(t *testing.T) {
 	jobStatus(t, r, messages.StatusCancelled, messages.KindCancelled)
 	if d := time.Since(began); d > 30*time.Second {
 		t.Errorf("cancel took %s", d)
+	}
+	// Its task on the host was stopped with it (the cleanup ran before the
+	// result), not left to sleep on.
+	if left := markedProcesses(scope); len(left) != 0 {
+		t.Errorf("processes of the cancelled job left on its host: %v", left)
 	}
 
 	// The job's own time limit stops it too.
