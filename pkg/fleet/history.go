@@ -77,15 +77,11 @@ func (s *Store) History(ctx context.Context, handle string, limit int) ([]Histor
 	return hist, nil
 }
 
-// addHistory writes one history row.
-func addHistory(ctx context.Context, q store.Querier, h History, at time.Time) error {
-	_, err := q.Exec(ctx, `INSERT INTO server_history (handle, event, from_status, to_status, at, reason, job_id, actor)
+// historyQuery is the statement adding h (at at).
+func historyQuery(h History, at time.Time) (string, []any) {
+	return `INSERT INTO server_history (handle, event, from_status, to_status, at, reason, job_id, actor)
 		VALUES ($1, $2, NULLIF($3, ''), $4, $5, $6, NULLIF($7, ''), $8)`,
-		h.Handle, h.Event, h.From, h.To, at, h.Reason, h.JobID, h.Actor)
-	if err != nil {
-		return fmt.Errorf("record history of server %s: %w", h.Handle, err)
-	}
-	return nil
+		[]any{h.Handle, h.Event, h.From, h.To, at, h.Reason, h.JobID, h.Actor}
 }
 
 // historyBatch writes many history rows in one statement.

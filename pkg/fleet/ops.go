@@ -24,18 +24,29 @@ func nullTime(t time.Time) *time.Time {
 // write stores the scheduler-owned columns of srv (as the caller changed
 // them) by compare-and-set on srv.Version and returns the row as written.
 func write(ctx context.Context, q store.Querier, srv *Server) (*Server, error) {
-	out, err := scanServer(q.QueryRow(ctx, `UPDATE servers SET
+	sql, args := writeQuery(srv)
+	return scanWritten(srv, q.QueryRow(ctx, sql, args...))
+}
+
+// writeQuery is write's statement: compare-and-set on srv's version.
+func writeQuery(srv *Server) (string, []any) {
+	return `UPDATE servers SET
 		status = $3, last_error = NULLIF($4, ''), last_job_id = NULLIF($5, ''), attempts = $6,
 		notified_status = NULLIF($7, ''), paused = $8, requested_action = NULLIF($9, ''),
 		requested_by = NULLIF($10, ''), requested_at = $11, pending_job_id = NULLIF($12, ''),
 		pending_action = NULLIF($13, ''), queued_at = $14, next_attempt_at = $15,
 		retries_exhausted = $16, last_recovery_at = $17, orphaned_from = NULLIF($18, '')
-		WHERE handle = $1 AND version = $2 RETURNING `+serverColumns,
-		srv.Handle, srv.Version, srv.Status, srv.LastError, srv.LastJobID, srv.Attempts,
-		srv.NotifiedStatus, srv.Paused, string(srv.RequestedAction),
-		srv.RequestedBy, nullTime(srv.RequestedAt), srv.PendingJobID,
-		string(srv.PendingAction), nullTime(srv.QueuedAt), nullTime(srv.NextAttemptAt),
-		srv.RetriesExhausted, nullTime(srv.LastRecoveryAt), srv.OrphanedFrom))
+		WHERE handle = $1 AND version = $2 RETURNING ` + serverColumns, []any{
+			srv.Handle, srv.Version, srv.Status, srv.LastError, srv.LastJobID, srv.Attempts,
+			srv.NotifiedStatus, srv.Paused, string(srv.RequestedAction),
+			srv.RequestedBy, nullTime(srv.RequestedAt), srv.PendingJobID,
+			string(srv.PendingAction), nullTime(srv.QueuedAt), nullTime(srv.NextAttemptAt),
+			srv.RetriesExhausted, nullTime(srv.LastRecoveryAt), srv.OrphanedFrom}
+}
+
+// scanWritten reads write's answer: the server as written, or ErrConflict.
+func scanWritten(srv *Server, row pgx.Row) (*Server, error) {
+	out, err := scanServer(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("update server %s from version %d: %w", srv.Handle, srv.Version, ErrConflict)
 	}
@@ -60,12 +71,14 @@ type beginner interface {
 // read and locked in a transaction of db, and commits what fn did. fn
 // changes srv and returns the history rows to write; the server is written
 // by compare-and-set on its version when a column changed, with the rows
-// in the same transaction. The transaction holds the row lock, so other
-// writers wait and then see a new version. db may be a caller's
-// transaction (infra's, storing a run's result with it).
+// in the same transaction and the same round trip (a batch). The
+// transaction holds the row lock, so other writers wait and then see a new
+// version. db may be a caller's transaction (infra's, storing a run's
+// result with it): the change then runs in it, without a savepoint, and an
+// error means the caller must roll it back.
 func (s *Store) changeIn(ctx context.Context, db beginner, handle string, fn func(tx pgx.Tx, srv *Server) ([]History, error)) (*Server, error) {
 	var out *Server
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	change := func(tx pgx.Tx) error {
 		srv, err := getServer(ctx, tx, handle, true)
 		if err != nil {
 			return err
@@ -76,20 +89,41 @@ func (s *Store) changeIn(ctx context.Context, db beginner, handle string, fn fun
 			return err
 		}
 		out = srv
-		if changed(&before, srv) {
-			if out, err = write(ctx, tx, srv); err != nil {
-				return err
-			}
+		written := changed(&before, srv)
+		if !written && len(hist) == 0 {
+			return nil
+		}
+		b := &pgx.Batch{}
+		if written {
+			sql, args := writeQuery(srv)
+			b.Queue(sql, args...)
 		}
 		now := s.now()
 		for _, h := range hist {
 			h.Handle = handle
-			if err := addHistory(ctx, tx, h, now); err != nil {
+			sql, args := historyQuery(h, now)
+			b.Queue(sql, args...)
+		}
+		br := tx.SendBatch(ctx, b)
+		defer br.Close()
+		if written {
+			if out, err = scanWritten(srv, br.QueryRow()); err != nil {
 				return err
 			}
 		}
-		return nil
-	})
+		for range hist {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("record history of server %s: %w", handle, err)
+			}
+		}
+		return br.Close()
+	}
+	var err error
+	if tx, ok := db.(pgx.Tx); ok {
+		err = change(tx)
+	} else {
+		err = pgx.BeginFunc(ctx, db, change)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -195,8 +195,9 @@ func runThroughService(b *testing.B, e *e2e, sshds []*testenv.SSHD) (time.Durati
 // overheadQuantiles reads the per-job overhead fields of the "job
 // finished" log lines: the start overhead in all, the SSH check and the lock
 // wait within it, what remains (the service's own work: decoding, Postgres,
-// run directory, agent, runguard and exec), the finish overhead, and each
-// step of the breakdown (step_<name>_ms, see internal/jobs/steps.go).
+// run directory, agent, runguard and exec), the finish overhead, each
+// step of the breakdown (step_<name>_ms, see internal/jobs/steps.go) and
+// the job's Postgres round trips (pg_round_trips).
 func overheadQuantiles(b *testing.B, logs string) []quantiles {
 	fields := map[string][]float64{}
 	var stepNames []string
@@ -222,7 +223,7 @@ func overheadQuantiles(b *testing.B, logs string) []quantiles {
 		_ = json.Unmarshal([]byte(line), &all)
 		for k, v := range all {
 			f, ok := v.(float64)
-			if !ok || !strings.HasPrefix(k, "step_") {
+			if !ok || !strings.HasPrefix(k, "step_") && k != "pg_round_trips" {
 				continue
 			}
 			if _, known := fields[k]; !known {

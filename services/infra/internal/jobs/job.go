@@ -45,6 +45,7 @@ type job struct {
 	result       any               // *messages.ProvisionerResult or *messages.AnsibleDeployResult
 	resultStream string
 	started      time.Time
+	pgTrips      func() int64 // Postgres round trips of the job so far (store.CountRoundTrips)
 
 	server   *store.Server     // nil for a deploy to an unregistered address
 	targets  []string          // an Ansible job's hosts' lock keys (runLocked takes them all)
@@ -350,6 +351,9 @@ func (j *job) complete(ctx context.Context, o *outcome) error {
 		j.h.Metrics.overhead.WithLabelValues("finish").Observe(finish.Seconds())
 		ev = ev.Float64("overhead_start_ms", ms(start)).Float64("ssh_check_ms", ms(j.sshCheck)).Bool("ssh_check_reused", j.sshCheckReused).
 			Float64("lock_wait_ms", ms(j.lockWait)).Float64("overhead_finish_ms", ms(finish))
+	}
+	if j.pgTrips != nil {
+		ev = ev.Int64("pg_round_trips", j.pgTrips())
 	}
 	j.steps.observe(j.h.Metrics)
 	j.steps.log(ev).Msg("job finished")

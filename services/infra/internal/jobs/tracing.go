@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 )
 
@@ -52,6 +53,7 @@ func (j *job) startTrace(ctx context.Context, tc messages.TraceContext, began ti
 	_, decode := tracer.Start(ctx, spanDecode, trace.WithTimestamp(began))
 	endSpan(decode, decodeErr)
 	j.out.TraceContext = tracing.Inject(ctx)
+	ctx, j.pgTrips = store.CountRoundTrips(ctx) // on the "job finished" line
 	return ctx
 }
 
