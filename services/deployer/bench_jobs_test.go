@@ -42,8 +42,10 @@ const (
 // ansible.cfg) in a plain loop, xargs -P 8: equal total concurrency. Both
 // sides run in one session, bare first, then the API, then bare again (the
 // mean of the two bare runs is the reference, so drift of the machine's
-// load is split); it prints both makespans and the ratio (goal: within
-// 1.15x). Run with -benchtime=1x.
+// load is split); it prints both makespans, the machine's CPU time per job
+// of each side (testenv.MachineCPU: everything on the machine, the API,
+// infra, git, ssh, the targets) and the ratio (goal: within 1.15x). Run
+// with -benchtime=1x.
 func BenchmarkJobsVsBare(b *testing.B) {
 	n := 200
 	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS")); err == nil && v > 0 {
@@ -86,19 +88,23 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		viaAPI("warm", benchJobsTargets)
 
 		b.ResetTimer()
+		c0 := testenv.MachineCPU(b)
 		bare1 := bare(n)
+		c1 := testenv.MachineCPU(b)
 		api := viaAPI("bench", n)
+		c2 := testenv.MachineCPU(b)
 		bare2 := bare(n)
+		c3 := testenv.MachineCPU(b)
 		b.StopTimer()
 		ref := (bare1 + bare2) / 2
 		ratio := api.Seconds() / ref.Seconds()
 		report := fmt.Sprintf("%d jobs of a trivial playbook over %d targets, concurrency %d (%d infra replicas x STREAM_CONCURRENCY=%d)\n"+
-			"%-28s %10s %10s\n%-28s %10.2f %10.2f\n%-28s %10.2f %10.2f\n%-28s %10.2f %10.2f\n%-28s %10.3f (goal <= 1.15)\n",
+			"%-28s %10s %10s %14s\n%-28s %10.2f %10.2f %14d\n%-28s %10.2f %10.2f %14d\n%-28s %10.2f %10.2f %14d\n%-28s %10.3f (goal <= 1.15)\n",
 			n, benchJobsTargets, benchJobsReplicas*benchJobsSlots, benchJobsReplicas, benchJobsSlots,
-			"", "seconds", "jobs/s",
-			"bare ansible-playbook loop", bare1.Seconds(), float64(n)/bare1.Seconds(),
-			"API + infra", api.Seconds(), float64(n)/api.Seconds(),
-			"bare loop again", bare2.Seconds(), float64(n)/bare2.Seconds(),
+			"", "seconds", "jobs/s", "CPU ms/job",
+			"bare ansible-playbook loop", bare1.Seconds(), float64(n)/bare1.Seconds(), (c1-c0).Milliseconds()/int64(n),
+			"API + infra", api.Seconds(), float64(n)/api.Seconds(), (c2-c1).Milliseconds()/int64(n),
+			"bare loop again", bare2.Seconds(), float64(n)/bare2.Seconds(), (c3-c2).Milliseconds()/int64(n),
 			"API / mean of bare", ratio)
 		b.ReportMetric(api.Seconds(), "api-s")
 		b.ReportMetric(ref.Seconds(), "bare-s")
