@@ -59,6 +59,11 @@ type JobHost struct {
 	// Blocked: the host did not pass its SSH check. Ansible sees it
 	// unreachable, without a connection attempt.
 	Blocked bool
+	// ScopeAlias names the host in its remote marker's scope (remote.go)
+	// instead of Alias: the name deploys and provisioning runs give the
+	// same server, so that a job's takeover stops what their runs left
+	// and theirs what the job's left. Empty: Alias.
+	ScopeAlias string
 }
 
 // JobGroup is a group of a job's generated inventory.
@@ -333,23 +338,37 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 		}
 	}
 	spec.Host.Alias = "of the job" // in the runner's messages: "host of the job unreachable"
+	// What earlier runs left on the hosts stops before the play starts
+	// (a host whose scope's last run succeeded is skipped, see remote.go).
+	takeover, stop := r.takeoverJob(ctx, rd, &js, keys, markers, log)
+	if stop != nil {
+		stop.Takeover = takeover
+		return stop, nil
+	}
 	e := &execution{r: r, spec: spec, rd: rd, log: log}
 	e.t.runCalled = called
 	defer e.cleanup()
 	if err := e.start(); err != nil {
 		return nil, err
 	}
-	res, err := e.supervise(ctx, nil) // a job has no takeover: no gate to open
+	res, err := e.supervise(ctx, nil) // the takeover is done: no gate to open
 	if e.deliverPanic != nil {
 		panic(e.deliverPanic)
 	}
 	if err != nil {
 		return nil, err
 	}
+	res.Takeover = takeover
 	switch res.Outcome {
 	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
 		// The play was stopped: so are its tasks on its hosts.
 		res.Cleanup = r.cleanupJob(ctx, rd, &js, keys, markers, log)
+	case OutcomeSucceeded:
+		for _, m := range markers {
+			if m != nil {
+				r.markClean(ctx, *m, log)
+			}
+		}
 	}
 	return res, nil
 }
@@ -369,16 +388,39 @@ func jobMarkers(js *JobSpec, keys []pinnedKey) []*remoteMarker {
 		if _, ok := h.Vars["ansible_python_interpreter"]; ok || h.Blocked {
 			continue
 		}
-		m := newRemoteMarker(h.Host, keys[i])
+		scoped := h.Host
+		if h.ScopeAlias != "" {
+			scoped.Alias = h.ScopeAlias
+		}
+		m := newRemoteMarker(scoped, keys[i])
 		markers[i] = &m
 	}
 	return markers
 }
 
-// cleanupJob stops the tasks of a stopped job on each of its marked hosts
-// (a few at a time) and sums up what was stopped.
-func (r *Runner) cleanupJob(ctx context.Context, rd *runDir, js *JobSpec, keys []pinnedKey, markers []*remoteMarker, log zerolog.Logger) *RemoteReport {
-	total := &RemoteReport{Privileged: true}
+// takeoverJob runs the takeover (remote.go) on each marked host whose
+// scope is not marked clean, a few at a time, and sums up what was
+// stopped. It returns the Result of a job that must not start: a host's
+// takeover failed (a process survived, or it could not run) or ctx ended.
+// A host it cannot connect to is left to the play, which finds it
+// unreachable.
+func (r *Runner) takeoverJob(ctx context.Context, rd *runDir, js *JobSpec, keys []pinnedKey, markers []*remoteMarker, log zerolog.Logger) (*RemoteReport, *Result) {
+	return r.eachMarked(ctx, js, markers, func(hs *Spec, i int) (*RemoteReport, *Result) {
+		hlog := log.With().Str("host", hs.Host.Alias).Logger()
+		if r.leftClean(ctx, *markers[i], hlog) {
+			hlog.Debug().Msg("takeover skipped: the host's last run of the scope succeeded")
+			return &RemoteReport{Skipped: true}, nil
+		}
+		return r.takeover(ctx, rd, hs, keys[i], *markers[i], hlog)
+	})
+}
+
+// eachMarked runs fn for every marked host of js (eight at a time), with a
+// copy of js's Spec aimed at the host, and sums up the reports; the first
+// Result fn returns wins.
+func (r *Runner) eachMarked(ctx context.Context, js *JobSpec, markers []*remoteMarker, fn func(hs *Spec, i int) (*RemoteReport, *Result)) (*RemoteReport, *Result) {
+	total := &RemoteReport{Privileged: true, Skipped: true}
+	var stop *Result
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
@@ -393,23 +435,37 @@ func (r *Runner) cleanupJob(ctx context.Context, rd *runDir, js *JobSpec, keys [
 			defer func() { <-sem }()
 			hs := js.Spec
 			hs.Host = js.Hosts[i].Host
-			rep := r.cleanupRemote(ctx, rd, &hs, keys[i], *m, log.With().Str("host", hs.Host.Alias).Logger())
+			rep, res := fn(&hs, i)
+			mu.Lock()
+			defer mu.Unlock()
+			if res != nil && stop == nil {
+				stop = res
+			}
 			if rep == nil {
 				return
 			}
-			mu.Lock()
-			defer mu.Unlock()
 			total.Stopped += rep.Stopped
 			total.Killed += rep.Killed
 			total.Left += rep.Left
 			total.Runs = append(total.Runs, rep.Runs...)
 			total.Dirs += rep.Dirs
-			total.Privileged = total.Privileged && rep.Privileged
+			total.Privileged = total.Privileged && (rep.Privileged || rep.Skipped)
+			total.Skipped = total.Skipped && rep.Skipped
 			total.Duration = max(total.Duration, rep.Duration)
 		}()
 	}
 	wg.Wait()
-	return total
+	return total, stop
+}
+
+// cleanupJob stops the tasks of a stopped job on each of its marked hosts
+// (a few at a time) and sums up what was stopped.
+func (r *Runner) cleanupJob(ctx context.Context, rd *runDir, js *JobSpec, keys []pinnedKey, markers []*remoteMarker, log zerolog.Logger) *RemoteReport {
+	rep, _ := r.eachMarked(ctx, js, markers, func(hs *Spec, i int) (*RemoteReport, *Result) {
+		return r.cleanupRemote(ctx, rd, hs, keys[i], *markers[i], log.With().Str("host", hs.Host.Alias).Logger()), nil
+	})
+	rep.Skipped = false
+	return rep
 }
 
 // jobArgv is a job's command line: only paths and validated options.

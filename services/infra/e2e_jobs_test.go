@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -474,6 +475,82 @@ func TestAnsibleJobsBehindOneAddress(t *testing.T) {
 	}
 }
 
+// holdPlay holds its host for hold seconds and records in holds.log when
+// its task started and how it ended (done, or term: stopped by SIGTERM).
+const holdPlay = `- name: Hold
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Hold the host
+      ansible.builtin.shell: >-
+        trap 'echo "end {{ inventory_hostname }} $(date +%s.%N) term" >> {{ out }}/holds.log; exit 143' TERM;
+        echo "start {{ inventory_hostname }} $(date +%s.%N) -" >> {{ out }}/holds.log;
+        sleep {{ hold }} & wait;
+        echo "end {{ inventory_hostname }} $(date +%s.%N) done" >> {{ out }}/holds.log
+      changed_when: true
+`
+
+// TestAnsibleJobTakeoverAfterKilledReplica: a replica killed with -9 in
+// the middle of a job's long task leaves that task running on the host.
+// The next run on the host (here a second job; the first one, redelivered,
+// is cancelled) stops it before its own play starts: the task ended by
+// SIGTERM before any later task on the host started, and nothing of the
+// killed run is left there.
+func TestAnsibleJobTakeoverAfterKilledReplica(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	w.repo.Commit(t, map[string]string{"hold.yml": holdPlay})
+	scope := scopeOf(t, w.sshds[0].Host, w.sshds[0])
+	a := w.start()
+	m := w.job("job-killed", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
+	m.Options.ExtraVars["hold"] = int64(300)
+	w.submit(m)
+	holds := filepath.Join(w.out, "holds.log")
+	testenv.WaitFor(t, 2*time.Minute, "the long task to run on the host", func() bool {
+		_, err := os.Stat(holds)
+		return err == nil
+	})
+	a.Signal(syscall.SIGKILL)
+	a.Wait(10 * time.Second)
+	if len(markedProcesses(scope)) == 0 {
+		t.Fatal("no process of the killed run on the host: nothing to take over")
+	}
+	if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindJob, "job-killed"), "test", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := w.start()
+	m = w.job("job-next", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
+	m.Options.ExtraVars["hold"] = int64(1)
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-next", 2*time.Minute), messages.StatusSucceeded, "")
+	recs := w.recordsIn(holds)
+	if len(recs) < 3 || recs[0][0] != "start" {
+		t.Fatalf("holds.log = %v, want the killed task's start, its end, the next task", recs)
+	}
+	var killedEnd float64
+	for _, r := range recs[1:] {
+		ts, _ := strconv.ParseFloat(r[2], 64)
+		switch {
+		case killedEnd == 0 && r[0] == "end":
+			if r[3] != "term" {
+				t.Fatalf("the killed run's task ended %q, want term (stopped by the takeover): %v", r[3], recs)
+			}
+			killedEnd = ts
+		case killedEnd == 0 && r[0] == "start":
+			t.Fatalf("a task started on the host at %.3f while the killed run's was still running: %v", ts, recs)
+		}
+	}
+	if killedEnd == 0 {
+		t.Fatalf("the killed run's task never ended: %v", recs)
+	}
+	if left := markedProcesses(scope); len(left) != 0 {
+		t.Errorf("processes of earlier runs left on the host: %v", left)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the takeover's log line", func() bool {
+		return strings.Contains(b.Stderr(), "takeover stopped")
+	})
+}
+
 // recordsIn returns the four-field lines of a file.
 func (e *e2e) recordsIn(path string) [][]string {
 	data, err := os.ReadFile(path)
@@ -504,7 +581,7 @@ func TestAnsibleJobCancel(t *testing.T) {
 		return err == nil
 	})
 	// The task on the host carries the job's marker, as a deploy's does.
-	scope := scopeOf(t, "t1", w.sshds[0])
+	scope := scopeOf(t, w.sshds[0].Host, w.sshds[0]) // the deploy path's name of the host
 	testenv.WaitFor(t, time.Minute, "the job's task to run on its host, marked", func() bool {
 		return len(markedProcesses(scope)) > 0
 	})

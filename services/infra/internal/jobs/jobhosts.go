@@ -330,10 +330,17 @@ func (aj *ansibleJob) allBlocked() bool {
 func (aj *ansibleJob) jobHosts() []ansible.JobHost {
 	out := make([]ansible.JobHost, 0, len(aj.hosts))
 	for _, h := range aj.hosts {
+		handle := ""
+		if h.server != nil {
+			handle = h.server.Handle
+		}
 		out = append(out, ansible.JobHost{
 			Host:    ansible.Host{Alias: h.name, Address: h.ep.address, Port: h.ep.port, User: h.ep.user, KnownHostsKey: h.pinned},
 			Vars:    h.vars,
 			Blocked: h.reason != "",
+			// The deploy path's name of the host: one marker scope for
+			// its runs and the jobs', so that each takes over the other's.
+			ScopeAlias: hostAlias(handle, h.ep.address),
 		})
 	}
 	return out
