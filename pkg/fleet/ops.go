@@ -9,8 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
 // nullTime maps the zero time to NULL.
@@ -21,14 +19,8 @@ func nullTime(t time.Time) *time.Time {
 	return &t
 }
 
-// write stores the scheduler-owned columns of srv (as the caller changed
-// them) by compare-and-set on srv.Version and returns the row as written.
-func write(ctx context.Context, q store.Querier, srv *Server) (*Server, error) {
-	sql, args := writeQuery(srv)
-	return scanWritten(srv, q.QueryRow(ctx, sql, args...))
-}
-
-// writeQuery is write's statement: compare-and-set on srv's version.
+// writeQuery is the statement that writes srv: compare-and-set on its
+// version, returning the server as written (read it with scanWritten).
 func writeQuery(srv *Server) (string, []any) {
 	return `UPDATE servers SET
 		status = $3, last_error = NULLIF($4, ''), last_job_id = NULLIF($5, ''), attempts = $6,
@@ -44,7 +36,8 @@ func writeQuery(srv *Server) (string, []any) {
 			srv.RetriesExhausted, nullTime(srv.LastRecoveryAt), srv.OrphanedFrom}
 }
 
-// scanWritten reads write's answer: the server as written, or ErrConflict.
+// scanWritten reads writeQuery's answer: the server as written, or
+// ErrConflict.
 func scanWritten(srv *Server, row pgx.Row) (*Server, error) {
 	out, err := scanServer(row)
 	if errors.Is(err, pgx.ErrNoRows) {
