@@ -32,7 +32,8 @@ const (
 // runDir is the private directory of one run.
 type runDir struct {
 	path       string
-	controlDir string // ANSIBLE_SSH_CONTROL_PATH_DIR
+	controlDir string // ANSIBLE_SSH_CONTROL_PATH_DIR (unless warm)
+	warm       *warmConn // the scope's warm connection (warm.go); nil: none
 	tmpDir     string // ANSIBLE_LOCAL_TEMP, TMPDIR
 	agentSock  string // SSH_AUTH_SOCK
 	gate       string // AUTOPROV_GATE_PATH (gate.go); "" when none
