@@ -32,11 +32,11 @@ const (
 // runDir is the private directory of one run.
 type runDir struct {
 	path       string
-	controlDir string // ANSIBLE_SSH_CONTROL_PATH_DIR (unless warm)
+	controlDir string    // ANSIBLE_SSH_CONTROL_PATH_DIR (unless warm)
 	warm       *warmConn // the scope's warm connection (warm.go); nil: none
-	tmpDir     string // ANSIBLE_LOCAL_TEMP, TMPDIR
-	agentSock  string // SSH_AUTH_SOCK
-	gate       string // AUTOPROV_GATE_PATH (gate.go); "" when none
+	tmpDir     string    // ANSIBLE_LOCAL_TEMP, TMPDIR
+	agentSock  string    // SSH_AUTH_SOCK
+	gate       string    // AUTOPROV_GATE_PATH (gate.go); "" when none
 	inventory  string
 	vars       string
 	knownHosts string
