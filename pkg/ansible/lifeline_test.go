@@ -34,6 +34,9 @@ type helperConfig struct {
 // reports "spawned <pgid> <run dir>" and "task <name>" on stdout; the parent
 // kills it with SIGKILL in the middle of the run.
 func runHelper(mode string) int {
+	if mode == "warm" {
+		return runWarmHelper()
+	}
 	if mode != "lifeline" {
 		fmt.Fprintf(os.Stderr, "unknown helper mode %q\n", mode)
 		return 2

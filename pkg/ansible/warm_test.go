@@ -1,11 +1,16 @@
 package ansible
 
 import (
+	"bufio"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"os"
+	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
@@ -23,11 +29,14 @@ import (
 // ("Connection from") or a login ("Accepted publickey").
 func sshdCount(s *testenv.SSHD, what string) int { return strings.Count(s.Log(), what) }
 
-// warmMasters lists the warm masters alive under r's RunRoot.
+// warmMasters lists the warm masters alive under r's RunRoot (not the
+// plays' ssh clients, which name the same ControlPath).
 func warmMasters(r *Runner) []int {
 	var out []int
 	for _, p := range processesReferringAny(filepath.Join(r.cfg.RunRoot, warmDirPrefix)) {
-		out = append(out, p)
+		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline"); strings.Contains(string(cmd), "ControlMaster=yes") {
+			out = append(out, p)
+		}
 	}
 	return out
 }
@@ -206,4 +215,144 @@ func authorizeNewKey(t *testing.T, s *testenv.SSHD) []byte {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(block)
+}
+
+// runWarmHelper is the helper process of TestWarmMasterDiesWithService:
+// one run with warm connections on, then "master <pid> <dir>" on stdout,
+// and it waits to be killed.
+func runWarmHelper() int {
+	var hc helperConfig
+	b, err := os.ReadFile(os.Getenv(helperEnv + "_CONFIG"))
+	if err == nil {
+		err = json.Unmarshal(b, &hc)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper config: %v\n", err)
+		return 2
+	}
+	key, err := os.ReadFile(hc.KeyPath)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper key: %v\n", err)
+		return 2
+	}
+	r, err := New(hc.Config, zerolog.New(os.Stderr))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper: %v\n", err)
+		return 2
+	}
+	res, err := r.Run(context.Background(), Spec{JobID: "warm", Playbook: "ping.yml", Host: hc.Host, SSHKeys: [][]byte{key}})
+	if err != nil || res.Outcome != OutcomeSucceeded {
+		fmt.Fprintf(os.Stderr, "helper run: %v %+v\n", err, res)
+		return 3
+	}
+	for _, c := range r.warm.conns {
+		fmt.Printf("master %d %s\n", c.pid(), c.dir)
+	}
+	select {}
+}
+
+// TestWarmMasterDiesWithService kills (SIGKILL) a process that holds a
+// warm master: the master dies with it (Pdeathsig), and SweepLeftovers
+// removes its directory.
+func TestWarmMasterDiesWithService(t *testing.T) {
+	t.Parallel()
+	requirePlaybook(t)
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	runRoot := shortTempDir(t, "apr")
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "client_key")
+	if err := os.WriteFile(keyPath, s.ClientKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{AnsibleDir: testAnsibleDir(t), PlaybookBin: playbookBin, RunRoot: runRoot, GuardPath: guardBin,
+		FactCacheDir: t.TempDir(), KillGrace: 3 * time.Second, Timeout: time.Hour, IdleTimeout: 10 * time.Minute, WarmIdle: time.Hour}
+	b, _ := json.Marshal(helperConfig{Config: cfg, Host: hostOf(s), KeyPath: keyPath})
+	cfgPath := filepath.Join(dir, "helper.json")
+	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	helper := exec.Command(os.Args[0], "-test.run=^$")
+	helper.Env = append(os.Environ(), helperEnv+"=warm", helperEnv+"_CONFIG="+cfgPath)
+	stderr := &testenv.SafeBuffer{}
+	helper.Stderr = stderr
+	out, err := helper.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = helper.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = helper.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("helper stderr:\n%s", stderr.String())
+		}
+	})
+	deadline := time.AfterFunc(2*time.Minute, func() { _ = helper.Process.Kill() })
+	defer deadline.Stop()
+	var pid int
+	var warmDir string
+	lines := bufio.NewScanner(out)
+	for pid == 0 && lines.Scan() {
+		_, _ = fmt.Sscanf(lines.Text(), "master %d %s", &pid, &warmDir)
+	}
+	if pid == 0 {
+		t.Fatal("the helper reported no warm master")
+	}
+	if st, err := proc.ReadStat(pid); err != nil || !st.Live() {
+		t.Fatalf("warm master %d not running after the run", pid)
+	}
+	if err := helper.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	waitGone(t, pid, 5*time.Second)
+
+	r, _ := newTestRunner(t, func(c *Config) { c.RunRoot = runRoot })
+	if removed, err := r.SweepLeftovers(); err != nil || removed != 1 {
+		t.Fatalf("SweepLeftovers = %d, %v; want the warm directory", removed, err)
+	}
+	if _, err := os.Lstat(warmDir); !os.IsNotExist(err) {
+		t.Fatalf("warm directory %s still there after the sweep: %v", warmDir, err)
+	}
+}
+
+// TestWarmConnectionAsPlayUser: with Config.RunAs, the master runs as the
+// play user (ssh multiplexes for clients of its own user only), and the
+// plays' ssh go through it.
+func TestWarmConnectionAsPlayUser(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (plays run as another user); run it through `make test`")
+	}
+	u, err := user.Lookup(playUser)
+	if err != nil {
+		t.Fatalf("user %s: %v (scripts/services.sh deps creates it)", playUser, err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	r, _ := newTestRunner(t, func(c *Config) {
+		c.RunAs = &Credential{UID: uint32(uid), GID: uint32(gid)}
+		c.FactCacheDir = shortTempDir(t, "apf")
+		c.WarmIdle = time.Minute
+	})
+	t.Cleanup(r.Close)
+	before := sshdCount(s, "Accepted publickey")
+	runOK(t, r, specFor(s, "whoami.yml", nil))
+	runOK(t, r, specFor(s, "whoami.yml", nil))
+	if got := sshdCount(s, "Accepted publickey") - before; got != 1 {
+		t.Fatalf("2 warm runs as the play user made %d SSH logins, want 1", got)
+	}
+	m := warmMasters(r)
+	if len(m) != 1 {
+		t.Fatalf("warm masters %v", m)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/"+strconv.Itoa(m[0]), &st); err != nil || st.Uid != uint32(uid) {
+		t.Fatalf("warm master runs as uid %d (%v), want the play user's %d", st.Uid, err, uid)
+	}
 }
