@@ -59,6 +59,8 @@ func (r *fakeRunner) ForgetHost(alias string) {
 	}
 }
 
+func (r *fakeRunner) CloseWarm(string) {}
+
 // calls returns the specs of the runs so far.
 func (r *fakeRunner) calls() []ansible.Spec {
 	r.mu.Lock()

@@ -149,6 +149,9 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 	j.sshCheck += j.h.Now().Sub(checkStart)
 	if err != nil {
 		j.h.checks.forget(ctx, key)
+		// Our key refused, the host key changed, the server gone: no run
+		// goes on through a connection opened before.
+		j.h.Runner.CloseWarm(ep.alias)
 	}
 	var unreachable *sshcheck.UnreachableError
 	var mismatch *sshcheck.HostKeyMismatchError

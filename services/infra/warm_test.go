@@ -1,0 +1,86 @@
+package main
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+)
+
+// warmMasters lists the warm SSH masters infra keeps under runRoot.
+func warmMasters(runRoot string) []int {
+	var out []int
+	for _, p := range processesMentioning(runRoot + "/ar-w") {
+		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
+		if strings.Contains(string(cmd), "ControlMaster=yes") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// TestWarmConnectionsAcrossJobs runs provisioning jobs of one server with
+// SSH_WARM_CONNECTIONS on: the second job logs in to the server not once
+// (the sshd's log), its play goes through the master the first job
+// opened; the master goes with infra, on SIGTERM and on SIGKILL.
+func TestWarmConnectionsAcrossJobs(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e := newE2E(t, sshd)
+	e.addServer("web-1", sshd)
+	logins := func() int { return strings.Count(sshd.Log(), "Accepted publickey") }
+	// The check is reused for the whole test: what is left is the play's.
+	warm := []string{"SSH_WARM_CONNECTIONS=true", "SSH_CHECK_REUSE=10m", "SSH_CHECK_REUSE_SHARED=false"}
+
+	p := e.infra(warm...)
+	e.provision("warm-1", "web-1")
+	if r := e.waitProvision("warm-1", time.Minute); r.Status != messages.StatusSucceeded {
+		t.Fatalf("warm-1: %s %+v", r.Status, r.Error)
+	}
+	first := logins()
+	e.provision("warm-2", "web-1")
+	if r := e.waitProvision("warm-2", time.Minute); r.Status != messages.StatusSucceeded {
+		t.Fatalf("warm-2: %s %+v", r.Status, r.Error)
+	}
+	if got := logins() - first; got != 0 {
+		t.Fatalf("the second job logged in %d times; want 0 (the first job's warm connection)", got)
+	}
+	masters := warmMasters(e.runRoot)
+	if len(masters) != 1 {
+		t.Fatalf("warm masters %v, want one", masters)
+	}
+	// SIGTERM: infra closes its masters and leaves the run root empty.
+	p.Signal(syscall.SIGTERM)
+	p.Wait(time.Minute)
+	if left := warmMasters(e.runRoot); len(left) > 0 {
+		t.Fatalf("warm masters left after infra stopped: %v", left)
+	}
+	assertRunRootEmpty(t, e.runRoot)
+
+	// SIGKILL: the master dies with infra (Pdeathsig); the next infra
+	// sweeps its directory.
+	p = e.infra(warm...)
+	e.provision("warm-3", "web-1")
+	if r := e.waitProvision("warm-3", time.Minute); r.Status != messages.StatusSucceeded {
+		t.Fatalf("warm-3: %s %+v", r.Status, r.Error)
+	}
+	masters = warmMasters(e.runRoot)
+	if len(masters) != 1 {
+		t.Fatalf("warm masters %v, want one", masters)
+	}
+	p.Signal(syscall.SIGKILL)
+	p.Wait(time.Minute)
+	testenv.WaitFor(t, 5*time.Second, "the warm master to die with infra", func() bool { return len(warmMasters(e.runRoot)) == 0 })
+	p = e.infra()
+	testenv.WaitFor(t, 5*time.Second, "the sweep of the warm directory", func() bool {
+		ents, _ := os.ReadDir(e.runRoot)
+		return len(ents) == 0
+	})
+	p.Signal(syscall.SIGTERM)
+	p.Wait(time.Minute)
+}
