@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,6 +19,19 @@ func warmMasters(runRoot string) []int {
 	for _, p := range processesMentioning(runRoot + "/ar-w") {
 		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
 		if strings.Contains(string(cmd), "ControlMaster=yes") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// playProcesses lists the processes mentioning runRoot but for the warm
+// masters (which outlive runs by design).
+func playProcesses(runRoot string) []int {
+	warm := warmMasters(runRoot)
+	var out []int
+	for _, p := range processesMentioning(runRoot) {
+		if !slices.Contains(warm, p) {
 			out = append(out, p)
 		}
 	}
