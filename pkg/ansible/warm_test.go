@@ -356,3 +356,52 @@ func TestWarmConnectionAsPlayUser(t *testing.T) {
 		t.Fatalf("warm master runs as uid %d (%v), want the play user's %d", st.Uid, err, uid)
 	}
 }
+
+// TestWarmScope: any change of who logs in where is another scope.
+func TestWarmScope(t *testing.T) {
+	h := Host{Alias: "web-1", Address: "192.0.2.1", Port: 22, User: "deploy"}
+	key := pinnedKey{line: testHostKey(t)}
+	keys := [][]byte{[]byte("key-a")}
+	base := warmScope(h, key, keys)
+	if warmScope(h, key, [][]byte{[]byte("key-a")}) != base {
+		t.Fatal("the same inputs gave another scope")
+	}
+	for name, scope := range map[string]string{
+		"key":      warmScope(h, key, [][]byte{[]byte("key-b")}),
+		"keys":     warmScope(h, key, [][]byte{[]byte("key-a"), []byte("key-b")}),
+		"host key": warmScope(h, pinnedKey{line: testHostKey(t)}, keys),
+		"user":     warmScope(Host{Alias: h.Alias, Address: h.Address, Port: h.Port, User: "root"}, key, keys),
+		"port":     warmScope(Host{Alias: h.Alias, Address: h.Address, Port: 2222, User: h.User}, key, keys),
+		"address":  warmScope(Host{Alias: h.Alias, Address: "192.0.2.2", Port: h.Port, User: h.User}, key, keys),
+		"alias":    warmScope(Host{Alias: "web-2", Address: h.Address, Port: h.Port, User: h.User}, key, keys),
+	} {
+		if scope == base {
+			t.Errorf("another %s, same scope", name)
+		}
+	}
+}
+
+// TestWarmSSHArgs: the play's ssh never starts a master of its own, and
+// Ansible still sees ControlPersist (it adds the ControlPath only then).
+func TestWarmSSHArgs(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, cfg, want string }{
+		{"repo", "", "-o ControlMaster=no -o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=15"},
+		{"none", "[defaults]\nforks = 1\n", "-o ControlMaster=no -C -o ControlMaster=auto -o ControlPersist=60s"},
+		{"no persist", "[ssh_connection]\nssh_args = -o ServerAliveInterval=5\n", "-o ControlMaster=no -o ServerAliveInterval=5 -o ControlPersist=60s"},
+		{"other section", "[defaults]\nssh_args = -o X=1\n[ssh_connection]\npipelining = True\n", "-o ControlMaster=no -C -o ControlMaster=auto -o ControlPersist=60s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(testAnsibleDir(t), "ansible.cfg")
+			if tc.cfg != "" {
+				path = filepath.Join(dir, tc.name+".cfg")
+				if err := os.WriteFile(path, []byte(tc.cfg), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := warmSSHArgs(path); !strings.HasPrefix(got, tc.want) {
+				t.Errorf("warmSSHArgs = %q, want it to start with %q", got, tc.want)
+			}
+		})
+	}
+}
