@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"golang.org/x/sys/unix"
 )
 
 // Warm connections (Config.WarmIdle; off by default).
@@ -259,15 +258,9 @@ func (p *warmPool) newConn(scope string, h Host, key pinnedKey) (*warmConn, erro
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fail(err)
 	}
-	m, err := os.OpenFile(filepath.Join(dir, markerName), os.O_CREATE|os.O_EXCL|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return fail(err)
-	}
+	m, err := createMarker(dir, fmt.Sprintf("autoprovisioner warm ssh connection\npid %d\n", os.Getpid()))
 	c.marker = m
-	if err := unix.Flock(int(m.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fail(err)
-	}
-	if _, err := fmt.Fprintf(m, "autoprovisioner warm ssh connection\npid %d\n", os.Getpid()); err != nil {
+	if err != nil {
 		return fail(err)
 	}
 	if err := writeFile(c.knownHosts, []byte(knownHostsLine(h, key))); err != nil {

@@ -1,16 +1,12 @@
 package ansible
 
 import (
-	"bufio"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible/internal/proc"
@@ -221,24 +216,9 @@ func authorizeNewKey(t *testing.T, s *testenv.SSHD) []byte {
 // one run with warm connections on, then "master <pid> <dir>" on stdout,
 // and it waits to be killed.
 func runWarmHelper() int {
-	var hc helperConfig
-	b, err := os.ReadFile(os.Getenv(helperEnv + "_CONFIG"))
-	if err == nil {
-		err = json.Unmarshal(b, &hc)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper config: %v\n", err)
-		return 2
-	}
-	key, err := os.ReadFile(hc.KeyPath)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper key: %v\n", err)
-		return 2
-	}
-	r, err := New(hc.Config, zerolog.New(os.Stderr))
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper: %v\n", err)
-		return 2
+	r, hc, key, code := loadHelper()
+	if r == nil {
+		return code
 	}
 	res, err := r.Run(context.Background(), Spec{JobID: "warm", Playbook: "ping.yml", Host: hc.Host, SSHKeys: [][]byte{key}})
 	if err != nil || res.Outcome != OutcomeSucceeded {
@@ -259,43 +239,14 @@ func TestWarmMasterDiesWithService(t *testing.T) {
 	requirePlaybook(t)
 	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
 	runRoot := shortTempDir(t, "apr")
-	dir := t.TempDir()
-	keyPath := filepath.Join(dir, "client_key")
-	if err := os.WriteFile(keyPath, s.ClientKey, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{AnsibleDir: testAnsibleDir(t), PlaybookBin: playbookBin, RunRoot: runRoot, GuardPath: guardBin,
 		FactCacheDir: t.TempDir(), KillGrace: 3 * time.Second, Timeout: time.Hour, IdleTimeout: 10 * time.Minute, WarmIdle: time.Hour}
-	b, _ := json.Marshal(helperConfig{Config: cfg, Host: hostOf(s), KeyPath: keyPath})
-	cfgPath := filepath.Join(dir, "helper.json")
-	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	helper := exec.Command(os.Args[0], "-test.run=^$")
-	helper.Env = append(os.Environ(), helperEnv+"=warm", helperEnv+"_CONFIG="+cfgPath)
-	stderr := &testenv.SafeBuffer{}
-	helper.Stderr = stderr
-	out, err := helper.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := helper.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = helper.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = helper.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("helper stderr:\n%s", stderr.String())
-		}
-	})
+	h := startHelper(t, "warm", s, cfg, "")
+	helper, lines, exited := h.cmd, h.lines, h.exited
 	deadline := time.AfterFunc(2*time.Minute, func() { _ = helper.Process.Kill() })
 	defer deadline.Stop()
 	var pid int
 	var warmDir string
-	lines := bufio.NewScanner(out)
 	for pid == 0 && lines.Scan() {
 		_, _ = fmt.Sscanf(lines.Text(), "master %d %s", &pid, &warmDir)
 	}
@@ -325,18 +276,10 @@ func TestWarmMasterDiesWithService(t *testing.T) {
 // plays' ssh go through it.
 func TestWarmConnectionAsPlayUser(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root (plays run as another user); run it through `make test`")
-	}
-	u, err := user.Lookup(playUser)
-	if err != nil {
-		t.Fatalf("user %s: %v (scripts/services.sh deps creates it)", playUser, err)
-	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	cred := playUserCredential(t)
 	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
 	r, _ := newTestRunner(t, func(c *Config) {
-		c.RunAs = &Credential{UID: uint32(uid), GID: uint32(gid)}
+		c.RunAs = cred
 		c.FactCacheDir = shortTempDir(t, "apf")
 		c.WarmIdle = time.Minute
 	})
@@ -352,8 +295,8 @@ func TestWarmConnectionAsPlayUser(t *testing.T) {
 		t.Fatalf("warm masters %v", m)
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat("/proc/"+strconv.Itoa(m[0]), &st); err != nil || st.Uid != uint32(uid) {
-		t.Fatalf("warm master runs as uid %d (%v), want the play user's %d", st.Uid, err, uid)
+	if err := syscall.Stat("/proc/"+strconv.Itoa(m[0]), &st); err != nil || st.Uid != cred.UID {
+		t.Fatalf("warm master runs as uid %d (%v), want the play user's %d", st.Uid, err, cred.UID)
 	}
 }
 
