@@ -98,3 +98,39 @@ func TestWarmConnectionsAcrossJobs(t *testing.T) {
 	p.Signal(syscall.SIGTERM)
 	p.Wait(time.Minute)
 }
+
+// TestWarmConnectionsNeverForJobs: an Ansible job on a server that has a
+// warm connection (same address, port, user and key as infra's own runs)
+// logs in on its own and leaves no warm connection of its own: jobs run
+// the callers' playbooks and never use warm masters.
+func TestWarmConnectionsNeverForJobs(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	sshd := w.sshds[0]
+	w.addServer("web-1", sshd)
+	w.repo.Commit(t, map[string]string{"site.yml": sitePlay})
+	w.start("SSH_WARM_CONNECTIONS=true", "SSH_CHECK_REUSE=10m", "SSH_CHECK_REUSE_SHARED=false")
+	logins := func() int { return strings.Count(sshd.Log(), "Accepted publickey") }
+
+	w.provision("warm-p", "web-1")
+	if r := w.waitProvision("warm-p", time.Minute); r.Status != messages.StatusSucceeded {
+		t.Fatalf("warm-p: %s %+v", r.Status, r.Error)
+	}
+	masters := warmMasters(w.runRoot)
+	if len(masters) != 1 {
+		t.Fatalf("warm masters %v after the provisioning run, want one", masters)
+	}
+	before := logins()
+	w.submit(w.job("warm-job", map[string]messages.Vars{"t1": w.host(0)}, "site.yml"))
+	jobStatus(t, w.waitJob("warm-job", 2*time.Minute), messages.StatusSucceeded, "")
+	if got := logins() - before; got == 0 {
+		t.Fatal("the job logged in to the server not once: it went through the warm connection")
+	}
+	if m := warmMasters(w.runRoot); !slices.Equal(m, masters) {
+		t.Fatalf("warm masters %v after the job, want the provisioning run's %v alone", m, masters)
+	}
+	ents, _ := os.ReadDir(w.runRoot)
+	if len(ents) != 1 {
+		t.Fatalf("run root after the job: %v, want the one warm directory", ents)
+	}
+}
