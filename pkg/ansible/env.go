@@ -15,7 +15,7 @@ var fixedEnvNames = map[string]struct{}{
 func (r *Runner) childEnv(d *runDir, spec *Spec) []string {
 	controlDir := d.controlDir
 	if d.warm != nil {
-		controlDir = d.warm.dir
+		controlDir = d.warm.sockDir
 	}
 	env := []string{
 		"PATH=" + safePath,

@@ -113,7 +113,8 @@ const (
 	DefaultOutputTailLines = 60
 	DefaultOutputTailBytes = 16 << 10
 	// maxRunRootLen keeps <RunRoot>/ar-NNNNNNNNNN/cp/<40 hex>.<16 chars>
-	// (ssh's temporary control socket name) within 107 bytes.
+	// (ssh's temporary control socket name) within 107 bytes, and so
+	// <RunRoot>/ar-wNNNNNNNNNN/s/<40 hex>.<16 chars> (warm.go).
 	maxRunRootLen = 32
 )
 

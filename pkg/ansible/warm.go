@@ -40,9 +40,11 @@ import (
 //     own process group, with Pdeathsig=SIGKILL: it dies with this process,
 //     even by SIGKILL. It authenticates once, through the agent of the run
 //     that started it, and holds no key afterwards;
-//   - its socket is in a directory of its own under RunRoot (0700, the
-//     play user's; "ar-w..." with a flocked marker, so SweepLeftovers
-//     removes it after a crash); the run's ansible-playbook gets it as
+//   - its socket is in a directory of its own under RunRoot ("ar-w...",
+//     this process's, with a flocked marker, so SweepLeftovers removes it
+//     after a crash, and the pinned host key, which the play user cannot
+//     change; the socket in its subdirectory "s", 0700, the play user's);
+//     the run's ansible-playbook gets "s" as
 //     ANSIBLE_SSH_CONTROL_PATH_DIR and ssh_args starting with
 //     "-o ControlMaster=no": its ssh processes use the master when it is
 //     there and connect directly when it is not, and never start a master
@@ -89,7 +91,8 @@ type warmConn struct {
 	alias      string
 	host       Host
 	key        pinnedKey
-	dir        string
+	dir        string // the scope's directory under RunRoot
+	sockDir    string // its control socket's directory (the play's ANSIBLE_SSH_CONTROL_PATH_DIR)
 	knownHosts string
 	marker     *os.File
 
@@ -243,19 +246,26 @@ func (p *warmPool) close() {
 	p.shut(conns, "shutdown")
 }
 
-// newConn creates the scope's directory: 0700, the play user's, with a
-// flocked marker (SweepLeftovers) and the pinned host key.
+// newConn creates the scope's directory: this process's own (0711 with
+// Config.RunAs, else 0700), with a flocked marker (SweepLeftovers) and the
+// pinned host key (0644 with RunAs: the master reads it, the play user
+// cannot change it), and the socket directory "s" (0700, the play user's).
 func (p *warmPool) newConn(scope string, h Host, key pinnedKey) (*warmConn, error) {
 	dir, err := os.MkdirTemp(p.r.cfg.RunRoot, warmDirPrefix)
 	if err != nil {
 		return nil, err
 	}
-	c := &warmConn{pool: p, scope: scope, alias: h.Alias, host: h, key: key, dir: dir, knownHosts: filepath.Join(dir, "known_hosts")}
+	c := &warmConn{pool: p, scope: scope, alias: h.Alias, host: h, key: key, dir: dir,
+		sockDir: filepath.Join(dir, "s"), knownHosts: filepath.Join(dir, "known_hosts")}
 	fail := func(err error) (*warmConn, error) {
 		c.removeDir()
 		return nil, err
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
+	mode := os.FileMode(0o700)
+	if p.r.cfg.RunAs != nil {
+		mode = 0o711
+	}
+	if err := os.Chmod(dir, mode); err != nil {
 		return fail(err)
 	}
 	m, err := createMarker(dir, fmt.Sprintf("autoprovisioner warm ssh connection\npid %d\n", os.Getpid()))
@@ -266,11 +276,15 @@ func (p *warmPool) newConn(scope string, h Host, key pinnedKey) (*warmConn, erro
 	if err := writeFile(c.knownHosts, []byte(knownHostsLine(h, key))); err != nil {
 		return fail(err)
 	}
+	if err := os.Mkdir(c.sockDir, 0o700); err != nil {
+		return fail(err)
+	}
 	if o := p.r.cfg.RunAs; o != nil {
-		for _, path := range []string{dir, c.knownHosts} {
-			if err := os.Lchown(path, int(o.UID), int(o.GID)); err != nil {
-				return fail(err)
-			}
+		if err := os.Chmod(c.knownHosts, 0o644); err != nil {
+			return fail(err)
+		}
+		if err := os.Lchown(c.sockDir, int(o.UID), int(o.GID)); err != nil {
+			return fail(err)
 		}
 	}
 	return c, nil
@@ -290,7 +304,7 @@ func (c *warmConn) removeDir() {
 
 // controlPath is the ControlPath of the scope's master (ansible-playbook's
 // ssh computes the same %C: same address, port and user).
-func (c *warmConn) controlPath() string { return filepath.Join(c.dir, "%C") }
+func (c *warmConn) controlPath() string { return filepath.Join(c.sockDir, "%C") }
 
 // alive tells whether c's master process runs.
 func (c *warmConn) alive() bool {
@@ -320,11 +334,9 @@ func (c *warmConn) ensure(ctx context.Context, agentSock string) (bool, error) {
 	c.reapLocked()
 	// Sockets of a master that died without cleaning up: ssh would refuse
 	// to listen where one is.
-	if ents, err := os.ReadDir(c.dir); err == nil {
+	if ents, err := os.ReadDir(c.sockDir); err == nil {
 		for _, e := range ents {
-			if n := e.Name(); n != markerName && n != "known_hosts" {
-				_ = os.Remove(filepath.Join(c.dir, n))
-			}
+			_ = os.Remove(filepath.Join(c.sockDir, e.Name()))
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, warmStartTimeout)
@@ -341,8 +353,8 @@ func (c *warmConn) ensure(ctx context.Context, agentSock string) (bool, error) {
 		"-o", "LocalCommand=echo "+warmReady,
 		"-N", "--", h.Address)
 	cmd := exec.Command("ssh", args...)
-	cmd.Env = []string{"PATH=" + safePath, "HOME=" + c.dir, "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "SSH_AUTH_SOCK=" + agentSock}
-	cmd.Dir = c.dir
+	cmd.Env = []string{"PATH=" + safePath, "HOME=" + c.sockDir, "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "SSH_AUTH_SOCK=" + agentSock}
+	cmd.Dir = c.sockDir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if o := c.pool.r.cfg.RunAs; o != nil {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: o.UID, Gid: o.GID, Groups: []uint32{}}
