@@ -298,6 +298,21 @@ func TestWarmConnectionAsPlayUser(t *testing.T) {
 	if err := syscall.Stat("/proc/"+strconv.Itoa(m[0]), &st); err != nil || st.Uid != cred.UID {
 		t.Fatalf("warm master runs as uid %d (%v), want the play user's %d", st.Uid, err, cred.UID)
 	}
+	// The play user owns the socket's directory only: the pinned host key
+	// a later master trusts, and the marker, are not its to change.
+	dirs, _ := filepath.Glob(filepath.Join(r.cfg.RunRoot, warmDirPrefix+"*"))
+	if len(dirs) != 1 {
+		t.Fatalf("warm directories %v", dirs)
+	}
+	for path, wantUID := range map[string]uint32{
+		dirs[0]: 0, filepath.Join(dirs[0], "known_hosts"): 0, filepath.Join(dirs[0], markerName): 0,
+		filepath.Join(dirs[0], "s"): cred.UID,
+	} {
+		var fi syscall.Stat_t
+		if err := syscall.Lstat(path, &fi); err != nil || fi.Uid != wantUID || fi.Mode&0o022 != 0 {
+			t.Errorf("%s: uid %d mode %o (%v), want uid %d and no write for others", path, fi.Uid, fi.Mode&0o777, err, wantUID)
+		}
+	}
 }
 
 // TestWarmScope: any change of who logs in where is another scope.
