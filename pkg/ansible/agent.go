@@ -93,6 +93,16 @@ func (a *sshAgent) serve() {
 	}
 }
 
+// publicKeys are the wire forms of the agent's public keys.
+func (a *sshAgent) publicKeys() [][]byte {
+	keys, _ := a.keyring.List()
+	out := make([][]byte, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, k.Blob)
+	}
+	return out
+}
+
 // close stops serving (the socket file is unlinked), closes the open
 // connections, removes the keys from the keyring and overwrites their
 // private parts in memory.

@@ -34,31 +34,19 @@ type helperConfig struct {
 // reports "spawned <pgid> <run dir>" and "task <name>" on stdout; the parent
 // kills it with SIGKILL in the middle of the run.
 func runHelper(mode string) int {
+	if mode == "warm" {
+		return runWarmHelper()
+	}
 	if mode != "lifeline" {
 		fmt.Fprintf(os.Stderr, "unknown helper mode %q\n", mode)
 		return 2
 	}
-	var hc helperConfig
-	b, err := os.ReadFile(os.Getenv(helperEnv + "_CONFIG"))
-	if err == nil {
-		err = json.Unmarshal(b, &hc)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper config: %v\n", err)
-		return 2
-	}
-	key, err := os.ReadFile(hc.KeyPath)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper key: %v\n", err)
-		return 2
-	}
-	r, err := New(hc.Config, zerolog.New(os.Stderr))
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "helper: %v\n", err)
-		return 2
+	r, hc, key, code := loadHelper()
+	if r == nil {
+		return code
 	}
 	r.hooks.onSpawn = func(pgid int, runDir string) { fmt.Printf("spawned %d %s\n", pgid, runDir) }
-	_, err = r.Run(context.Background(), Spec{
+	_, err := r.Run(context.Background(), Spec{
 		JobID: "lifeline", Playbook: "sleep.yml", Host: hc.Host, SSHKeys: [][]byte{key},
 		Vars: map[string]any{"sleep_seconds": 120, "target_tmp": hc.TargetTmp},
 		OnEvent: func(ev Event) {
@@ -71,6 +59,76 @@ func runHelper(mode string) int {
 	return 3
 }
 
+// loadHelper reads the helper's configuration and key and makes its
+// Runner; nil and an exit code when it cannot.
+func loadHelper() (*Runner, helperConfig, []byte, int) {
+	var hc helperConfig
+	b, err := os.ReadFile(os.Getenv(helperEnv + "_CONFIG"))
+	if err == nil {
+		err = json.Unmarshal(b, &hc)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper config: %v\n", err)
+		return nil, hc, nil, 2
+	}
+	key, err := os.ReadFile(hc.KeyPath)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper key: %v\n", err)
+		return nil, hc, nil, 2
+	}
+	r, err := New(hc.Config, zerolog.New(os.Stderr))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper: %v\n", err)
+		return nil, hc, nil, 2
+	}
+	return r, hc, key, 0
+}
+
+// helperProc is a helper process started by startHelper.
+type helperProc struct {
+	cmd    *exec.Cmd
+	lines  *bufio.Scanner // its stdout
+	exited chan struct{}
+}
+
+// startHelper starts this test binary as a helper (mode) running against
+// s with cfg; it is killed when the test ends, and its stderr shown if the
+// test failed.
+func startHelper(t *testing.T, mode string, s *testenv.SSHD, cfg Config, targetTmp string) *helperProc {
+	t.Helper()
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "client_key")
+	if err := os.WriteFile(keyPath, s.ClientKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(helperConfig{Config: cfg, Host: hostOf(s), KeyPath: keyPath, TargetTmp: targetTmp})
+	cfgPath := filepath.Join(dir, "helper.json")
+	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	helper := exec.Command(os.Args[0], "-test.run=^$")
+	helper.Env = append(os.Environ(), helperEnv+"="+mode, helperEnv+"_CONFIG="+cfgPath)
+	stderr := &testenv.SafeBuffer{}
+	helper.Stderr = stderr
+	out, err := helper.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &helperProc{cmd: helper, lines: bufio.NewScanner(out), exited: make(chan struct{})}
+	go func() { _ = helper.Wait(); close(h.exited) }()
+	t.Cleanup(func() {
+		_ = helper.Process.Kill()
+		<-h.exited
+		if t.Failed() {
+			t.Logf("helper stderr:\n%s", stderr.String())
+		}
+	})
+	return h
+}
+
 // TestGuardKillsGroupWhenServiceDies kills (SIGKILL) the process that runs
 // ansible-playbook through runguard, in the middle of a play, and checks
 // that the whole process group (ansible-playbook, its workers and ssh
@@ -81,44 +139,14 @@ func TestGuardKillsGroupWhenServiceDies(t *testing.T) {
 	requirePlaybook(t)
 	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
 	runRoot := shortTempDir(t, "apr")
-	dir := t.TempDir()
-	keyPath := filepath.Join(dir, "client_key")
-	if err := os.WriteFile(keyPath, s.ClientKey, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{AnsibleDir: testAnsibleDir(t), PlaybookBin: playbookBin, RunRoot: runRoot, GuardPath: guardBin,
 		FactCacheDir: t.TempDir(), KillGrace: 10 * time.Second, Timeout: time.Hour, IdleTimeout: 10 * time.Minute}
 	targetTmp := targetDir(t)
-	b, _ := json.Marshal(helperConfig{Config: cfg, Host: hostOf(s), KeyPath: keyPath, TargetTmp: targetTmp})
-	cfgPath := filepath.Join(dir, "helper.json")
-	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	helper := exec.Command(os.Args[0], "-test.run=^$")
-	helper.Env = append(os.Environ(), helperEnv+"=lifeline", helperEnv+"_CONFIG="+cfgPath)
-	stderr := &testenv.SafeBuffer{}
-	helper.Stderr = stderr
-	out, err := helper.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := helper.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = helper.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = helper.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("helper stderr:\n%s", stderr.String())
-		}
-	})
+	h := startHelper(t, "lifeline", s, cfg, targetTmp)
+	helper, lines, exited := h.cmd, h.lines, h.exited
 
 	var pgid int
 	var runDir string
-	lines := bufio.NewScanner(out)
 	deadline := time.AfterFunc(2*time.Minute, func() { _ = helper.Process.Kill() })
 	defer deadline.Stop()
 	for lines.Scan() && !strings.HasPrefix(lines.Text(), "task Sleep") {

@@ -178,19 +178,30 @@ func reapCommand(mode reapMode, m remoteMarker, grace time.Duration) string {
 }
 
 // sshArgs are the options of ssh for the run's own target: no ssh_config,
-// the run's pinned host key only, keys from the run's agent only.
+// the run's pinned host key only, keys from the run's agent only; through
+// the scope's warm master when the run has one (warm.go; ssh connects
+// directly when its socket is not there), else without multiplexing.
 func sshArgs(d *runDir, h Host, key pinnedKey) []string {
+	if d.warm != nil {
+		return sshOptions(d.knownHosts, h, key, "no", d.warm.controlPath())
+	}
+	return sshOptions(d.knownHosts, h, key, "no", "none")
+}
+
+// sshOptions are sshArgs with the given known_hosts file, ControlMaster
+// and ControlPath.
+func sshOptions(knownHosts string, h Host, key pinnedKey, controlMaster, controlPath string) []string {
 	return []string{
 		"-F", "/dev/null",
-		"-o", "UserKnownHostsFile=" + d.knownHosts,
+		"-o", "UserKnownHostsFile=" + knownHosts,
 		"-o", "GlobalKnownHostsFile=/dev/null",
 		"-o", "StrictHostKeyChecking=yes",
 		"-o", "HostKeyAlgorithms=" + key.algorithms,
 		"-o", "BatchMode=yes",
 		"-o", "PreferredAuthentications=publickey",
 		"-o", "PasswordAuthentication=no",
-		"-o", "ControlMaster=no",
-		"-o", "ControlPath=none",
+		"-o", "ControlMaster=" + controlMaster,
+		"-o", "ControlPath=" + controlPath,
 		"-o", "ConnectTimeout=10",
 		"-o", "ServerAliveInterval=15",
 		"-o", "ServerAliveCountMax=4",
@@ -201,13 +212,20 @@ func sshArgs(d *runDir, h Host, key pinnedKey) []string {
 
 // reap runs reap.py on the run's target. The SSH key comes from the run's
 // agent; nothing secret is on the command line.
-func (r *Runner) reap(ctx context.Context, d *runDir, spec *Spec, key pinnedKey, m remoteMarker, mode reapMode) (*RemoteReport, error) {
+// With viaMaster, ssh goes through the run's warm master only: without
+// one it fails as a connection failure (ProxyCommand /bin/false) instead
+// of connecting directly.
+func (r *Runner) reap(ctx context.Context, d *runDir, spec *Spec, key pinnedKey, m remoteMarker, mode reapMode, viaMaster bool) (*RemoteReport, error) {
 	start := time.Now()
 	grace := r.cfg.KillGrace
 	// Bound: connect, TERM, grace, KILL and its wait, with room to spare.
 	ctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
 	defer cancel()
-	args := append(sshArgs(d, spec.Host, key), "--", spec.Host.Address, reapCommand(mode, m, grace))
+	args := sshArgs(d, spec.Host, key)
+	if viaMaster {
+		args = append(args, "-o", "ProxyCommand=/bin/false")
+	}
+	args = append(args, "--", spec.Host.Address, reapCommand(mode, m, grace))
 	cmd := exec.CommandContext(ctx, "ssh", args...)
 	cmd.Env = []string{"PATH=" + safePath, "HOME=" + d.path, "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "SSH_AUTH_SOCK=" + d.agentSock}
 	cmd.Dir = d.tmpDir

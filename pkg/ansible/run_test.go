@@ -140,10 +140,26 @@ func mustJSON(t *testing.T, v any) string {
 // process command line (for the secret) and every file in the run
 // directory (for the secret and the private key); afterwards it searches
 // the logs, the result, the events and RunRoot.
+//
+// With warm connections on (Config.WarmIdle), the same holds for the warm
+// master's command line, environment and directory.
 func TestRunSecretsAndKeysStayOffDisk(t *testing.T) {
 	t.Parallel()
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			t.Parallel()
+			testSecretsStayOffDisk(t, warm)
+		})
+	}
+}
+
+func testSecretsStayOffDisk(t *testing.T, warm bool) {
 	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
-	r, logs := newTestRunner(t, nil)
+	r, logs := newTestRunner(t, func(c *Config) {
+		if warm {
+			c.WarmIdle = time.Minute
+		}
+	})
 	sp := watchSpawn(r)
 	dir := targetDir(t)
 	canary := testenv.Unique("canary-")
@@ -177,7 +193,6 @@ func TestRunSecretsAndKeysStayOffDisk(t *testing.T) {
 	go func() {
 		defer sampler.Done()
 		<-sp.ready
-		_, runDir := sp.get()
 		for {
 			select {
 			case <-stop:
@@ -189,8 +204,15 @@ func TestRunSecretsAndKeysStayOffDisk(t *testing.T) {
 				if bytes.Contains(cmd, []byte(canary)) {
 					note("canary in cmdline of " + strconv.Itoa(pid))
 				}
+				if bytes.Contains(cmd, []byte(r.cfg.RunRoot+"/"+warmDirPrefix)) && bytes.Contains(cmd, []byte("ControlMaster=yes")) {
+					env, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+					if bytes.Contains(env, []byte(canary)) {
+						note("canary in the environment of the warm master " + strconv.Itoa(pid))
+					}
+				}
 			})
-			_ = filepath.Walk(runDir, func(path string, info os.FileInfo, err error) error {
+			// The run dir and, with warm connections, the master's.
+			_ = filepath.Walk(r.cfg.RunRoot, func(path string, info os.FileInfo, err error) error {
 				if err != nil || !info.Mode().IsRegular() {
 					return nil
 				}
@@ -251,6 +273,12 @@ func TestRunSecretsAndKeysStayOffDisk(t *testing.T) {
 	})
 	pgid, runDir := sp.get()
 	assertNothingLeft(t, pgid, runDir)
+	if warm {
+		if m := warmMasters(r); len(m) != 1 {
+			t.Errorf("warm masters after the run: %v, want one", m)
+		}
+		r.Close()
+	}
 	if ents, _ := os.ReadDir(r.cfg.RunRoot); len(ents) != 0 {
 		t.Errorf("RunRoot not empty after the run: %v", ents)
 	}

@@ -17,13 +17,10 @@ import (
 // creates it when it runs as root, as `make test` does).
 const playUser = "autoprov-play"
 
-// TestRunAsPlayUser runs a play as the unprivileged play user: the
-// controller side of the play runs with that uid and gid, a core limit of
-// 0 and the private run directory as working directory, and still reaches
-// the target (agent socket, inventory and known_hosts are readable to it)
-// and the runner (events through the inherited pipe).
-func TestRunAsPlayUser(t *testing.T) {
-	t.Parallel()
+// playUserCredential is the play user's, or fails the test (it needs root
+// and the user).
+func playUserCredential(t *testing.T) *Credential {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (plays run as another user); run it through `make test`")
 	}
@@ -33,6 +30,18 @@ func TestRunAsPlayUser(t *testing.T) {
 	}
 	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
 	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return &Credential{UID: uint32(uid), GID: uint32(gid)}
+}
+
+// TestRunAsPlayUser runs a play as the unprivileged play user: the
+// controller side of the play runs with that uid and gid, a core limit of
+// 0 and the private run directory as working directory, and still reaches
+// the target (agent socket, inventory and known_hosts are readable to it)
+// and the runner (events through the inherited pipe).
+func TestRunAsPlayUser(t *testing.T) {
+	t.Parallel()
+	cred := playUserCredential(t)
+	uid, gid := cred.UID, cred.GID
 	// The test ansible.cfg takes its plugins from the repository's
 	// ansible/: Python caches a root run of an older version left there
 	// would stop the play (the runner removes those under its own
@@ -48,7 +57,7 @@ func TestRunAsPlayUser(t *testing.T) {
 	for _, guarded := range []bool{true, false} {
 		t.Run(fmt.Sprintf("guarded=%v", guarded), func(t *testing.T) {
 			r, _ := newTestRunner(t, func(c *Config) {
-				c.RunAs = &Credential{UID: uint32(uid), GID: uint32(gid)}
+				c.RunAs = cred
 				c.FactCacheDir = shortTempDir(t, "apf") // its parents must be traversable
 				if !guarded {
 					c.GuardPath = "/nonexistent/runguard"

@@ -32,10 +32,11 @@ const (
 // runDir is the private directory of one run.
 type runDir struct {
 	path       string
-	controlDir string // ANSIBLE_SSH_CONTROL_PATH_DIR
-	tmpDir     string // ANSIBLE_LOCAL_TEMP, TMPDIR
-	agentSock  string // SSH_AUTH_SOCK
-	gate       string // AUTOPROV_GATE_PATH (gate.go); "" when none
+	controlDir string    // ANSIBLE_SSH_CONTROL_PATH_DIR (unless warm)
+	warm       *warmConn // the scope's warm connection (warm.go); nil: none
+	tmpDir     string    // ANSIBLE_LOCAL_TEMP, TMPDIR
+	agentSock  string    // SSH_AUTH_SOCK
+	gate       string    // AUTOPROV_GATE_PATH (gate.go); "" when none
 	inventory  string
 	vars       string
 	knownHosts string
@@ -76,16 +77,10 @@ func (r *Runner) newRunDir(jobID string) (*runDir, error) {
 	if err := os.Chmod(path, 0o700); err != nil {
 		return fail(fmt.Errorf("run dir: %w", err))
 	}
-	m, err := os.OpenFile(filepath.Join(path, markerName), os.O_CREATE|os.O_EXCL|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return fail(fmt.Errorf("run dir marker: %w", err))
-	}
+	m, err := createMarker(path, fmt.Sprintf("autoprovisioner ansible run\npid %d\njob %s\n", os.Getpid(), strconv.Quote(jobID)))
 	d.marker = m
-	if err := unix.Flock(int(m.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fail(fmt.Errorf("lock run dir marker: %w", err))
-	}
-	if _, err := fmt.Fprintf(m, "autoprovisioner ansible run\npid %d\njob %s\n", os.Getpid(), strconv.Quote(jobID)); err != nil {
-		return fail(fmt.Errorf("write run dir marker: %w", err))
+	if err != nil {
+		return fail(fmt.Errorf("run dir: %w", err))
 	}
 	for _, sub := range []string{d.controlDir, d.tmpDir} {
 		if err := os.Mkdir(sub, 0o700); err != nil {
@@ -99,6 +94,23 @@ func (r *Runner) newRunDir(jobID string) (*runDir, error) {
 		}
 	}
 	return d, nil
+}
+
+// createMarker creates dir's marker file, locks it (for as long as the
+// file stays open) and writes text to it. The file is returned with the
+// error when it was created, for the caller to close.
+func createMarker(dir, text string) (*os.File, error) {
+	m, err := os.OpenFile(filepath.Join(dir, markerName), os.O_CREATE|os.O_EXCL|os.O_RDWR|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("marker: %w", err)
+	}
+	if err := unix.Flock(int(m.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return m, fmt.Errorf("lock marker: %w", err)
+	}
+	if _, err := m.WriteString(text); err != nil {
+		return m, fmt.Errorf("write marker: %w", err)
+	}
+	return m, nil
 }
 
 // writeFile creates name (which must not exist) with mode 0600, owned by

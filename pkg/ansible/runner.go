@@ -100,6 +100,11 @@ type Config struct {
 	// CleanScopes): a run whose scope's last run ended clean skips its
 	// takeover. Nil: every run takes over.
 	Clean CleanScopes
+	// WarmIdle, when positive, turns warm connections on for Run (never
+	// RunJob): runs of one server, login user, pinned host key and SSH key
+	// share one SSH connection that this process keeps open until it has
+	// gone unused this long (warm.go). Zero: every run connects afresh.
+	WarmIdle time.Duration
 }
 
 // Credential is a user and group id (see Config.RunAs).
@@ -112,7 +117,8 @@ const (
 	DefaultOutputTailLines = 60
 	DefaultOutputTailBytes = 16 << 10
 	// maxRunRootLen keeps <RunRoot>/ar-NNNNNNNNNN/cp/<40 hex>.<16 chars>
-	// (ssh's temporary control socket name) within 107 bytes.
+	// (ssh's temporary control socket name) within 107 bytes, and so
+	// <RunRoot>/ar-wNNNNNNNNNN/s/<40 hex>.<16 chars> (warm.go).
 	maxRunRootLen = 32
 )
 
@@ -124,6 +130,9 @@ type Runner struct {
 	guard string // "" = no guard
 	log   zerolog.Logger
 	hooks hooks
+
+	warm     *warmPool // nil: warm connections off
+	warmArgs string    // ANSIBLE_SSH_ARGS of warm runs
 }
 
 // hooks let tests observe internals.
@@ -182,7 +191,14 @@ func New(cfg Config, log zerolog.Logger) (*Runner, error) {
 	}
 	cfg.OutputTailLines = cmp.Or(cfg.OutputTailLines, DefaultOutputTailLines)
 	cfg.OutputTailBytes = cmp.Or(cfg.OutputTailBytes, DefaultOutputTailBytes)
+	if cfg.WarmIdle < 0 {
+		return nil, errors.New("ansible runner: negative WarmIdle")
+	}
 	r := &Runner{cfg: cfg, log: log}
+	if cfg.WarmIdle > 0 {
+		r.warm = &warmPool{r: r, idle: cfg.WarmIdle, conns: map[string]*warmConn{}}
+		r.warmArgs = warmSSHArgs(filepath.Join(dir, "ansible.cfg"))
+	}
 	guard := cfg.GuardPath
 	if guard == "" {
 		if exe, err := os.Executable(); err == nil {
@@ -195,6 +211,24 @@ func New(cfg Config, log zerolog.Logger) (*Runner, error) {
 		r.guard = guard
 	}
 	return r, nil
+}
+
+// CloseWarm closes the warm connections (Config.WarmIdle) to the inventory
+// host alias, for example after its SSH check failed or its server was
+// rebuilt: the next run connects afresh.
+func (r *Runner) CloseWarm(alias string) {
+	if r.warm != nil {
+		r.warm.closeAlias(alias, "closed for the host")
+	}
+}
+
+// Close closes every warm connection and returns once their ssh processes
+// are gone; runs after it connect afresh. Without warm connections it
+// does nothing.
+func (r *Runner) Close() {
+	if r.warm != nil {
+		r.warm.close()
+	}
 }
 
 // Config returns the effective configuration (defaults filled).
@@ -346,6 +380,11 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		return nil, err
 	}
 	defer ag.close()
+	if r.warm != nil {
+		if rd.warm = r.warm.acquire(spec.Host, key, ag.publicKeys(), log); rd.warm != nil {
+			defer r.warm.release(rd.warm)
+		}
+	}
 	lap(&steps.Agent)
 
 	g, err := rd.newGate()
@@ -372,6 +411,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		}
 		if r.leftClean(ctx, marker, log) {
 			log.Debug().Msg("takeover skipped: the target's last run of the scope succeeded")
+			r.warmUp(ctx, rd, spec.Redact, log) // what the takeover would have started
 			tk <- takeoverDone{report: &RemoteReport{Skipped: true}, at: time.Now(), took: time.Since(at)}
 			return
 		}
@@ -397,6 +437,10 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		res.Cleanup = r.cleanupRemote(ctx, rd, &spec, key, marker, log)
 	case OutcomeSucceeded:
 		r.markClean(ctx, marker, log)
+	case OutcomeUnreachable:
+		if rd.warm != nil {
+			r.warm.closeAlias(spec.Host.Alias, "unreachable")
+		}
 	}
 	done = &e.t
 	return res, nil
@@ -414,7 +458,7 @@ type takeoverDone struct {
 // remote.go). It returns the Result of a run that must not start: the
 // takeover failed or ctx ended.
 func (r *Runner) takeover(ctx context.Context, rd *runDir, spec *Spec, key pinnedKey, m remoteMarker, log zerolog.Logger) (*RemoteReport, *Result) {
-	rep, err := r.reap(ctx, rd, spec, key, m, reapTakeover)
+	rep, err := r.warmTakeover(ctx, rd, spec, key, m, log)
 	now := time.Now()
 	switch {
 	case ctx.Err() != nil:
@@ -443,10 +487,57 @@ func (r *Runner) takeover(ctx context.Context, rd *runDir, spec *Spec, key pinne
 	return rep, nil
 }
 
+// warmTakeover is the takeover's reap, through the scope's warm master when
+// the run has one: started first when the scope has none (no task
+// connects before the gate opens). A master the takeover cannot get
+// through (the server dropped it) is replaced once; a master that cannot
+// be started leaves the run cold: the takeover and the play connect
+// directly.
+func (r *Runner) warmTakeover(ctx context.Context, rd *runDir, spec *Spec, key pinnedKey, m remoteMarker, log zerolog.Logger) (*RemoteReport, error) {
+	w := rd.warm
+	for attempt := 0; w != nil && attempt < 2; attempt++ {
+		at := time.Now()
+		started, err := w.ensure(ctx, rd.agentSock)
+		if err != nil {
+			log.Warn().Err(errors.New(spec.Redact(err.Error()))).Msg("warm SSH connection not started: the run connects directly")
+			break
+		}
+		if started {
+			log.Debug().Dur("took", time.Since(at)).Str("warm_scope", w.scope[:16]).Msg("warm SSH connection started")
+		}
+		rep, err := r.reap(ctx, rd, spec, key, m, reapTakeover, true)
+		if !errors.Is(err, errTakeoverConnect) || ctx.Err() != nil {
+			return rep, err
+		}
+		// The master is gone or the server dropped its connection.
+		log.Info().Err(err).Msg("the warm SSH connection did not get through: starting a new one")
+		w.drop()
+	}
+	return r.reap(ctx, rd, spec, key, m, reapTakeover, false)
+}
+
+// warmUp starts the run's warm master when it has one and the scope's is
+// not running (a run whose takeover is skipped); a master that cannot be
+// started leaves the run cold.
+func (r *Runner) warmUp(ctx context.Context, rd *runDir, redact func(string) string, log zerolog.Logger) {
+	w := rd.warm
+	if w == nil {
+		return
+	}
+	at := time.Now()
+	started, err := w.ensure(ctx, rd.agentSock)
+	switch {
+	case err != nil:
+		log.Warn().Err(errors.New(redact(err.Error()))).Msg("warm SSH connection not started: the run connects directly")
+	case started:
+		log.Debug().Dur("took", time.Since(at)).Str("warm_scope", w.scope[:16]).Msg("warm SSH connection started")
+	}
+}
+
 // cleanupRemote stops the run's own task on the target after its play was
 // stopped; whatever happens, the next run's takeover tries again.
 func (r *Runner) cleanupRemote(ctx context.Context, rd *runDir, spec *Spec, key pinnedKey, m remoteMarker, log zerolog.Logger) *RemoteReport {
-	rep, err := r.reap(context.WithoutCancel(ctx), rd, spec, key, m, reapCleanup)
+	rep, err := r.reap(context.WithoutCancel(ctx), rd, spec, key, m, reapCleanup, false)
 	if err != nil {
 		log.Warn().Err(err).Msg("cleanup of the stopped run on the target failed; the next run's takeover stops what is left")
 		return rep

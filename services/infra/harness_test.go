@@ -194,6 +194,9 @@ func (e *e2e) infra(extra ...string) *infraProc {
 		"SPECIAL_ALLOW_NETWORKS=127.0.0.0/8",
 	}
 	env = append(env, e.env...)
+	// INFRA_TEST_ENV (space-separated NAME=value) runs the tests with
+	// extra settings, e.g. SSH_WARM_CONNECTIONS=true; a test's own win.
+	env = append(env, strings.Fields(os.Getenv("INFRA_TEST_ENV"))...)
 	env = append(env, extra...)
 	p := testenv.StartBinary(e.t, bin, testenv.BinaryEnv(env...))
 	p.WaitHTTP("http://"+admin+"/readyz", 200, time.Minute)

@@ -71,6 +71,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		FactCacheDir: cfg.Playbook.FactCache,
 		RunAs:        runAs,
 		Clean:        cleanScopes(cfg.Playbook.TakeoverAlways, d.DB),
+		WarmIdle:     cfg.SSH.WarmIdleOrOff(),
 	}, log)
 	if err != nil {
 		return nil, err
@@ -195,11 +196,20 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		return nil, err
 	}
 	log.Info().Str("consumer", consumerName).Bool("runguard", runner.Guarded()).
-		Bool("time4vps", provider != nil).Str("playbook_user", cfg.Playbook.User).Str("request_signatures", cfg.Signing.Mode).Int("producer_keys", len(keySpecs)).
+		Bool("time4vps", provider != nil).Str("playbook_user", cfg.Playbook.User).Bool("ssh_warm_connections", cfg.SSH.WarmConnections).Str("request_signatures", cfg.Signing.Mode).Int("producer_keys", len(keySpecs)).
 		Strs("deploy_allow_networks", cfg.Authz.AllowNetworks).Strs("deploy_secret_refs", authorizer.Templates()).
 		Msg("infra components ready")
 
+	if cfg.SSH.WarmConnections && len(jobStreams) > 0 {
+		log.Warn().Msg("SSH_WARM_CONNECTIONS with Ansible jobs served: a job's code runs as the same play user and could use a warm SSH connection while it lives (docs/infra.md)")
+	}
 	return []service.Component{
+		// Stopped last: the warm SSH connections close once no run is left.
+		{Name: "ssh-masters", Run: func(ctx context.Context) error {
+			<-ctx.Done()
+			runner.Close()
+			return nil
+		}},
 		{Name: "secrets", Run: func(ctx context.Context) error {
 			if err := resolver.Start(ctx); err != nil {
 				return err

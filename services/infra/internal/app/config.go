@@ -101,6 +101,8 @@ type SSHConfig struct {
 	HostKeyPolicy    sshcheck.Policy `env:"HOST_KEY_POLICY" envDefault:"tofu" desc:"tofu (pin the first host key, enforce it after), strict (require a pinned key) or off (insecure)"`
 	DeployUser       string          `env:"DEPLOY_USER" envDefault:"deploy" desc:"user setup_server.yml creates and later runs log in as; deploys to unregistered servers use it too"`
 	CheckReuse       time.Duration   `env:"CHECK_REUSE" envDefault:"5s" desc:"a run goes without an SSH check when the same address, port and user passed one (or ran a play that succeeded) this recently with the same host key and SSH key; never after a failed check or an unreachable play; 0 checks before every run"`
+	WarmConnections  bool            `env:"WARM_CONNECTIONS" envDefault:"false" desc:"keep one SSH connection (an ssh master started by infra) per server, login user, pinned host key and SSH key open between provisioning and deploy runs, so that back-to-back runs skip the handshake; never for Ansible jobs; while a master lives, any process of the play user can use it (docs/infra.md, Warm SSH connections)"`
+	WarmIdle         time.Duration   `env:"WARM_IDLE" envDefault:"60s" desc:"how long a warm SSH connection (SSH_WARM_CONNECTIONS) stays open without a run"`
 	CheckReuseShared bool            `env:"CHECK_REUSE_SHARED" envDefault:"true" desc:"share the passed SSH checks of SSH_CHECK_REUSE with the other replicas through Redis (a hashed key per address, port and user holding when it passed and a hash of the host key and SSH key), so that back-to-back jobs of one server on different replicas reuse them; a failure on any replica makes all check again"`
 }
 
@@ -193,6 +195,9 @@ func (c *Config) Validate() error {
 	if c.SSH.AttemptTimeout <= 0 {
 		errs = append(errs, service.Invalid("SSH_ATTEMPT_TIMEOUT", "must be positive"))
 	}
+	if c.SSH.WarmConnections && c.SSH.WarmIdle <= 0 {
+		errs = append(errs, service.Invalid("SSH_WARM_IDLE", "must be positive with SSH_WARM_CONNECTIONS"))
+	}
 	if c.SSH.CheckReuse < 0 {
 		errs = append(errs, service.Invalid("SSH_CHECK_REUSE", "must not be negative"))
 	}
@@ -214,6 +219,15 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// WarmIdleOrOff is the runner's ansible.Config.WarmIdle: 0 unless
+// SSH_WARM_CONNECTIONS.
+func (s SSHConfig) WarmIdleOrOff() time.Duration {
+	if !s.WarmConnections {
+		return 0
+	}
+	return s.WarmIdle
 }
 
 // RunAs resolves PLAYBOOK_USER (nil when unset).

@@ -34,6 +34,7 @@ type fakeRunner struct {
 	mu      sync.Mutex
 	specs   []ansible.Spec
 	forgot  []string
+	closed  []string      // CloseWarm
 	started chan struct{} // closed when the first Run is called
 	once    sync.Once
 }
@@ -57,6 +58,19 @@ func (r *fakeRunner) ForgetHost(alias string) {
 	if r.ForgetHostFn != nil {
 		r.ForgetHostFn(alias)
 	}
+}
+
+func (r *fakeRunner) CloseWarm(alias string) {
+	r.mu.Lock()
+	r.closed = append(r.closed, alias)
+	r.mu.Unlock()
+}
+
+// warmClosed returns the hosts whose warm connections were closed.
+func (r *fakeRunner) warmClosed() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.closed...)
 }
 
 // calls returns the specs of the runs so far.

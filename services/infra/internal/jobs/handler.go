@@ -58,6 +58,9 @@ type Runner interface {
 	Run(ctx context.Context, spec ansible.Spec) (*ansible.Result, error)
 	// ForgetHost drops the cached facts of a host (its OS was rebuilt).
 	ForgetHost(alias string)
+	// CloseWarm closes the warm SSH connections to a host (its SSH check
+	// failed, its OS was rebuilt); nothing when they are off.
+	CloseWarm(alias string)
 }
 
 // Authorizer decides where a deploy may go and which secret references a

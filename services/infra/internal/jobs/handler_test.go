@@ -48,6 +48,7 @@ func TestProvisionOutcomes(t *testing.T) {
 		wantMsg    string // the result's error message holds it
 		wantServer string // the server's state afterwards ("": unchanged NEW)
 		wantRuns   int    // plays started
+		wantClosed bool   // the server's warm SSH connections are closed (a failed check)
 		wantChecks int    // SSH checks made
 		wantRow    string // the run row's state ("": none)
 	}{
@@ -87,7 +88,7 @@ func TestProvisionOutcomes(t *testing.T) {
 					Class: sshcheck.ClassRefused, Err: errors.New("connection refused")}))
 			},
 			wantStatus: messages.StatusUnreachable, wantKind: messages.KindSSHUnreachable, wantMsg: "did not answer SSH",
-			wantServer: store.ServerUnreachable, wantChecks: 1, wantRow: store.RunDone,
+			wantClosed: true, wantServer: store.ServerUnreachable, wantChecks: 1, wantRow: store.RunDone,
 		},
 		{
 			name: "host key mismatch",
@@ -97,7 +98,7 @@ func TestProvisionOutcomes(t *testing.T) {
 					Expected: w.hostKey, Got: w.otherHostKey}))
 			},
 			wantStatus: messages.StatusFailed, wantKind: messages.KindHostKeyMismatch, wantMsg: "host key mismatch",
-			wantServer: store.ServerFailed, wantChecks: 1, wantRow: store.RunDone,
+			wantClosed: true, wantServer: store.ServerFailed, wantChecks: 1, wantRow: store.RunDone,
 		},
 		{
 			name: "ssh key refused",
@@ -106,7 +107,7 @@ func TestProvisionOutcomes(t *testing.T) {
 					Err: errors.New("no supported methods remain")}))
 			},
 			wantStatus: messages.StatusFailed, wantKind: messages.KindSSHAuthFailed, wantMsg: "rejected our SSH key",
-			wantServer: store.ServerFailed, wantChecks: 1, wantRow: store.RunDone,
+			wantClosed: true, wantServer: store.ServerFailed, wantChecks: 1, wantRow: store.RunDone,
 		},
 		{
 			name: "ssh key reference unusable", sets: []string{"ssh_key_ref = 'env:AUTOPROV_SECRET_NOT_KEY'"},
@@ -281,6 +282,9 @@ func TestProvisionOutcomes(t *testing.T) {
 			}
 			if got := f.ssh.calls(); got != tt.wantChecks {
 				t.Errorf("%d SSH checks, want %d", got, tt.wantChecks)
+			}
+			if closed := slices.Contains(f.runner.warmClosed(), srv); closed != tt.wantClosed {
+				t.Errorf("warm connections of %s closed: %v, want %v", srv, closed, tt.wantClosed)
 			}
 			if tt.wantRow != "" {
 				r := w.run(t, jobID)

@@ -104,6 +104,7 @@ func (j *job) provision(ctx context.Context, m *messages.ProvisionerMessage) (*o
 		}
 		// Cached facts and a passed SSH check describe the old OS.
 		j.h.Runner.ForgetHost(ep.alias)
+		j.h.Runner.CloseWarm(ep.alias)
 		j.h.checks.forget(ctx, keyOf(ep))
 		if hostKey, err = j.waitForSSH(ctx, ep, creds); err != nil {
 			return nil, err
@@ -157,6 +158,7 @@ func (j *job) nuke(ctx context.Context, ep endpoint, hostKey string, creds *cred
 		return o
 	}
 	j.h.Runner.ForgetHost(ep.alias)
+	j.h.Runner.CloseWarm(ep.alias)
 	return j.checkpoint(ctx, map[string]any{cpNukeDone: true})
 }
 

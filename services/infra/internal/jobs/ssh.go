@@ -150,6 +150,11 @@ func (j *job) checkSSH(ctx context.Context, ep endpoint, creds *credentials) (st
 	if err != nil {
 		j.h.checks.forget(ctx, key)
 	}
+	if err != nil && ctx.Err() == nil {
+		// Our key refused, the host key changed, the server gone: no run
+		// goes on through a connection opened before.
+		j.h.Runner.CloseWarm(ep.alias)
+	}
 	var unreachable *sshcheck.UnreachableError
 	var mismatch *sshcheck.HostKeyMismatchError
 	var auth *sshcheck.AuthError
