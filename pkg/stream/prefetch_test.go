@@ -64,7 +64,9 @@ func TestPrefetchedEntriesOfKilledConsumerAreRedelivered(t *testing.T) {
 func TestPrefetchedEntriesAreHeartbeated(t *testing.T) {
 	rdb := testenv.Redis(t)
 	s, g := names()
-	const lease = 200 * time.Millisecond
+	// A lease long enough that a renewal (every Lease/4) is never late by
+	// a whole lease on a loaded CI machine (200 ms was, once).
+	const lease = time.Second
 	ev := newEvents()
 	release, free := gate()
 	defer free()
