@@ -61,3 +61,32 @@ func TestCancelRacesResult(t *testing.T) {
 		t.Errorf("cancel_requested_at set on a finished deployment (%v)", err)
 	}
 }
+
+// TestCancelTakesEffectAtOnce: infra sees the cancel key and stops the
+// running job before the cancel request is recorded (its cancelled result
+// arrives first): the cancel worked, and answers as requested, not as a
+// conflict with a finished deployment.
+func TestCancelTakesEffectAtOnce(t *testing.T) {
+	t.Parallel()
+	s, db, rdb, _ := newTestService(t)
+	ctx := context.Background()
+	row := testRow(s, "", 0)
+	if _, err := db.Exec(ctx, insertDeployment, row.args("", 0)...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO runs (job_id, kind, stream, request_id, target, state)
+		VALUES ($1, 'deploy', 'q', '1-0', 'address:198.51.100.7', 'running')`, row.ID); err != nil {
+		t.Fatal(err)
+	}
+	rdb.AddHook(finishOnCancelKey{jobID: row.ID, finish: func() {
+		r := messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: row.ID}}, "1-0")
+		r.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled")
+		if err := s.Record(ctx, r); err != nil {
+			t.Error(err)
+		}
+	}})
+	d, outcome, err := s.Cancel(ctx, AllProjects, row.ID)
+	if err != nil || d == nil || d.Status != StatusCancelled || outcome != CancelRequested {
+		t.Fatalf("cancel that stopped the job at once: %+v, %v, %v; want the cancelled deployment and CancelRequested", d, outcome, err)
+	}
+}

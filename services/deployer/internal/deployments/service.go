@@ -610,7 +610,12 @@ func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deploym
 		if d, err = s.Get(ctx, id); err != nil {
 			return nil, 0, err
 		}
-		return d, 0, ErrFinished
+		if d.Status != StatusCancelled {
+			return d, 0, ErrFinished
+		}
+		// Cancelled in the meantime: infra saw the key just set and
+		// stopped the job before the request was recorded. The cancel
+		// worked; it is no conflict.
 	}
 	s.metrics.cancelled.WithLabelValues("requested").Inc()
 	d, err = s.Get(ctx, id)
