@@ -476,17 +476,20 @@ func TestAnsibleJobsBehindOneAddress(t *testing.T) {
 }
 
 // holdPlay holds its host for hold seconds and records in holds.log when
-// its task started and how it ended (done, or term: stopped by SIGTERM).
+// its task started and how it ended (done, or term: stopped by SIGTERM;
+// bash's $EPOCHREALTIME, so that the trap starts no process).
 const holdPlay = `- name: Hold
   hosts: all
   gather_facts: false
   tasks:
     - name: Hold the host
       ansible.builtin.shell: >-
-        trap 'echo "end {{ inventory_hostname }} $(date +%s.%N) term" >> {{ out }}/holds.log; exit 143' TERM;
-        echo "start {{ inventory_hostname }} $(date +%s.%N) -" >> {{ out }}/holds.log;
-        sleep {{ hold }} & wait;
-        echo "end {{ inventory_hostname }} $(date +%s.%N) done" >> {{ out }}/holds.log
+        trap 'echo "end {{ inventory_hostname }} $EPOCHREALTIME term" >> {{ out }}/holds.log; exit 143' TERM;
+        echo "start {{ inventory_hostname }} $EPOCHREALTIME -" >> {{ out }}/holds.log;
+        sleep {{ hold }} & wait $! || { echo "end {{ inventory_hostname }} $EPOCHREALTIME term" >> {{ out }}/holds.log; exit 143; };
+        echo "end {{ inventory_hostname }} $EPOCHREALTIME done" >> {{ out }}/holds.log
+      args:
+        executable: /bin/bash
       changed_when: true
 `
 
