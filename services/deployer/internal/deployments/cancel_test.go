@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
@@ -30,11 +31,11 @@ func (h finishOnCancelKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 	}
 }
 
-// TestCancelRacesResult: a running deployment whose result is recorded
-// while a cancel is being requested answers as finished (409), not as a
-// cancel requested, and keeps no cancel request.
-func TestCancelRacesResult(t *testing.T) {
-	t.Parallel()
+// cancelRacing inserts a running deployment, has its result (set by
+// finish) recorded at the moment its cancel key is set, as infra would
+// publish it, and cancels it.
+func cancelRacing(t *testing.T, finish func(r *messages.AnsibleDeployResult)) (db *pgxpool.Pool, id string, d *Deployment, outcome CancelOutcome, err error) {
+	t.Helper()
 	s, db, rdb, _ := newTestService(t)
 	ctx := context.Background()
 	row := testRow(s, "", 0)
@@ -47,17 +48,26 @@ func TestCancelRacesResult(t *testing.T) {
 	}
 	rdb.AddHook(finishOnCancelKey{jobID: row.ID, finish: func() {
 		r := messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: row.ID}}, "1-0")
-		r.Status = messages.StatusSucceeded
+		finish(r)
 		if err := s.Record(ctx, r); err != nil {
 			t.Error(err)
 		}
 	}})
-	d, outcome, err := s.Cancel(ctx, AllProjects, row.ID)
+	d, outcome, err = s.Cancel(ctx, AllProjects, row.ID)
+	return db, row.ID, d, outcome, err
+}
+
+// TestCancelRacesResult: a running deployment whose result is recorded
+// while a cancel is being requested answers as finished (409), not as a
+// cancel requested, and keeps no cancel request.
+func TestCancelRacesResult(t *testing.T) {
+	t.Parallel()
+	db, id, d, outcome, err := cancelRacing(t, func(r *messages.AnsibleDeployResult) { r.Status = messages.StatusSucceeded })
 	if !errors.Is(err, ErrFinished) || d == nil || d.Status != StatusSucceeded || outcome != 0 {
 		t.Fatalf("cancel while the result arrives: %+v, %v, %v; want the finished deployment and ErrFinished", d, outcome, err)
 	}
 	var requested bool
-	if err := db.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM deployments WHERE id = $1`, row.ID).Scan(&requested); err != nil || requested {
+	if err := db.QueryRow(context.Background(), `SELECT cancel_requested_at IS NOT NULL FROM deployments WHERE id = $1`, id).Scan(&requested); err != nil || requested {
 		t.Errorf("cancel_requested_at set on a finished deployment (%v)", err)
 	}
 }
@@ -68,24 +78,9 @@ func TestCancelRacesResult(t *testing.T) {
 // conflict with a finished deployment.
 func TestCancelTakesEffectAtOnce(t *testing.T) {
 	t.Parallel()
-	s, db, rdb, _ := newTestService(t)
-	ctx := context.Background()
-	row := testRow(s, "", 0)
-	if _, err := db.Exec(ctx, insertDeployment, row.args("", 0)...); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO runs (job_id, kind, stream, request_id, target, state)
-		VALUES ($1, 'deploy', 'q', '1-0', 'address:198.51.100.7', 'running')`, row.ID); err != nil {
-		t.Fatal(err)
-	}
-	rdb.AddHook(finishOnCancelKey{jobID: row.ID, finish: func() {
-		r := messages.NewAnsibleDeployResult(&messages.AnsibleDeployMessage{RequestMeta: messages.RequestMeta{JobID: row.ID}}, "1-0")
+	_, _, d, outcome, err := cancelRacing(t, func(r *messages.AnsibleDeployResult) {
 		r.Fail(messages.StatusCancelled, messages.KindCancelled, "cancelled")
-		if err := s.Record(ctx, r); err != nil {
-			t.Error(err)
-		}
-	}})
-	d, outcome, err := s.Cancel(ctx, AllProjects, row.ID)
+	})
 	if err != nil || d == nil || d.Status != StatusCancelled || outcome != CancelRequested {
 		t.Fatalf("cancel that stopped the job at once: %+v, %v, %v; want the cancelled deployment and CancelRequested", d, outcome, err)
 	}

@@ -502,7 +502,7 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 			return nil, fmt.Errorf("run %s: %w", name, err)
 		}
 		aj.playEnded = cmp.Or(res.ExitedAt, res.FinishedAt)
-		aj.reportRemote(res)
+		aj.job.reportRemote(res, "the job's hosts", nil)
 		for h, r := range res.Hosts {
 			t := total[h]
 			total[h] = ansible.Recap{OK: t.OK + r.OK, Changed: t.Changed + r.Changed, Failed: t.Failed + r.Failed,
@@ -562,21 +562,4 @@ func (aj *ansibleJob) verdict(name string, res *ansible.Result, total map[string
 		o.status, o.kind = messages.StatusFailed, messages.KindPlaybookFailed
 	}
 	return o
-}
-
-// reportRemote logs (and counts) what the job's takeover and cleanup
-// stopped on its hosts (the deploy path's reportRemote, summed over hosts).
-func (aj *ansibleJob) reportRemote(res *ansible.Result) {
-	for step, rep := range map[string]*ansible.RemoteReport{"takeover": res.Takeover, "cleanup": res.Cleanup} {
-		if rep == nil || rep.Stopped == 0 {
-			continue
-		}
-		aj.h.Metrics.remoteStopped.WithLabelValues(step).Add(float64(rep.Stopped))
-		ev := aj.log.Warn()
-		if step == "cleanup" {
-			ev = aj.log.Info()
-		}
-		ev.Str("step", step).Strs("earlier_runs", rep.Runs).Int("stopped", rep.Stopped).Int("killed", rep.Killed).
-			Int("dirs_removed", rep.Dirs).Msgf("%s stopped %d processes on the job's hosts", step, rep.Stopped)
-	}
 }

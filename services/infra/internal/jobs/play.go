@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
@@ -92,7 +93,12 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		j.steps.d[stepPlay] += max(res.ExitedAt.Sub(execAt)-res.Steps.TakeoverWait, 0)
 		j.steps.seen[stepPlay] = true
 	}
-	j.reportRemote(ep, res)
+	j.reportRemote(res, "the server", func(ev *zerolog.Event) *zerolog.Event {
+		if j.server == nil { // else the job's logger names the server
+			ev = ev.Str("host", ep.alias).Str("address", ep.address)
+		}
+		return ev
+	})
 	// The finish overhead counts from ansible-playbook's exit: the runner's
 	// clean-up after it is the service's own time.
 	j.playEnded = res.ExitedAt
@@ -118,10 +124,11 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	return res, nil
 }
 
-// reportRemote logs (and counts) what the run stopped on the server: work of
-// earlier runs whose controller was gone (the takeover before the play),
-// and its own task after its play was stopped (the cleanup).
-func (j *job) reportRemote(ep endpoint, res *ansible.Result) {
+// reportRemote logs (and counts) what the run stopped on where (the server,
+// or a job's hosts): work of earlier runs whose controller was gone (the
+// takeover before the play), and its own tasks after its play was stopped
+// (the cleanup). with, when set, adds fields to each line.
+func (j *job) reportRemote(res *ansible.Result, where string, with func(*zerolog.Event) *zerolog.Event) {
 	attempt := 0
 	if j.run != nil {
 		attempt = j.run.Attempt
@@ -135,11 +142,11 @@ func (j *job) reportRemote(ep endpoint, res *ansible.Result) {
 		if step == "cleanup" {
 			ev = j.log.Info()
 		}
-		if j.server == nil { // else the job's logger names the server
-			ev = ev.Str("host", ep.alias).Str("address", ep.address)
+		if with != nil {
+			ev = with(ev)
 		}
 		ev.Str("step", step).Int("attempt", attempt).Str("remote_run", res.RemoteRun).
 			Strs("earlier_runs", rep.Runs).Int("stopped", rep.Stopped).Int("killed", rep.Killed).Int("dirs_removed", rep.Dirs).
-			Msgf("%s stopped %d processes on the server", step, rep.Stopped)
+			Msgf("%s stopped %d processes on %s", step, rep.Stopped, where)
 	}
 }
