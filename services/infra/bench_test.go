@@ -395,14 +395,18 @@ func runBare(b *testing.B, e *e2e, invs []string, n, conc int, cold bool, extraE
 // runInfra submits n provisioning jobs (ids prefix-0..), round robin over
 // the servers, conc at a time (each waits for a result before the next of
 // its lane goes), and returns the wall time until every result is in.
-func runInfra(b *testing.B, e *e2e, handles []string, prefix string, n, conc int) time.Duration {
+func runInfra(b *testing.B, e *e2e, results *resultFollower, handles []string, prefix string, n, conc int) time.Duration {
 	start := time.Now()
 	if conc >= n {
 		for i := range n {
 			e.provision(fmt.Sprintf("%s-%d", prefix, i), handles[i%len(handles)])
 		}
 		for i := range n {
-			if r := e.waitProvision(fmt.Sprintf("%s-%d", prefix, i), 10*time.Minute); r.Status != messages.StatusSucceeded {
+			r, err := results.wait(fmt.Sprintf("%s-%d", prefix, i), 10*time.Minute)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if r.Status != messages.StatusSucceeded {
 				b.Fatalf("%s-%d: %s %+v", prefix, i, r.Status, r.Error)
 			}
 		}
@@ -416,7 +420,12 @@ func runInfra(b *testing.B, e *e2e, handles []string, prefix string, n, conc int
 			for i := lane; i < n; i += conc {
 				id := fmt.Sprintf("%s-%d", prefix, i)
 				e.provision(id, handles[i%len(handles)])
-				if r := e.waitProvision(id, 10*time.Minute); r.Status != messages.StatusSucceeded {
+				r, err := results.wait(id, 10*time.Minute)
+				if err != nil {
+					done <- err
+					return
+				}
+				if r.Status != messages.StatusSucceeded {
 					done <- fmt.Errorf("%s: %s %+v", id, r.Status, r.Error)
 					return
 				}
@@ -472,6 +481,7 @@ func BenchmarkServiceVsBare(b *testing.B) {
 			sshds = append(sshds, testenv.StartSSHD(b, testenv.SSHDOptions{}))
 		}
 		e := newE2E(b, sshds[0])
+		results := e.followResults(b)
 		keyFile := testenv.ShareClientKey(b, b.TempDir(), sshds)
 		roleBook := writeBenchRole(b, e.ansibleDir)
 		book := filepath.Join(e.ansibleDir, "playbooks", "setup_server.yml")
@@ -489,7 +499,7 @@ func BenchmarkServiceVsBare(b *testing.B) {
 		// Warm both (fact cache, page cache, first pins).
 		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
 		runBare(b, e, invs[:4], 4, 4, false)
-		runInfra(b, e, handles[:4], "warm", 4, 4)
+		runInfra(b, e, results, handles[:4], "warm", 4, 4)
 
 		b.ResetTimer()
 		var report strings.Builder
@@ -505,7 +515,7 @@ func BenchmarkServiceVsBare(b *testing.B) {
 				cpu0 := testenv.MachineCPU(b)
 				bare := runBare(b, e, invs[:4], n, conc, false)
 				cpu1, own1 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
-				infra := runInfra(b, e, handles[:4], prefix, n, conc)
+				infra := runInfra(b, e, results, handles[:4], prefix, n, conc)
 				cpu2, own2 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
 				cold := runBare(b, e, invs[:4], n, conc, true)
 				cpu3 := testenv.MachineCPU(b)
@@ -543,7 +553,7 @@ func BenchmarkServiceVsBare(b *testing.B) {
 			for range replicas {
 				procs = append(procs, e.infra(append([]string{"STREAM_CONCURRENCY=2", "LOG_LEVEL=info"}, extra...)...))
 			}
-			wall := runInfra(b, e, handles, fmt.Sprintf("mk%d", replicas), jobs, jobs)
+			wall := runInfra(b, e, results, handles, fmt.Sprintf("mk%d", replicas), jobs, jobs)
 			fmt.Fprintf(&report, "%-9d %10.2f %10.2f\n", replicas, wall.Seconds(), float64(jobs)/wall.Seconds())
 			b.ReportMetric(wall.Seconds(), fmt.Sprintf("makespan-%dr-s", replicas))
 			for _, q := range procs {
