@@ -5,12 +5,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // factCacheNameRE is what a fact cache file name (an inventory host alias)
 // may look like; anything else is never turned into a path.
-var factCacheNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var factCacheNameRE = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`, 128)
 
 // ForgetHost drops the cached facts of the inventory host alias, for
 // example after its server's OS was rebuilt: Ansible's jsonfile cache keeps

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // A job (RunJob) is a general Ansible run: a playbook of the caller's
@@ -111,9 +113,9 @@ type JobSpec struct {
 }
 
 var (
-	jobAliasRe   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$`)
-	groupNameRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-	jobTagRe     = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+	jobAliasRe   = pattern.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]*$`, 253)
+	groupNameRe  = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`, 128)
+	jobTagRe     = pattern.MustCompile(`^[A-Za-z0-9_.:-]+$`, 128)
 	pluginNameRe = regexp.MustCompile(`^[a-z0-9_]+\.[a-z0-9_]+\.[a-z0-9_]+$`)
 	jobLimitRe   = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]+$`)
 )

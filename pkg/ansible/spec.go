@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Host is the one server a run targets.
@@ -86,9 +88,9 @@ type Spec struct {
 }
 
 var (
-	aliasRe    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	hostnameRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$`)
-	userRe     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,31}$`)
+	aliasRe    = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`, 63)
+	hostnameRe = pattern.MustCompileParts(`^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\.?$`, ".", 63)
+	userRe     = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*$`, 32)
 	playbookRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.ya?ml$`)
 	envNameRe  = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*$`)
 )

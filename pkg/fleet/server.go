@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
@@ -210,7 +210,7 @@ type Page struct {
 	Next    string
 }
 
-var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9_.:/-]{1,128}$`)
+var labelKeyRE = pattern.MustCompile(`^[A-Za-z0-9_.:/-]+$`, 128)
 
 // where builds the WHERE clause of f with its arguments.
 func (f Filter) where() (string, []any, error) {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Ansible jobs: a general request to run a playbook, a role or a
@@ -281,15 +283,15 @@ type AnsibleJobMessage struct {
 }
 
 var (
-	poolRE       = regexp.MustCompile(PoolPattern)
-	varNameRE    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-	hostNameRE   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$`)
-	groupNameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-	collectionRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_]{0,63}\.[a-z0-9][a-z0-9_]{0,63}$`)
-	roleNameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9_]{0,63}$`)
-	pluginRE     = regexp.MustCompile(`^[a-z0-9][a-z0-9_]{0,63}\.[a-z0-9][a-z0-9_]{0,63}\.[a-z0-9][a-z0-9_]{0,63}$`)
-	versionRE    = regexp.MustCompile(`^[A-Za-z0-9.,<>=!*+ -]{1,128}$`)
-	tagRE        = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+	poolRE       = pattern.MustCompile(`^[a-z0-9][a-z0-9-]*$`, 32)
+	varNameRE    = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`, 128)
+	hostNameRE   = pattern.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]*$`, 253)
+	groupNameRE  = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`, 128)
+	collectionRE = pattern.MustCompileParts(`^[a-z0-9][a-z0-9_]*\.[a-z0-9][a-z0-9_]*$`, ".", 64)
+	roleNameRE   = pattern.MustCompile(`^[a-z0-9][a-z0-9_]*$`, 64)
+	pluginRE     = pattern.MustCompileParts(`^[a-z0-9][a-z0-9_]*\.[a-z0-9][a-z0-9_]*\.[a-z0-9][a-z0-9_]*$`, ".", 64)
+	versionRE    = pattern.MustCompile(`^[A-Za-z0-9.,<>=!*+ -]+$`, 128)
+	tagRE        = pattern.MustCompile(`^[A-Za-z0-9_.:-]+$`, 128)
 	limitRE      = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]+$`)
 	refRE        = regexp.MustCompile(`^[A-Za-z0-9._/-]+$`)
 )

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Limits and defaults of the request keys.
@@ -42,10 +44,10 @@ const PlaybookNamePattern = `^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\.ya?ml$`
 const ServerHandlePattern = `^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$`
 
 var (
-	serverHandleRE = regexp.MustCompile(ServerHandlePattern)
+	serverHandleRE = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]*$`, 128)
 	uuidRE         = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	ownerRE        = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,38}$`)
-	repoRE         = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
+	ownerRE        = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]*$`, 39)
+	repoRE         = pattern.MustCompile(`^[A-Za-z0-9._-]+$`, 100)
 	moduleRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
 	secretRefRE    = regexp.MustCompile(`^(vault|env|file):[!-~]+$`)
 	playbookRE     = regexp.MustCompile(PlaybookNamePattern)

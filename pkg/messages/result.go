@@ -4,12 +4,13 @@ import (
 	"cmp"
 	"errors"
 	"maps"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Status is the outcome of a job, as published in its result.
@@ -128,7 +129,7 @@ func (k ErrorKind) Known() bool {
 }
 
 // errorKindRE is the shape of every error kind, known or added later.
-var errorKindRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+var errorKindRE = pattern.MustCompile(`^[a-z][a-z0-9_]*$`, 64)
 
 // ErrorInfo is the error of a job that did not succeed.
 type ErrorInfo struct {
@@ -359,7 +360,7 @@ func (o *Outcome) normalize() {
 }
 
 // entryIDRE is the shape of a Redis stream entry id.
-var entryIDRE = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+var entryIDRE = pattern.MustCompileParts(`^[0-9]+-[0-9]+$`, "-", 20)
 
 // PlaybookStatus is how one playbook of a job ended (see PlaybookOutcome).
 type PlaybookStatus string

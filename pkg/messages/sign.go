@@ -6,9 +6,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Signed requests (docs/wire-contract.md): a producer may add a second field
@@ -34,8 +35,8 @@ const KeyIDPattern = `^[a-z0-9][a-z0-9._-]{0,63}$`
 const SignaturePattern = `^v1:[a-z0-9][a-z0-9._-]{0,63}:[A-Za-z0-9_-]{43}$`
 
 var (
-	keyIDRE     = regexp.MustCompile(KeyIDPattern)
-	signatureRE = regexp.MustCompile(SignaturePattern)
+	keyIDRE     = pattern.MustCompile(`^[a-z0-9][a-z0-9._-]*$`, 64)
+	signatureRE = pattern.MustCompileParts(`^v1:[a-z0-9][a-z0-9._-]*:[A-Za-z0-9_-]{43}$`, ":", 64)
 )
 
 // StreamEntry is the field set of a stream entry, as producers write it

@@ -2,7 +2,8 @@ package messages
 
 import (
 	"fmt"
-	"regexp"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Validation messages shared by several keys.
@@ -15,7 +16,7 @@ const (
 // idRE is the shape of job_id and correlation_id: printable ASCII without
 // spaces, 1 to 255 bytes, so that an id is safe in logs, keys and stream
 // names.
-var idRE = regexp.MustCompile(`^[!-~]{1,255}$`)
+var idRE = pattern.MustCompile(`^[!-~]+$`, 255)
 
 // checker collects the field errors of one message, in the order found:
 // the first MaxFieldErrors, and a count of the others.

@@ -10,10 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 )
@@ -26,7 +26,7 @@ type Config struct {
 	KeyFile string        `env:"REQUEST_SIGNING_KEY_FILE" desc:"file holding the request signing key, read at start instead of REQUEST_SIGNING_KEY"`
 }
 
-var keyIDRE = regexp.MustCompile(messages.KeyIDPattern)
+var keyIDRE = pattern.MustCompile(`^[a-z0-9][a-z0-9._-]*$`, 64)
 
 // Enabled reports whether a key id is set.
 func (c *Config) Enabled() bool { return c.KeyID != "" }

@@ -5,9 +5,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"github.com/joho/godotenv"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Variables that select an environment's configuration package: a folder
@@ -25,7 +26,7 @@ const (
 // AUTOPROV_CONFIG_DIR says otherwise (relative to the working directory).
 const DefaultConfigDir = "config"
 
-var envNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+var envNameRE = pattern.MustCompile(`^[a-z0-9][a-z0-9_-]*$`, 63)
 
 // WithEnvPackage returns getenv completed with the environment package
 // AUTOPROV_ENV names for the service name; getenv itself when AUTOPROV_ENV

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // ErrInvalidAddress: a server address is neither an IP address nor a host
@@ -15,7 +17,7 @@ import (
 var ErrInvalidAddress = errors.New("invalid server address")
 
 var (
-	hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+	hostnameRE = pattern.MustCompileParts(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$`, ".", 63)
 	// numericLabelRE is a last label that inet_aton(3) (and with it ssh's
 	// resolver) reads as a number: "10.1" or "0x7f000001" would name an
 	// IP address while looking like a host name.

@@ -28,6 +28,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
 )
 
@@ -160,10 +161,10 @@ func NewResolver(cfg Config, cache *sources.Cache, guard *authz.Guard, log zerol
 }
 
 var (
-	groupRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	groupRe  = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`, 128)
 	varRe    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	pluginRe = regexp.MustCompile(`^[a-z0-9_]+\.[a-z0-9_]+\.[a-z0-9_]+$`)
-	envRe    = regexp.MustCompile(`^[A-Z_][A-Z0-9_]{0,127}$`)
+	envRe    = pattern.MustCompile(`^[A-Z_][A-Z0-9_]*$`, 128)
 )
 
 // Resolve writes spec's inventory into run.Dir and lists its hosts with

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -20,10 +19,11 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
-var poolRE = regexp.MustCompile(messages.PoolPattern)
+var poolRE = pattern.MustCompile(`^[a-z0-9][a-z0-9-]*$`, 32)
 
 // jobHost is one host of an Ansible job.
 type jobHost struct {
@@ -161,7 +161,7 @@ func (aj *ansibleJob) locate(ctx context.Context, name, given string, port int, 
 }
 
 // sshUserRE is what a login user may look like (ansible.Host's rule).
-var sshUserRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,31}$`)
+var sshUserRE = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*$`, 32)
 
 // address returns the canonical address of a host given by address or
 // name: an IP literal as it is, a name resolved once here (the job then

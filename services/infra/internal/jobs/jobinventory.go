@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net/url"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/inventory"
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources"
 )
@@ -160,7 +160,7 @@ func urlFormat(rawURL string) string {
 }
 
 // envNameRE is an environment variable name a cloud credential may set.
-var envNameRE = regexp.MustCompile(`^[A-Z_][A-Z0-9_]{0,127}$`)
+var envNameRE = pattern.MustCompile(`^[A-Z_][A-Z0-9_]*$`, 128)
 
 // cloudEnv is the environment a cloud credential gives a dynamic
 // inventory's plugin: NAME=value lines as they are, any other value as

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -14,10 +13,11 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // aliasRE is what an inventory host name may look like (ansible.Host).
-var aliasRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+var aliasRE = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`, 63)
 
 // hostAlias names the endpoint in the inventory, and so its fact cache
 // file: one name per server, never shared. A server's handle when it is a

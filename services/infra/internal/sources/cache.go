@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // Defaults of Config's zero fields.
@@ -86,7 +88,7 @@ func NewCache(cfg Config, log zerolog.Logger, opts ...Option) (*Cache, error) {
 var refRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._/+-]*$`)
 
 // hexRe is a commit id, full or abbreviated.
-var hexRe = regexp.MustCompile(`^[0-9a-f]{7,64}$`)
+var hexRe = pattern.MustCompile(`^[0-9a-f]{7,}$`, 64)
 
 // checkRepo validates repo's URL and Ref and returns the cache key.
 func (c *Cache) checkRepo(repo Repo) (string, error) {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
 // ErrGalaxy is a requirement this service refuses to install: a server
@@ -51,11 +53,11 @@ type Galaxy struct {
 }
 
 var (
-	serverNameRe = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
+	serverNameRe = pattern.MustCompile(`^[a-z0-9_]+$`, 64)
 	collNameRe   = regexp.MustCompile(`^[a-z0-9_]+\.[a-z0-9_]+$`)
 	roleSrcRe    = regexp.MustCompile(`^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$`)
-	roleNameRe   = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
-	versionRe    = regexp.MustCompile(`^[0-9A-Za-z.,<>=!*+ -]{0,128}$`)
+	roleNameRe   = pattern.MustCompile(`^[A-Za-z0-9_.-]+$`, 128)
+	versionRe    = pattern.MustCompile(`^[0-9A-Za-z.,<>=!*+ -]*$`, 128)
 )
 
 // NewGalaxy validates cfg.

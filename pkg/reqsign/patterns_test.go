@@ -1,0 +1,16 @@
+package reqsign
+
+import (
+	"testing"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern/patterntest"
+)
+
+// Each length-bounded pattern of the package is its bounded regular
+// expression (package pattern says why they are written apart).
+func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
+	patterntest.All(t, []patterntest.Case{
+		{"keyIDRE", keyIDRE, messages.KeyIDPattern},
+	})
+}

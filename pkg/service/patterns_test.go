@@ -1,0 +1,15 @@
+package service
+
+import (
+	"testing"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern/patterntest"
+)
+
+// Each length-bounded pattern of the package is its bounded regular
+// expression (package pattern says why they are written apart).
+func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
+	patterntest.All(t, []patterntest.Case{
+		{"envNameRE", envNameRE, `^[a-z0-9][a-z0-9_-]{0,62}$`},
+	})
+}

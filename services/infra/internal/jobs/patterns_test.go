@@ -1,0 +1,19 @@
+package jobs
+
+import (
+	"testing"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern/patterntest"
+)
+
+// Each length-bounded pattern of the package is its bounded regular
+// expression (package pattern says why they are written apart).
+func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
+	patterntest.All(t, []patterntest.Case{
+		{"poolRE", poolRE, messages.PoolPattern},
+		{"sshUserRE", sshUserRE, `^[A-Za-z_][A-Za-z0-9_.-]{0,31}$`},
+		{"envNameRE", envNameRE, `^[A-Z_][A-Z0-9_]{0,127}$`},
+		{"aliasRE", aliasRE, `^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`},
+	})
+}
