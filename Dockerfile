@@ -26,7 +26,8 @@ ARG RUNTIME_IMAGE=alpine:3.22.2
 FROM ${GO_IMAGE} AS build
 ARG GOPROXY
 ARG GOMODCACHE
-ARG GOFLAGS=-trimpath
+# -tags grpcnotrace: as GOTAGS in the Makefile (why: there).
+ARG GOFLAGS="-trimpath -tags=grpcnotrace"
 WORKDIR /src
 ENV CGO_ENABLED=0 GOTOOLCHAIN=local
 COPY . .

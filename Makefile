@@ -6,6 +6,12 @@ GO ?= go
 # Go modules of the workspace, as go.work lists them (its one source).
 MODULES := $(shell $(GO) work edit -json | sed -n 's/.*"DiskPath": *"\.\/\(.*\)".*/\1/p')
 SERVICES := scheduler infra deployer
+# Build tags of every binary. grpcnotrace leaves out golang.org/x/net/trace,
+# which gRPC (linked in by the OTLP exporter) imports: its init registers
+# HTML pages whose templates call methods by name, and one such call anywhere
+# makes the linker keep every exported method of every type, which more than
+# doubled the binaries and their resident memory (docs/performance.md).
+GOTAGS := grpcnotrace
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # govulncheck needs its database over the network; offline, `make lint`
 # says it skipped it (VULNCHECK=require fails instead; see scripts/vulncheck.sh).
@@ -22,18 +28,18 @@ build: ## build the service binaries into bin/
 	@mkdir -p bin
 	@for s in $(SERVICES); do \
 		echo "==> go build bin/$$s"; \
-		(cd services/$$s && $(GO) build -trimpath -o ../../bin/$$s .) || exit 1; \
+		(cd services/$$s && $(GO) build -trimpath -tags $(GOTAGS) -o ../../bin/$$s .) || exit 1; \
 	done
 	@echo "==> go build bin/runguard (infra's play guard, found next to bin/infra)"
-	@cd pkg && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o ../bin/runguard ./ansible/cmd/runguard
+	@cd pkg && CGO_ENABLED=0 $(GO) build -trimpath -tags $(GOTAGS) -ldflags='-s -w' -o ../bin/runguard ./ansible/cmd/runguard
 	@echo "==> go build bin/notifysink (local Slack webhook receiver for make run)"
-	@cd services/scheduler && $(GO) build -trimpath -o ../../bin/notifysink ./cmd/notifysink
+	@cd services/scheduler && $(GO) build -trimpath -tags $(GOTAGS) -o ../../bin/notifysink ./cmd/notifysink
 	@echo "==> go build bin/webhooksink (local receiver of the deployer's webhooks for make run)"
-	@cd services/deployer && $(GO) build -trimpath -o ../../bin/webhooksink ./cmd/webhooksink
+	@cd services/deployer && $(GO) build -trimpath -tags $(GOTAGS) -o ../../bin/webhooksink ./cmd/webhooksink
 	@echo "==> go build bin/autoprov (the operators' command line)"
-	@cd cmd/autoprov && $(GO) build -trimpath -o ../../bin/autoprov .
+	@cd cmd/autoprov && $(GO) build -trimpath -tags $(GOTAGS) -o ../../bin/autoprov .
 	@echo "==> go build bin/testtarget (local Debian test target for make run)"
-	@cd ansible/tests && $(GO) build -trimpath -o ../../bin/testtarget ./cmd/testtarget
+	@cd ansible/tests && $(GO) build -trimpath -tags $(GOTAGS) -o ../../bin/testtarget ./cmd/testtarget
 
 .PHONY: run
 run: build ## run the whole system locally (installs and starts what it needs under run/)

@@ -114,7 +114,7 @@ images() {
 	for target in scheduler infra deployer demo target; do
 		build "autoprov/$target" --target "$target" -t "localhost/autoprov/$target:dev" \
 			--build-arg GO_IMAGE="$GO_IMAGE" --build-arg RUNTIME_IMAGE="$BASE_IMAGE" \
-			--build-arg GOPROXY=off --build-arg GOMODCACHE=/gomodcache --build-arg GOFLAGS="-trimpath -buildvcs=false" \
+			--build-arg GOPROXY=off --build-arg GOMODCACHE=/gomodcache --build-arg GOFLAGS="-trimpath -buildvcs=false -tags=grpcnotrace" \
 			--volume "$modcache:/gomodcache:ro"
 	done
 	podman tag localhost/autoprov/target:dev localhost/autoprov/demo-target:dev

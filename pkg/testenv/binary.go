@@ -15,6 +15,10 @@ import (
 	"time"
 )
 
+// BuildTags are the build tags of every binary, as GOTAGS in the Makefile
+// (why: there): binaries under test are built as `make build` builds them.
+const BuildTags = "grpcnotrace"
+
 // BuildBinary builds the main package in dir (e.g. "." for the module a
 // test runs in) with `go build` into t.TempDir() and returns the binary's path.
 // Under -short it skips the test: building and running binaries is not the
@@ -27,7 +31,7 @@ func BuildBinary(t testing.TB, dir string) string {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), filepath.Base(abs))
-	cmd := exec.Command("go", "build", "-o", out, ".")
+	cmd := exec.Command("go", "build", "-tags", BuildTags, "-o", out, ".")
 	cmd.Dir = abs
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", dir, err, b)
@@ -191,7 +195,7 @@ func (b *SafeBuffer) String() string {
 // stripped), as `make build` builds runguard. For TestMain functions, which
 // have no testing.TB.
 func GoBuild(out, pkg string, static bool) error {
-	args := []string{"build", "-trimpath", "-o", out}
+	args := []string{"build", "-trimpath", "-tags", BuildTags, "-o", out}
 	env := os.Environ()
 	if static {
 		args = append(args, "-ldflags=-s -w")
@@ -203,4 +207,32 @@ func GoBuild(out, pkg string, static bool) error {
 		return fmt.Errorf("go build %s: %v\n%s", pkg, err, outp)
 	}
 	return nil
+}
+
+// ReflectMethodCallers builds the main package in dir as BuildBinary does
+// and returns the functions the linker found calling methods by a name or
+// index known only at run time (reflect's Method or MethodByName, as
+// text/template does). One such function reachable from main makes the
+// linker keep every exported method of every type that reaches an
+// interface: the binary and the memory it maps at start more than double.
+func ReflectMethodCallers(t testing.TB, dir string) []string {
+	t.Helper()
+	skipShort(t, "a real binary built")
+	cmd := exec.Command("go", "build", "-tags", BuildTags, "-ldflags=-dumpdep", "-o", os.DevNull, ".")
+	cmd.Dir = dir
+	var deps bytes.Buffer
+	cmd.Stderr = &deps
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go build -ldflags=-dumpdep %s: %v\n%.2000s", dir, err, deps.String())
+	}
+	seen := map[string]bool{}
+	var out []string
+	for line := range strings.Lines(deps.String()) {
+		from, _, _ := strings.Cut(line, " -> ")
+		if name, ok := strings.CutSuffix(from, " <ReflectMethod>"); ok && !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	return out
 }

@@ -271,13 +271,18 @@ func BenchmarkServiceOverhead(b *testing.B) {
 		}
 		e.addServer("bench-1", sshd)
 		p := e.infra("STREAM_CONCURRENCY=1", "LOG_LEVEL=info")
+		results := e.followResults(b)
 		time.Sleep(2 * time.Second)
 		rss := vmRSS(b, p.Pid())
 		b.ResetTimer()
 		for i := range runs {
 			id := fmt.Sprintf("overhead-%d", i)
 			e.provision(id, "bench-1")
-			if r := e.waitProvision(id, time.Minute); r.Status != messages.StatusSucceeded {
+			r, err := results.wait(id, time.Minute)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if r.Status != messages.StatusSucceeded {
 				b.Fatalf("run %d: %s %+v", i, r.Status, r.Error)
 			}
 		}
@@ -494,15 +499,16 @@ func BenchmarkServiceVsBare(b *testing.B) {
 		}
 		p := e.infra(append([]string{"STREAM_CONCURRENCY=4", "LOG_LEVEL=info"}, extra...)...)
 		time.Sleep(2 * time.Second) // settle: idle
-		rss := vmRSS(b, p.Pid())
-		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
+		rss := vmRSS(b, p.Pid()) // reported below: ResetTimer drops metrics
 		// Warm both (fact cache, page cache, first pins).
 		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
 		runBare(b, e, invs[:4], 4, 4, false)
 		runInfra(b, e, results, handles[:4], "warm", 4, 4)
 
 		b.ResetTimer()
+		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
 		var report strings.Builder
+		fmt.Fprintf(&report, "infra's idle RSS: %.1f MB\n", float64(rss)/1024)
 		fmt.Fprintf(&report, "%-10s %5s %5s %10s %10s %10s %7s %7s\n", "workload", "conc", "runs", "bare s", "cold s", "infra s", "ratio", "/cold")
 		workloads := os.Getenv("BENCH_VS_BARE_WORKLOADS") // "": all
 		for _, w := range []struct{ name, book string }{{"trivial", trivialPlaybook}, {"role10", roleBook}} {
