@@ -460,7 +460,8 @@ func jobLines(logs, prefix string) string {
 // BenchmarkServiceVsBare compares infra with a bare ansible-playbook loop
 // (same ansible.cfg) on 4 loopback targets: BENCH_VS_BARE_RUNS (default 12)
 // trivial plays and as many plays of a 10-task role, at concurrency 1 and
-// 4, the bare loop and infra alternated in one run; it prints each ratio
+// 4, the bare loop and infra alternated in one run, in BENCH_VS_BARE_ROUNDS
+// (default 3) rounds whose order rotates; it prints each ratio
 // with infra's step breakdown beside it. Then the makespan of
 // BENCH_MAKESPAN_JOBS (default 50) trivial jobs over 8 targets with 1, 2
 // and 4 infra replicas of STREAM_CONCURRENCY=2 each (the curve; 0 skips
@@ -475,6 +476,7 @@ func jobLines(logs, prefix string) string {
 // it. Run with -benchtime=1x.
 func BenchmarkServiceVsBare(b *testing.B) {
 	n := benchEnvInt("BENCH_VS_BARE_RUNS", 12)
+	rounds := benchEnvInt("BENCH_VS_BARE_ROUNDS", 3)
 	jobs := benchEnvInt("BENCH_MAKESPAN_JOBS", 50)
 	if os.Getenv("BENCH_MAKESPAN_JOBS") == "0" {
 		jobs = 0 // no makespan curve
@@ -518,23 +520,36 @@ func BenchmarkServiceVsBare(b *testing.B) {
 			must(b, os.WriteFile(book, []byte(w.book), 0o644))
 			for _, conc := range []int{1, 4} {
 				prefix := fmt.Sprintf("%s-c%d", w.name, conc)
-				cpu0 := testenv.MachineCPU(b)
-				bare := runBare(b, e, invs[:4], n, conc, false)
-				cpu1, own1 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
-				infra := runInfra(b, e, results, handles[:4], prefix, n, conc)
-				cpu2, own2 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
-				cold := runBare(b, e, invs[:4], n, conc, true)
-				cpu3 := testenv.MachineCPU(b)
+				// rounds of the three sides, each round in another order, so
+				// that a drift of the machine's speed weighs on all three.
+				var bare, infra, cold, cpuBare, cpuInfra, cpuCold, own time.Duration
+				for r := range rounds {
+					for k := range 3 {
+						cpu0, own0 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
+						switch (r + k) % 3 {
+						case 0:
+							bare += runBare(b, e, invs[:4], n, conc, false)
+							cpuBare += testenv.MachineCPU(b) - cpu0
+						case 1:
+							infra += runInfra(b, e, results, handles[:4], fmt.Sprintf("%s-r%d", prefix, r), n, conc)
+							cpuInfra += testenv.MachineCPU(b) - cpu0
+							own += testenv.ProcessCPU(b, p.Pid()) - own0
+						default:
+							cold += runBare(b, e, invs[:4], n, conc, true)
+							cpuCold += testenv.MachineCPU(b) - cpu0
+						}
+					}
+				}
 				ratio := infra.Seconds() / bare.Seconds()
-				perRun := func(d time.Duration) float64 { return float64(d.Milliseconds()) / float64(n) }
-				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f   cpu ms/run: bare %.0f cold %.0f infra %.0f (its own process %.0f)\n", w.name, conc, n,
+				perRun := func(d time.Duration) float64 { return float64(d.Milliseconds()) / float64(n*rounds) }
+				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f   cpu ms/run: bare %.0f cold %.0f infra %.0f (its own process %.0f)\n", w.name, conc, n*rounds,
 					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds(),
-					perRun(cpu1-cpu0), perRun(cpu3-cpu2), perRun(cpu2-cpu1), perRun(own2-own1))
+					perRun(cpuBare), perRun(cpuCold), perRun(cpuInfra), perRun(own))
 				if os.Getenv("BENCH_BARE_MITOGEN") != "" {
 					// Debian's ansible-mitogen: the bare loop with its strategy.
 					mito := runBare(b, e, invs[:4], n, conc, false, "ANSIBLE_STRATEGY=mitogen_linear")
 					fmt.Fprintf(&report, "%-10s %5d %5d bare with mitogen_linear %.2f s (%.3f of the bare loop)\n", w.name, conc, n,
-						mito.Seconds(), mito.Seconds()/bare.Seconds())
+						mito.Seconds(), mito.Seconds()/(bare.Seconds()/float64(rounds)))
 				}
 				b.ReportMetric(ratio, prefix+"-infra/bare")
 				b.ReportMetric(infra.Seconds()/cold.Seconds(), prefix+"-infra/cold")

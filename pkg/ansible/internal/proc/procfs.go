@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"strconv"
+	"syscall"
 )
 
 // Stat is the part of /proc/<pid>/stat this package reads.
@@ -21,27 +22,91 @@ type Stat struct {
 // dead).
 func (s Stat) Live() bool { return s.State != 'Z' && s.State != 'X' }
 
-// ReadStat parses /proc/<pid>/stat.
+// ReadStat parses /proc/<pid>/stat. It reads with one open, one read and
+// one close into a buffer of its own: runguard reads every process's
+// stat after each play, so this is on the path from a play's end to its
+// result.
 func ReadStat(pid int) (Stat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	fd, err := syscall.Open("/proc/"+strconv.Itoa(pid)+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return Stat{}, err
 	}
-	// "pid (comm) state ppid pgrp ...": comm may hold spaces and parens.
+	var buf [512]byte // the fields up to pgrp come first; comm is at most 64 bytes
+	n, err := readFull(fd, buf[:])
+	syscall.Close(fd)
+	if err != nil {
+		return Stat{}, err
+	}
+	return parseStat(buf[:n])
+}
+
+// parseStat parses the start of a stat line: "pid (comm) state ppid pgrp
+// ...", where comm may hold spaces and parentheses.
+func parseStat(b []byte) (Stat, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return Stat{}, errors.New("malformed stat")
 	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 3 || len(f[0]) != 1 {
+	var f [3][]byte
+	rest := b[i+1:]
+	for k := range f {
+		rest = bytes.TrimLeft(rest, " ")
+		end := bytes.IndexByte(rest, ' ')
+		if end < 0 {
+			end = len(rest)
+		}
+		f[k], rest = rest[:end], rest[end:]
+	}
+	if len(f[0]) != 1 {
 		return Stat{}, errors.New("malformed stat")
 	}
-	ppid, err1 := strconv.Atoi(string(f[1]))
-	pgrp, err2 := strconv.Atoi(string(f[2]))
+	ppid, err1 := atoi(f[1])
+	pgrp, err2 := atoi(f[2])
 	if err1 != nil || err2 != nil {
 		return Stat{}, errors.New("malformed stat")
 	}
 	return Stat{State: f[0][0], PPid: ppid, Pgrp: pgrp}, nil
+}
+
+// atoi parses a decimal number, possibly negative, without allocating.
+func atoi(b []byte) (int, error) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 18 {
+		return 0, errors.New("bad number")
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, errors.New("bad number")
+		}
+		n = n*10 + int(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, nil
+}
+
+// readFull reads until buf is full or the end of the file.
+func readFull(fd int, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := syscall.Read(fd, buf[n:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	return n, nil
 }
 
 // Each calls fn with the pid of every process in /proc.
