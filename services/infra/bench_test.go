@@ -501,7 +501,7 @@ func BenchmarkServiceVsBare(b *testing.B) {
 		}
 		p := e.infra(append([]string{"STREAM_CONCURRENCY=4", "LOG_LEVEL=info"}, extra...)...)
 		time.Sleep(2 * time.Second) // settle: idle
-		rss := vmRSS(b, p.Pid()) // reported below: ResetTimer drops metrics
+		rss := vmRSS(b, p.Pid())    // reported below: ResetTimer drops metrics
 		// Warm both (fact cache, page cache, first pins).
 		must(b, os.WriteFile(book, []byte(trivialPlaybook), 0o644))
 		runBare(b, e, invs[:4], 4, 4, false)
