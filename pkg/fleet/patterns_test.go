@@ -10,6 +10,6 @@ import (
 // expression (package pattern says why they are written apart).
 func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
 	patterntest.All(t, []patterntest.Case{
-		{"labelKeyRE", labelKeyRE, `^[A-Za-z0-9_.:/-]{1,128}$`},
+		{Name: "labelKeyRE", M: labelKeyRE, Original: `^[A-Za-z0-9_.:/-]{1,128}$`},
 	})
 }

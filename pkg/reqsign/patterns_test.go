@@ -11,6 +11,6 @@ import (
 // expression (package pattern says why they are written apart).
 func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
 	patterntest.All(t, []patterntest.Case{
-		{"keyIDRE", keyIDRE, messages.KeyIDPattern},
+		{Name: "keyIDRE", M: keyIDRE, Original: messages.KeyIDPattern},
 	})
 }

@@ -10,6 +10,6 @@ import (
 // expression (package pattern says why they are written apart).
 func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
 	patterntest.All(t, []patterntest.Case{
-		{"envNameRE", envNameRE, `^[a-z0-9][a-z0-9_-]{0,62}$`},
+		{Name: "envNameRE", M: envNameRE, Original: `^[a-z0-9][a-z0-9_-]{0,62}$`},
 	})
 }

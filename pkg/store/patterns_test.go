@@ -10,6 +10,6 @@ import (
 // expression (package pattern says why they are written apart).
 func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
 	patterntest.All(t, []patterntest.Case{
-		{"hostnameRE", hostnameRE, `^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`},
+		{Name: "hostnameRE", M: hostnameRE, Original: `^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`},
 	})
 }

@@ -10,7 +10,7 @@ import (
 // expression (package pattern says why they are written apart).
 func TestPatternsAreTheirBoundedExpressions(t *testing.T) {
 	patterntest.All(t, []patterntest.Case{
-		{"groupRe", groupRe, `^[A-Za-z_][A-Za-z0-9_]{0,127}$`},
-		{"envRe", envRe, `^[A-Z_][A-Z0-9_]{0,127}$`},
+		{Name: "groupRe", M: groupRe, Original: `^[A-Za-z_][A-Za-z0-9_]{0,127}$`},
+		{Name: "envRe", M: envRe, Original: `^[A-Z_][A-Z0-9_]{0,127}$`},
 	})
 }
