@@ -82,6 +82,8 @@ type warmPool struct {
 	mu     sync.Mutex
 	closed bool
 	conns  map[string]*warmConn // by scope
+
+	live atomic.Int64 // masters started and not exited (WarmConnections)
 }
 
 // warmConn is the master of one scope and its directory.
@@ -108,6 +110,15 @@ type warmConn struct {
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when the master process exited
 	stderr *cappedBuffer
+}
+
+// WarmConnections reports how many warm ssh masters are open now (always
+// 0 without Config.WarmConnections). It never waits on a master's start.
+func (r *Runner) WarmConnections() int {
+	if r.warm == nil {
+		return 0
+	}
+	return int(r.warm.live.Load())
 }
 
 // warmScope is the scope of a run: every field of the connection that
@@ -373,8 +384,11 @@ func (c *warmConn) ensure(ctx context.Context, agentSock string) (bool, error) {
 	ready := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(out)
+		counted := false
 		for sc.Scan() {
 			if sc.Text() == warmReady {
+				c.pool.live.Add(1)
+				counted = true
 				close(ready)
 				break
 			}
@@ -383,6 +397,9 @@ func (c *warmConn) ensure(ctx context.Context, agentSock string) (bool, error) {
 		for sc.Scan() {
 		}
 		_ = cmd.Wait()
+		if counted {
+			c.pool.live.Add(-1)
+		}
 		close(exited)
 	}()
 	select {

@@ -102,6 +102,9 @@ func TestWarmConnectionReused(t *testing.T) {
 	if len(masters) != 1 {
 		t.Fatalf("warm masters %v, want one:%s", masters, processDesc(masters))
 	}
+	if n := r.WarmConnections(); n != 1 {
+		t.Fatalf("WarmConnections() = %d with one master open", n)
+	}
 
 	// Another key authorized for the same user: a master of its own.
 	other := authorizeNewKey(t, s)
@@ -122,6 +125,7 @@ func TestWarmConnectionReused(t *testing.T) {
 	// Idle: the master and its directory go.
 	last := warmMasters(r)[0]
 	waitGone(t, last, 10*time.Second)
+	testenv.WaitFor(t, 5*time.Second, "WarmConnections() back to 0", func() bool { return r.WarmConnections() == 0 })
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		ents, _ := filepath.Glob(filepath.Join(r.cfg.RunRoot, warmDirPrefix+"*"))

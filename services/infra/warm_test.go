@@ -68,6 +68,9 @@ func TestWarmConnectionsAcrossJobs(t *testing.T) {
 	if len(masters) != 1 {
 		t.Fatalf("warm masters %v, want one", masters)
 	}
+	if m := p.metrics(t); !strings.Contains(m, "\nautoprov_infra_warm_connections 1\n") {
+		t.Fatalf("metrics do not count the one warm master:\n%s", grepLines(m, "warm_connections"))
+	}
 	// SIGTERM: infra closes its masters and leaves the run root empty.
 	p.Signal(syscall.SIGTERM)
 	p.Wait(time.Minute)

@@ -76,6 +76,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
+	jobs.RegisterWarmConnections(d.Metrics, runner.WarmConnections)
 	if n, err := runner.SweepLeftovers(); err != nil {
 		log.Warn().Err(err).Msg("sweeping leftover run directories failed")
 	} else if n > 0 {

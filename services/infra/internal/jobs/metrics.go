@@ -60,3 +60,10 @@ func (m *Metrics) finished(kind, playbook string, status messages.Status, d time
 		m.duration.WithLabelValues(kind, playbook).Observe(d.Seconds())
 	}
 }
+
+// RegisterWarmConnections registers the gauge of open warm ssh masters
+// (SSH_WARM_CONNECTIONS), read from open at each scrape.
+func RegisterWarmConnections(reg prometheus.Registerer, open func() int) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "autoprov_infra", Name: "warm_connections",
+		Help: "Warm ssh masters open now (SSH_WARM_CONNECTIONS; 0 when off)."}, func() float64 { return float64(open()) }))
+}
