@@ -126,15 +126,6 @@ images() {
 	step "every image built in $(elapsed "$t")"
 }
 
-# guard_dev_null: while image builds and containers run, keep /dev/null's
-# mode 0666 (lib.sh's ensure_dev_null): a build's package scripts were seen
-# leaving the host's 0600, which breaks the Go tests running beside the lane.
-guard_dev_null() {
-	(while sleep 0.2; do ensure_dev_null; done) &
-	DEV_NULL_GUARD=$!
-	trap 'kill "$DEV_NULL_GUARD" 2>/dev/null; ensure_dev_null' EXIT
-}
-
 case "${1:-}" in
 deps) deps ;;
 images)

@@ -22,6 +22,28 @@ ensure_dev_null() {
 	fi
 }
 
+# guard_dev_null: until the calling script exits, keep /dev/null's mode
+# 0666: scripts/devnull-guard.py mends it the moment it changes (inotify);
+# without python3, a loop of ensure_dev_null every 0.2 s. Root only. It sets
+# the script's EXIT trap; a script with one of its own calls dev_null_unguard
+# from it.
+guard_dev_null() {
+	[ "$(id -u)" -eq 0 ] || return 0
+	if command -v python3 >/dev/null 2>&1; then
+		python3 "$(dirname "${BASH_SOURCE[0]}")/devnull-guard.py" &
+	else
+		(while sleep 0.2; do ensure_dev_null; done) &
+	fi
+	DEV_NULL_GUARD=$!
+	trap dev_null_unguard EXIT
+}
+
+# dev_null_unguard stops guard_dev_null's guard and mends /dev/null once more.
+dev_null_unguard() {
+	[ -n "${DEV_NULL_GUARD:-}" ] && kill "$DEV_NULL_GUARD" 2>/dev/null
+	ensure_dev_null
+}
+
 # wait_for NAME TRIES CMD...: run CMD every 0.1 s until it succeeds, at most TRIES times.
 wait_for() {
 	local name=$1 tries=$2
