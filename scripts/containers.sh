@@ -97,7 +97,7 @@ build() {
 	t=$(date +%s)
 	podman build -q --layers --format docker --build-arg DEBIAN_IMAGE="$BASE_IMAGE" "$@" . >/dev/null ||
 		{ ensure_dev_null; die "podman build $name failed (run it again without -q: podman build $* .)"; }
-	ensure_dev_null # a build's package scripts were seen leaving it 0600 (lib.sh)
+	ensure_dev_null # lib.sh
 	step "image $name in $(elapsed "$t")"
 }
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """devnull-guard.py: keep /dev/null's mode 0666 while it runs.
 
-Image builds and containers of the container lane were seen leaving the
-host's /dev/null 0600 (a node shared with a build), after which initdb (as
-postgres) and every unprivileged `>/dev/null` of the tests running beside
-the lane fail. This waits on the node's attribute changes (inotify
+Tests run as root, and one of them made the host's /dev/null 0600
+(ansible-galaxy chmod'ed its token path, then /dev/null: fixed), after
+which initdb (as postgres) and every unprivileged `>/dev/null` of the tests
+beside it fail. A net for what else might: this waits on the node's attribute changes (inotify
 IN_ATTRIB) and puts the mode back at once, where a polling loop left a
 window of its period. Run as root; stops on SIGTERM and with its parent.
 """

@@ -10,9 +10,12 @@ die() {
 }
 
 # ensure_dev_null restores /dev/null to mode 0666 when something left it
-# otherwise: image builds of the container lane were seen leaving it 0600
-# on these machines, after which initdb (as postgres) and every
-# unprivileged `>/dev/null` fail. Says so when it mends it.
+# otherwise, after which initdb (as postgres) and every unprivileged
+# `>/dev/null` fail. The cause seen (ansible-galaxy, run as root by tests,
+# chmod'ed its token path /dev/null to 0600; services/infra/internal/sources
+# now gives it a file of its own, and TestGalaxyCollectionRole watches
+# /dev/null) is fixed; this stays a net for tests that run as root, and
+# says so when it mends it.
 ensure_dev_null() {
 	local mode
 	mode=$(stat -c %a /dev/null 2>/dev/null) || return 0

@@ -41,8 +41,8 @@ if docker info >/dev/null 2>&1; then
 	step "docker engine found: container-only tests enabled"
 fi
 
-# The container lane's builds were seen leaving the host's /dev/null 0600,
-# which fails every unprivileged `>/dev/null` of the tests (lib.sh).
+# Tests run as root: a /dev/null one of them leaves 0600 fails every
+# unprivileged `>/dev/null` of the others (lib.sh).
 guard_dev_null
 work=$(mktemp -d)
 trap 'rm -rf "$work"; dev_null_unguard' EXIT

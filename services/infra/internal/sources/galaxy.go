@@ -357,6 +357,14 @@ func (g *Galaxy) env(runDir string, tokens map[string]string) ([]string, error) 
 	if err := os.WriteFile(cfg, []byte("# servers and tokens come from the environment\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("galaxy: %w", err)
 	}
+	// An empty token file of the run's own, so that no user's token is
+	// read. Not /dev/null: ansible-galaxy chmods a token path that is no
+	// regular file to 0600, which as root made the host's /dev/null
+	// unusable for every other user.
+	tokenFile := filepath.Join(runDir, "galaxy_token")
+	if err := os.WriteFile(tokenFile, nil, 0o600); err != nil {
+		return nil, fmt.Errorf("galaxy: %w", err)
+	}
 	names := make([]string, 0, len(g.servers))
 	env := []string{
 		"PATH=" + safePATH,
@@ -366,7 +374,7 @@ func (g *Galaxy) env(runDir string, tokens map[string]string) ([]string, error) 
 		"ANSIBLE_CONFIG=" + cfg,
 		"ANSIBLE_LOCAL_TEMP=" + filepath.Join(runDir, "galaxy-tmp"),
 		"ANSIBLE_GALAXY_CACHE_DIR=" + filepath.Join(runDir, "galaxy-tmp", "cache"),
-		"ANSIBLE_GALAXY_TOKEN_PATH=/dev/null",
+		"ANSIBLE_GALAXY_TOKEN_PATH=" + tokenFile,
 		"ANSIBLE_NOCOLOR=1",
 		"PYTHONDONTWRITEBYTECODE=1",
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/autoprovisioner/autoprovisioner/services/infra/internal/sources/sourcestest"
 )
@@ -57,9 +58,15 @@ func TestGalaxyCollectionRole(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(runDir, "galaxy.cfg"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	devNull := watchAttrib(t, "/dev/null")
 	inst, err := g.InstallCollection(context.Background(), runDir, "acme.tools", "<1.1.0", "hub", map[string]string{"hub": canary})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// ansible-galaxy creates its token file with mode 0600 when it is no
+	// regular file: given /dev/null, as root, it made the host's 0600.
+	if devNull() {
+		t.Error("ansible-galaxy changed /dev/null's attributes (its token file must be a file of the run's own)")
 	}
 	manifest, err := os.ReadFile(filepath.Join(inst.CollectionsPath, "ansible_collections/acme/tools/MANIFEST.json"))
 	if err != nil || !bytes.Contains(manifest, []byte(`"version": "1.0.0"`)) {
@@ -86,6 +93,25 @@ func TestGalaxyCollectionRole(t *testing.T) {
 	// Without the token the server refuses: the token did the work.
 	if _, err := g.InstallCollection(context.Background(), t.TempDir(), "acme.tools", "", "hub", nil); err == nil {
 		t.Error("install without the Galaxy token succeeded")
+	}
+}
+
+// watchAttrib watches path's attributes (inotify IN_ATTRIB: mode, owner,
+// times) and returns a function that reports whether they changed since.
+func watchAttrib(t *testing.T, path string) func() bool {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.InotifyAddWatch(fd, path, unix.IN_ATTRIB); err != nil {
+		t.Fatal(err)
+	}
+	return func() bool {
+		buf := make([]byte, 4096)
+		n, err := unix.Read(fd, buf)
+		return err == nil && n > 0
 	}
 }
 
