@@ -112,6 +112,23 @@ rcli() {
 	fi
 }
 
+# stop_orphan_redis stops the redis on REDIS_PORT when its working
+# directory was removed: the instance of a checkout deleted while it ran
+# (its passwords went with it). It leaves any other alone and fails.
+stop_orphan_redis() {
+	local pid i
+	pid=$(ss -ltnpH "sport = :$REDIS_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+	[ -n "$pid" ] || return 1
+	[[ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" == *" (deleted)" ]] || return 1
+	step "redis on 127.0.0.1:$REDIS_PORT belongs to a removed checkout ($(readlink "/proc/$pid/cwd")): stopping it"
+	kill "$pid" 2>/dev/null || return 1
+	for ((i = 0; i < 100; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	return 1
+}
+
 start_redis() {
 	local dir="$RUN/redis" args=()
 	mkdir -p "$dir"
@@ -129,7 +146,8 @@ start_redis() {
 			step "redis already running on 127.0.0.1:$REDIS_PORT (ACL users reloaded)"
 			return 0
 		elif redis-cli -p "$REDIS_PORT" ping 2>&1 | grep -q NOAUTH; then
-			die "redis on 127.0.0.1:$REDIS_PORT wants a password that ${REDIS_PASSWORDS#"$ROOT"/} no longer holds: stop it (kill \$(cat ${dir#"$ROOT"/}/redis.pid)) and start again"
+			stop_orphan_redis ||
+				die "redis on 127.0.0.1:$REDIS_PORT wants a password that ${REDIS_PASSWORDS#"$ROOT"/} no longer holds: stop it (kill \$(cat ${dir#"$ROOT"/}/redis.pid)) and start again"
 		fi
 	elif redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
 		step "redis already running on 127.0.0.1:$REDIS_PORT"
