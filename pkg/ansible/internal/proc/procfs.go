@@ -60,34 +60,12 @@ func parseStat(b []byte) (Stat, error) {
 	if len(f[0]) != 1 {
 		return Stat{}, errors.New("malformed stat")
 	}
-	ppid, err1 := atoi(f[1])
-	pgrp, err2 := atoi(f[2])
+	ppid, err1 := strconv.Atoi(string(f[1])) // no allocation: the string does not escape
+	pgrp, err2 := strconv.Atoi(string(f[2]))
 	if err1 != nil || err2 != nil {
 		return Stat{}, errors.New("malformed stat")
 	}
 	return Stat{State: f[0][0], PPid: ppid, Pgrp: pgrp}, nil
-}
-
-// atoi parses a decimal number, possibly negative, without allocating.
-func atoi(b []byte) (int, error) {
-	neg := len(b) > 0 && b[0] == '-'
-	if neg {
-		b = b[1:]
-	}
-	if len(b) == 0 || len(b) > 18 {
-		return 0, errors.New("bad number")
-	}
-	n := 0
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, errors.New("bad number")
-		}
-		n = n*10 + int(c-'0')
-	}
-	if neg {
-		n = -n
-	}
-	return n, nil
 }
 
 // readFull reads until buf is full or the end of the file.
