@@ -283,7 +283,7 @@ type AnsibleJobMessage struct {
 }
 
 var (
-	poolRE       = pattern.MustCompile(`^[a-z0-9][a-z0-9-]*$`, 32)
+	poolRE       = pattern.MustCompile(`^[a-z0-9][a-z0-9-]*$`, 32) // PoolPattern
 	varNameRE    = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`, 128)
 	hostNameRE   = pattern.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:-]*$`, 253)
 	groupNameRE  = pattern.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`, 128)
@@ -295,6 +295,10 @@ var (
 	limitRE      = regexp.MustCompile(`^[A-Za-z0-9_.:,!&*\[\]~-]+$`)
 	refRE        = regexp.MustCompile(`^[A-Za-z0-9._/-]+$`)
 )
+
+// ValidPool reports whether name has the shape of a job pool name
+// (PoolPattern).
+func ValidPool(name string) bool { return poolRE.MatchString(name) }
 
 // Patterns of the job keys (the JSON Schemas use the same).
 const (

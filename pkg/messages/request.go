@@ -44,7 +44,7 @@ const PlaybookNamePattern = `^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\.ya?ml$`
 const ServerHandlePattern = `^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$`
 
 var (
-	serverHandleRE = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]*$`, 128)
+	serverHandleRE = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]*$`, 128) // ServerHandlePattern
 	uuidRE         = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	ownerRE        = pattern.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]*$`, 39)
 	repoRE         = pattern.MustCompile(`^[A-Za-z0-9._-]+$`, 100)
@@ -52,6 +52,10 @@ var (
 	secretRefRE    = regexp.MustCompile(`^(vault|env|file):[!-~]+$`)
 	playbookRE     = regexp.MustCompile(PlaybookNamePattern)
 )
+
+// ValidServerHandle reports whether handle has the shape of a server
+// handle (ServerHandlePattern).
+func ValidServerHandle(handle string) bool { return serverHandleRE.MatchString(handle) }
 
 // CanonicalProjectID checks a project id by the rule of a request's
 // project_id (a UUID in 8-4-4-4-12 form, read case-insensitively) and

@@ -35,9 +35,13 @@ const KeyIDPattern = `^[a-z0-9][a-z0-9._-]{0,63}$`
 const SignaturePattern = `^v1:[a-z0-9][a-z0-9._-]{0,63}:[A-Za-z0-9_-]{43}$`
 
 var (
-	keyIDRE     = pattern.MustCompile(`^[a-z0-9][a-z0-9._-]*$`, 64)
+	keyIDRE     = pattern.MustCompile(`^[a-z0-9][a-z0-9._-]*$`, 64) // KeyIDPattern
 	signatureRE = pattern.MustCompileParts(`^v1:[a-z0-9][a-z0-9._-]*:[A-Za-z0-9_-]{43}$`, ":", 64)
 )
+
+// ValidKeyID reports whether id has the shape of a signing key id
+// (KeyIDPattern).
+func ValidKeyID(id string) bool { return keyIDRE.MatchString(id) }
 
 // StreamEntry is the field set of a stream entry, as producers write it
 // with XADD: the message and, optionally, its signature.

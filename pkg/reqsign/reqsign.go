@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 )
@@ -26,8 +25,6 @@ type Config struct {
 	KeyFile string        `env:"REQUEST_SIGNING_KEY_FILE" desc:"file holding the request signing key, read at start instead of REQUEST_SIGNING_KEY"`
 }
 
-var keyIDRE = pattern.MustCompile(`^[a-z0-9][a-z0-9._-]*$`, 64)
-
 // Enabled reports whether a key id is set.
 func (c *Config) Enabled() bool { return c.KeyID != "" }
 
@@ -38,7 +35,7 @@ func (c *Config) Validate() error {
 	switch {
 	case c.KeyID == "" && hasKey:
 		errs = append(errs, service.Invalid("REQUEST_SIGNING_KEY_ID", "must be set when a signing key is"))
-	case c.KeyID != "" && !keyIDRE.MatchString(c.KeyID):
+	case c.KeyID != "" && !messages.ValidKeyID(c.KeyID):
 		errs = append(errs, service.Invalid("REQUEST_SIGNING_KEY_ID", "want %s", messages.KeyIDPattern))
 	case c.KeyID != "" && !hasKey:
 		errs = append(errs, service.Invalid("REQUEST_SIGNING_KEY", "set it or REQUEST_SIGNING_KEY_FILE (REQUEST_SIGNING_KEY_ID is set)"))

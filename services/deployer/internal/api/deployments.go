@@ -287,7 +287,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request, kind, base string,
 	if s := q.Get("server"); s != "" {
 		if ip, err := netipParse(s); err == nil {
 			f.ServerIP = ip
-		} else if serverHandleRE.MatchString(s) {
+		} else if messages.ValidServerHandle(s) {
 			f.ServerHandle = s
 		} else {
 			bad("server", "must be a server handle or an IP address")

@@ -9,14 +9,12 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 )
 
 var (
-	uuidRE         = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	serverHandleRE = regexp.MustCompile(messages.ServerHandlePattern)
-	entryIDRE      = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+	uuidRE    = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	entryIDRE = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
 )
 
 func netipParse(s string) (string, error) {

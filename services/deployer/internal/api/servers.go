@@ -11,6 +11,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
 // Fleet is what the servers endpoints need: pkg/fleet's Store, which owns
@@ -175,7 +176,7 @@ func (a *API) listServers(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	cursor := q.Get("cursor")
-	if cursor != "" && !serverHandleRE.MatchString(cursor) {
+	if cursor != "" && !messages.ValidServerHandle(cursor) {
 		bad("cursor", "is not a cursor this API returned")
 		return
 	}
@@ -233,7 +234,7 @@ type ServerRunView struct {
 
 func (a *API) serverHandle(w http.ResponseWriter, r *http.Request) (string, bool) {
 	h := chi.URLParam(r, "handle")
-	if !serverHandleRE.MatchString(h) {
+	if !messages.ValidServerHandle(h) {
 		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no server has this handle")
 		return "", false
 	}

@@ -131,7 +131,7 @@ func (h *Handler) ServeAnsibleJobs(cfg AnsibleJobsConfig) ([]string, error) {
 		return nil, errors.New("jobs: Ansible jobs need sources and a work directory")
 	}
 	for _, p := range cfg.Pools {
-		if p != DefaultPool && !poolRE.MatchString(p) {
+		if p != DefaultPool && !messages.ValidPool(p) {
 			return nil, fmt.Errorf("jobs: pool %q: want %s or %s", p, DefaultPool, messages.PoolPattern)
 		}
 	}

@@ -23,8 +23,6 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
-var poolRE = pattern.MustCompile(`^[a-z0-9][a-z0-9-]*$`, 32)
-
 // jobHost is one host of an Ansible job.
 type jobHost struct {
 	name   string         // inventory name
