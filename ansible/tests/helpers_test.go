@@ -208,6 +208,16 @@ var (
 	guardErr  error
 )
 
+// TestMain removes the runguard binary the tests built: a test process
+// leaves nothing behind in the temp dir.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if guardPath != "" {
+		os.RemoveAll(filepath.Dir(guardPath))
+	}
+	os.Exit(code)
+}
+
 // runguard builds (once per test process) the runguard binary the infra
 // service runs every play under.
 func runguard(t testing.TB) string {

@@ -37,6 +37,16 @@ var (
 	buildErr  error
 )
 
+// TestMain removes the binaries the tests built: a test process leaves
+// nothing behind in the temp dir (a clone's every run would add 50 MB).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir)
+	}
+	os.Exit(code)
+}
+
 // binaries builds infra and runguard once per test process into one
 // directory (infra finds runguard next to itself) and returns the infra path.
 func binaries(t testing.TB) string {
