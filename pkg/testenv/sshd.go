@@ -207,11 +207,16 @@ func (s *SSHD) writeConfig() {
 	// its ~/.bashrc for every command; there, tools like pyenv change PATH
 	// (and Ansible's interpreter) and take a lock on each shell start, which
 	// stalls concurrent sessions. sshd applies SetEnv after its defaults.
-	home := filepath.Join(s.Dir, "home")
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		s.t.Fatalf("session home: %v", err)
+	// TMPDIR too: a module killed mid-task (the cancel and takeover tests)
+	// leaves its AnsiballZ payload dir in the temp dir; here it goes with
+	// the test's own.
+	home, tmp := filepath.Join(s.Dir, "home"), filepath.Join(s.Dir, "tmp")
+	for _, dir := range []string{home, tmp} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			s.t.Fatalf("session dirs: %v", err)
+		}
 	}
-	fmt.Fprintf(&b, "SetEnv HOME=%s\n", home)
+	fmt.Fprintf(&b, "SetEnv HOME=%s TMPDIR=%s\n", home, tmp)
 	// t.TempDir() lies under the world-writable /tmp, which StrictModes
 	// rejects for authorized_keys; the directory itself is private.
 	b.WriteString(`StrictModes no
