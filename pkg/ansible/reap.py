@@ -10,8 +10,10 @@
 # everything it starts carry the marker in their environment.
 #
 # MODE "takeover" stops the tasks of EARLIER runs of the scope (marker of the
-# scope, run != RUN) and removes their remote tmp dirs; "cleanup" stops the
-# tasks of run RUN itself (after its controller stopped the play).
+# scope, run != RUN); "cleanup" stops the tasks of run RUN itself (after its
+# controller stopped the play). Both then remove the scope's remote tmp dir
+# ~/.ansible/tmp/autoprov-<scope>, shared by its runs (one at a time: the
+# caller holds the server, and a takeover ends before the run's first task).
 #
 # A task is a module process (marked, its command line "python3" alone or
 # "python3 .../AnsiballZ_*.py") whose parent is not marked. What is stopped:
@@ -22,7 +24,7 @@
 #
 # Prints one JSON object: stopped (processes signalled), killed (of them,
 # needed SIGKILL), left (still alive), runs (the runs whose tasks were
-# stopped), dirs (tmp dirs removed), privileged (ran as root).
+# stopped), dirs (remote tmp dirs removed), privileged (ran as root).
 import glob
 import json
 import os
@@ -161,14 +163,17 @@ def homes():
     return out
 
 
-def remove_dirs(scope, run, mode):
+def remove_dirs(scope):
+    """Removes the scope's remote tmp dir (all runs of a scope share it) and
+    the per-run dirs "autoprov-<scope>.<run>" of earlier versions."""
     removed = 0
     for home in homes():
-        for d in glob.glob(os.path.join(home, ".ansible", "tmp", "autoprov-%s.*" % scope)):
-            r = os.path.basename(d).split(".", 1)[1]
-            if (mode == "takeover" and r != run) or (mode == "cleanup" and r == run):
-                shutil.rmtree(d, ignore_errors=True)
-                removed += 0 if os.path.exists(d) else 1
+        base = os.path.join(home, ".ansible", "tmp", "autoprov-%s" % scope)
+        for d in [base] + glob.glob(base + ".*"):
+            if not os.path.isdir(d) or os.path.islink(d):
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 0 if os.path.exists(d) else 1
     return removed
 
 
@@ -197,7 +202,7 @@ def main():
             break
     print(json.dumps({
         "stopped": stopped, "killed": killed, "left": len(left), "left_pids": sorted(left),
-        "runs": sorted(runs), "dirs": remove_dirs(scope, run, mode), "privileged": os.geteuid() == 0,
+        "runs": sorted(runs), "dirs": remove_dirs(scope), "privileged": os.geteuid() == 0,
     }))
     return 0
 

@@ -34,15 +34,17 @@ import (
 //     starts carry AUTOPROV_RUN in their environment, also across sudo
 //     (become) and setsid. <scope> is a hash of the target (alias, address,
 //     port, pinned host key): the runs of one server share it, other
-//     servers never do. <run> is random per run. The run's remote tmp dir
-//     is ~/.ansible/tmp/autoprov-<scope>.<run>.
+//     servers never do. <run> is random per run. The remote tmp dir is the
+//     scope's, ~/.ansible/tmp/autoprov-<scope>: the runs of a server take
+//     turns (the server lock), so one dir per server is left, never one per
+//     run (runs that skip the takeover remove nothing).
 //   - The takeover: before the play starts, one SSH session (the run's own
 //     pinned host key and agent; root through "sudo -n" when the login user
 //     is not root) runs reap.py, which finds the tasks of earlier runs of the
 //     scope still running (a module process with another run's marker) with
 //     their descendants, process groups and sessions, sends them SIGTERM,
 //     SIGKILL after KillGrace, checks that none is left and removes the
-//     earlier runs' remote tmp dirs. Only then does the play start; a
+//     remote tmp dir with what earlier runs left in it. Only then does the play start; a
 //     takeover that leaves a process alive fails the run (OutcomeError)
 //     without starting it. The caller must hold the server (the infra
 //     service's server lock): any other run of the scope is by then one
@@ -80,7 +82,8 @@ type RemoteReport struct {
 	Left int `json:"left"`
 	// Runs are the markers' run parts of the runs whose tasks were stopped.
 	Runs []string `json:"runs"`
-	// Dirs is the number of remote tmp dirs of those runs removed.
+	// Dirs is the number of remote tmp dirs removed (the scope's, and
+	// per-run ones of earlier versions).
 	Dirs int `json:"dirs"`
 	// Privileged tells whether the step ran as root on the target; without
 	// root it sees and stops only the login user's processes.
@@ -154,8 +157,8 @@ func (m remoteMarker) interpreter() string {
 	return "/usr/bin/env " + markerEnv + "=" + m.String() + " python3"
 }
 
-// remoteTmp is the run's remote tmp dir (ansible_remote_tmp).
-func (m remoteMarker) remoteTmp() string { return "~/.ansible/tmp/autoprov-" + m.String() }
+// remoteTmp is the run's remote tmp dir (ansible_remote_tmp): its scope's.
+func (m remoteMarker) remoteTmp() string { return "~/.ansible/tmp/autoprov-" + m.scope }
 
 // reapMode is what reap.py stops.
 type reapMode string

@@ -175,9 +175,11 @@ func TestReapScript(t *testing.T) {
 	unmarked := startFake(t, "", sleeper, py)               // nothing of ours
 	sleepChild := childOf(t, earlier.cmd.Process.Pid)       // env execs python3, which forks sleep
 	home := t.TempDir()
-	dirs := map[string]bool{"r1": false, "r0": true}
-	for run := range dirs {
-		if err := os.MkdirAll(filepath.Join(home, ".ansible", "tmp", "autoprov-"+scope+"."+run, "x"), 0o700); err != nil {
+	tmpDir := func(name string) string { return filepath.Join(home, ".ansible", "tmp", name) }
+	// The scope's tmp dir with what an earlier run left in it, a per-run
+	// dir of an earlier version, another server's dir.
+	for _, name := range []string{"autoprov-" + scope, "autoprov-" + scope + ".r1", "autoprov-" + other} {
+		if err := os.MkdirAll(filepath.Join(tmpDir(name), "ansible-tmp-1-2-3"), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -220,14 +222,20 @@ func TestReapScript(t *testing.T) {
 		}
 	}
 	// earlier: env-exec'd python3 and its sleep; deaf: python3.
-	if rep.Stopped < 3 || rep.Killed < 1 || rep.Left != 0 || strings.Join(rep.Runs, ",") != "r1,r2" || rep.Dirs != 1 {
-		t.Errorf("takeover report %+v, want >= 3 stopped, >= 1 killed, none left, runs r1,r2, 1 dir", rep)
+	if rep.Stopped < 3 || rep.Killed < 1 || rep.Left != 0 || strings.Join(rep.Runs, ",") != "r1,r2" || rep.Dirs != 2 {
+		t.Errorf("takeover report %+v, want >= 3 stopped, >= 1 killed, none left, runs r1,r2, 2 dirs", rep)
 	}
-	if _, err := os.Stat(filepath.Join(home, ".ansible", "tmp", "autoprov-"+scope+".r1")); !os.IsNotExist(err) {
-		t.Errorf("earlier run's tmp dir still there: %v", err)
+	for _, name := range []string{"autoprov-" + scope, "autoprov-" + scope + ".r1"} {
+		if _, err := os.Stat(tmpDir(name)); !os.IsNotExist(err) {
+			t.Errorf("tmp dir %s still there after the takeover: %v", name, err)
+		}
 	}
-	if _, err := os.Stat(filepath.Join(home, ".ansible", "tmp", "autoprov-"+scope+".r0")); err != nil {
-		t.Errorf("own tmp dir removed by the takeover: %v", err)
+	if _, err := os.Stat(tmpDir("autoprov-" + other)); err != nil {
+		t.Errorf("another server's tmp dir removed by the takeover: %v", err)
+	}
+	// The run's own play then makes the scope's dir again.
+	if err := os.MkdirAll(filepath.Join(tmpDir("autoprov-"+scope), "ansible-tmp-4-5-6"), 0o700); err != nil {
+		t.Fatal(err)
 	}
 
 	rep = run("cleanup", scope+".r0")
@@ -236,8 +244,11 @@ func TestReapScript(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Errorf("own task still alive after the cleanup")
 	}
-	if rep.Stopped < 1 || rep.Left != 0 || strings.Join(rep.Runs, ",") != "r0" {
-		t.Errorf("cleanup report %+v", rep)
+	if rep.Stopped < 1 || rep.Left != 0 || strings.Join(rep.Runs, ",") != "r0" || rep.Dirs != 1 {
+		t.Errorf("cleanup report %+v, want >= 1 stopped, none left, run r0, 1 dir", rep)
+	}
+	if _, err := os.Stat(tmpDir("autoprov-" + scope)); !os.IsNotExist(err) {
+		t.Errorf("the scope's tmp dir still there after the cleanup: %v", err)
 	}
 	for name, p := range map[string]*fakeProc{"other server's task": otherServer, "daemon": daemon, "unmarked": unmarked} {
 		if !p.alive() {

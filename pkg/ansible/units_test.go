@@ -319,7 +319,7 @@ func TestKnownHostsAndInventory(t *testing.T) {
 		t.Fatalf("ansible-inventory: %v\n%s", err, out)
 	}
 	for _, want := range []string{`"__ansible_unsafe": "127.0.0.1"`, `"__ansible_unsafe": "root"`, "HostKeyAlgorithms=rsa-sha2-512,rsa-sha2-256", "UserKnownHostsFile=" + d.knownHosts, "StrictHostKeyChecking=yes", "-F /dev/null",
-		"/usr/bin/env AUTOPROV_RUN=" + m.String() + " python3", "~/.ansible/tmp/autoprov-" + m.String()} {
+		"/usr/bin/env AUTOPROV_RUN=" + m.String() + " python3", "~/.ansible/tmp/autoprov-" + m.scope} {
 		if !strings.Contains(out, want) {
 			t.Errorf("inventory lacks %s:\n%s", want, out)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -297,6 +298,14 @@ func TestTakeoverSkippedAfterSuccess(t *testing.T) {
 	if marked() {
 		t.Fatal("a clean mark before any run")
 	}
+	// Ansible expands the remote tmp dir's "~" as "~root" (the login
+	// user's passwd home), not the session's HOME: here, this machine's.
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	remoteHome := u.HomeDir
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(remoteHome, ".ansible", "tmp", "autoprov-"+scope)) })
 	steps := []struct {
 		job      string
 		fail     bool
@@ -324,6 +333,17 @@ func TestTakeoverSkippedAfterSuccess(t *testing.T) {
 		}
 		if got := marked(); got != s.mark {
 			t.Errorf("%s: clean mark %v, want %v", s.job, got, s.mark)
+		}
+		// The runs of a server share one remote tmp dir: runs that skip
+		// the takeover do not leave one each behind.
+		// The runs of a server share one remote tmp dir (its copy tasks
+		// use it): runs that skip the takeover do not leave one each.
+		left, err := filepath.Glob(filepath.Join(remoteHome, ".ansible", "tmp", "autoprov-"+scope+"*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(remoteHome, ".ansible", "tmp", "autoprov-"+scope); len(left) != 1 || left[0] != want {
+			t.Errorf("%s: remote tmp dirs of the server %v, want only %s", s.job, left, want)
 		}
 	}
 }
