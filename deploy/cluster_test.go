@@ -3,7 +3,6 @@ package deploy
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -91,11 +90,7 @@ func TestInfraOnRedisCluster(t *testing.T) {
 	defer rdb.Close()
 
 	admin := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
-	runRoot, err := os.MkdirTemp("", "apc-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(runRoot)
+	runRoot := testenv.RunRoot(t)
 	ansibleDir, _ := filepath.Abs(filepath.Join(root, "ansible"))
 	infra := testenv.StartBinary(t, filepath.Join(binDir, "infra"), testenv.BinaryEnv(
 		"REDIS_URL=redis://"+addrs[0]+"/0",

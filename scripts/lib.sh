@@ -47,6 +47,69 @@ dev_null_unguard() {
 	ensure_dev_null
 }
 
+# free_gb PATH: the space free on PATH's file system, in GiB (rounded down).
+free_gb() { df -P -k "$1" 2>/dev/null | awk 'NR == 2 { print int($4 / 1048576) }'; }
+
+# TEST_TEMP_PATTERNS: the names that test processes give what they make in
+# the temp dir (their binaries, run roots, targets; Go's t.TempDir and
+# build dirs; the payload dirs of modules killed mid-task). A test process
+# removes its own when it ends; one that was killed (a timeout, kill -9, a
+# full disk) cannot.
+TEST_TEMP_PATTERNS=(
+	'infra-e2e-bin-*' 'deploy-test-bin-*' 'autoprov-test-bin-*' 'ansible-tests-runguard-*'
+	'runguard-bin*' 'runguard-test*' 'aptgt*' 'aprun*' 'aptarget*' 'dptgt*' 'apc-*' 'e2r*'
+	'ap-*' 'dj-*' 'Test*' 'go-build*' 'chromedp-runner*' 'org.chromium.Chromium.*' 'ansible_*_payload_*'
+)
+
+# sweep_test_leftovers MINUTES: removes what test runs left in the temp dir
+# (TEST_TEMP_PATTERNS, this user's) untouched for more than MINUTES, and
+# says how much that was. A test run under way keeps touching its own.
+sweep_test_leftovers() {
+	local tmp=${TMPDIR:-/tmp} args=() p list
+	for p in "${TEST_TEMP_PATTERNS[@]}"; do args+=(-o -name "$p"); done
+	# The tests' targets are this machine's sshd: Ansible makes the remote
+	# tmp dirs of their plays in this user's home (one per target, empty).
+	find "$HOME/.ansible/tmp" -mindepth 1 -maxdepth 1 -type d -name 'autoprov-*' -empty -mmin "+$1" -delete 2>/dev/null || true
+	list=$(find "$tmp" -mindepth 1 -maxdepth 1 -user "$(id -u)" -mmin "+$1" \( "${args[@]:1}" \) 2>/dev/null) || true
+	[ -n "$list" ] || return 0
+	step "removing $(wc -l <<<"$list") leftovers of earlier test runs in $tmp ($(du -csh $list 2>/dev/null | tail -1 | cut -f1))"
+	xargs -d '\n' rm -rf <<<"$list"
+}
+
+# ensure_disk_space GB: makes sure GB GiB are free for a test run's temp
+# files and Go's build cache: below that, first what earlier test runs left
+# behind goes (sweep_test_leftovers), then Go's build cache (rebuilt as
+# needed); it dies, naming the file systems, when that is still not enough.
+ensure_disk_space() {
+	local need=$1 tmp=${TMPDIR:-/tmp} cache free
+	cache=$(go env GOCACHE 2>/dev/null || echo "$tmp")
+	free=$(free_gb "$tmp")
+	[ "$(free_gb "$cache")" -lt "$free" ] && free=$(free_gb "$cache")
+	[ "$free" -ge "$need" ] && return 0
+	step "only ${free} GiB free, a test run needs about ${need} GiB"
+	sweep_test_leftovers 60
+	if [ "$(free_gb "$tmp")" -lt "$need" ] || [ "$(free_gb "$cache")" -lt "$need" ]; then
+		step "emptying Go's build cache $cache ($(du -sh "$cache" 2>/dev/null | cut -f1)): it is rebuilt as needed"
+		go clean -cache
+	fi
+	free=$(free_gb "$tmp")
+	[ "$(free_gb "$cache")" -lt "$free" ] && free=$(free_gb "$cache")
+	[ "$free" -ge "$need" ] || die "only ${free} GiB free for $tmp and $cache; a test run needs about ${need} GiB (TEST_MIN_FREE_GB): free some space first (df -h)"
+	step "${free} GiB free now"
+}
+
+# report_test_leftovers BEFORE: lists what is in the temp dir now and was
+# not in BEFORE (a file of names, ls -A), with its size: what a test run
+# left behind. Returns 1 when there is any, 0 otherwise.
+report_test_leftovers() {
+	local tmp=${TMPDIR:-/tmp} new
+	new=$(ls -A "$tmp" | LC_ALL=C sort | LC_ALL=C comm -13 <(LC_ALL=C sort "$1") -) || true
+	[ -n "$new" ] || return 0
+	printf '\033[1;33mleft in %s by this run:\033[0m\n' "$tmp" >&2
+	(cd "$tmp" && xargs -d '\n' du -sh -- <<<"$new" 2>/dev/null | sort -h | tail -20) >&2
+	return 1
+}
+
 # wait_for NAME TRIES CMD...: run CMD every 0.1 s until it succeeds, at most TRIES times.
 wait_for() {
 	local name=$1 tries=$2

@@ -34,6 +34,11 @@ fi
 test_services
 # The tests' plays run as autoprov-play: it must read the clone's ansible/.
 check_play_user_reads "$ROOT/ansible"
+# Disk: what killed test runs left goes after some hours; a run needs about
+# TEST_MIN_FREE_GB for its temp files, Go's build cache and the images
+# (lib.sh: ensure_disk_space says what it frees).
+sweep_test_leftovers 360
+ensure_disk_space "${TEST_MIN_FREE_GB:-10}"
 
 tags=""
 if docker info >/dev/null 2>&1; then
@@ -46,6 +51,7 @@ fi
 guard_dev_null
 work=$(mktemp -d)
 trap 'rm -rf "$work"; dev_null_unguard' EXIT
+ls -A "${TMPDIR:-/tmp}" >"$work/tmp-before"
 summary="$work/testsummary"
 (cd pkg && go build -o "$summary" ./testenv/cmd/testsummary)
 start=$(date +%s)
@@ -104,6 +110,12 @@ if [ -n "$containers_pid" ]; then
 	cat "$work/containers.log"
 fi
 "$summary" table -n 15 -wall $(( $(date +%s) - start )) "$work"/*.json
+# Test processes remove what they make in the temp dir; in CI, anything
+# left there fails the run (nothing may pile up run after run).
+if ! report_test_leftovers "$work/tmp-before" && [ "${CI:-}" = true ]; then
+	echo "error: the test run left files in ${TMPDIR:-/tmp} (above)" >&2
+	status=1
+fi
 if [ -n "${TEST_JSON_DIR:-}" ]; then # keep the raw events (CI artefacts)
 	mkdir -p "$TEST_JSON_DIR" && cp "$work"/*.json "$TEST_JSON_DIR"/
 fi

@@ -236,3 +236,22 @@ func ReflectMethodCallers(t testing.TB, dir string) []string {
 	}
 	return out
 }
+
+// RunRoot returns a fresh PLAYBOOK_RUN_ROOT for an infra process under
+// test: short (the run directories under it hold unix sockets) and inside a
+// directory of the test's own, where infra also keeps what it puts next to
+// the run root by default (the fact cache, the Ansible jobs' work dirs, the
+// sources cache). All of it is removed when the test ends. The directory
+// is searchable by others (0711), as the run root is for a play user.
+func RunRoot(tb testing.TB) string {
+	tb.Helper()
+	base, err := os.MkdirTemp("/tmp", "ap-") // not $TMPDIR: it may be long
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o711); err != nil {
+		tb.Fatal(err)
+	}
+	return filepath.Join(base, "r")
+}

@@ -148,11 +148,7 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 			t.Fatalf("build %s: %v", b.pkg, err)
 		}
 	}
-	runRoot, err := os.MkdirTemp("", "e2r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(runRoot) })
+	runRoot := testenv.RunRoot(t)
 	siteVars := filepath.Join(t.TempDir(), "site.json")
 	sv := fmt.Sprintf(`{"project_deploy_git_base_url": %q, "project_deploy_wait_timeout": 30}`, gitURL)
 	if err := os.WriteFile(siteVars, []byte(sv), 0o644); err != nil {

@@ -99,8 +99,7 @@ func startJobStack(tb testing.TB, gitToken string, sshKey []byte, infraExtra ...
 	if err := os.WriteFile(filepath.Join(secretDir, "deployer-request-key"), []byte(requestKey), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	runRoot := "/tmp/dj-" + testenv.Unique("")[:8] // short: ssh's socket names sit under it
-	tb.Cleanup(func() { os.RemoveAll(runRoot) })
+	runRoot := testenv.RunRoot(tb)
 	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json", "DEPLOY_SECRET_REFS=env:PROJ_SECRET_*"}
 	s.infraEnv = append(append(common,
 		"PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot,

@@ -78,14 +78,6 @@ func repoPath(t testing.TB, rel string) string {
 	return p
 }
 
-// shortRunRoot returns a fresh run root short enough for unix sockets.
-func shortRunRoot(t testing.TB) string {
-	t.Helper()
-	dir := "/tmp/ap-" + testenv.Unique("")[:8]
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // e2e is one test's world: its own Redis database, Postgres database,
 // ansible directory, run root and SSH key.
 type e2e struct {
@@ -103,7 +95,7 @@ type e2e struct {
 
 func newE2E(t testing.TB, sshd *testenv.SSHD) *e2e {
 	t.Helper()
-	e := &e2e{t: t, redisURL: testenv.RedisDB(t), dsn: testenv.Postgres(t), runRoot: shortRunRoot(t)}
+	e := &e2e{t: t, redisURL: testenv.RedisDB(t), dsn: testenv.Postgres(t), runRoot: testenv.RunRoot(t)}
 	opt, err := redis.ParseURL(e.redisURL)
 	if err != nil {
 		t.Fatal(err)

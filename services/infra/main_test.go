@@ -18,7 +18,7 @@ func TestBinary(t *testing.T) {
 		DefaultAdminAddr: app.DefaultAdminAddr,
 		Env: []string{
 			"PLAYBOOK_DIR=" + repoPath(t, "ansible"),
-			"PLAYBOOK_RUN_ROOT=" + shortRunRoot(t),
+			"PLAYBOOK_RUN_ROOT=" + testenv.RunRoot(t),
 			"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_",
 		},
 		// Canaries: the running binary must not show them in

@@ -54,7 +54,7 @@ func TestPlayUserCannotReadPlaybookDir(t *testing.T) {
 	bin := testenv.BuildBinary(t, ".")
 	env := testenv.BinaryEnv(
 		"REDIS_URL="+os.Getenv("REDIS_URL"), "DATABASE_URL="+os.Getenv("DATABASE_URL"),
-		"PLAYBOOK_DIR="+dir, "PLAYBOOK_USER="+playUser, "PLAYBOOK_RUN_ROOT="+shortRunRoot(t),
+		"PLAYBOOK_DIR="+dir, "PLAYBOOK_USER="+playUser, "PLAYBOOK_RUN_ROOT="+testenv.RunRoot(t),
 	)
 	_, stderr, code := testenv.RunBinary(t, bin, env)
 	if code != 2 {

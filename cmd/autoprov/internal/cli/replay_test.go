@@ -63,11 +63,7 @@ func TestReplayForgedRequest(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ansibleDir, "ansible.cfg"), []byte("[defaults]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	runRoot, err := os.MkdirTemp("", "ar") // short: ssh's socket names sit under it
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(runRoot) })
+	runRoot := testenv.RunRoot(t)
 	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	infra := testenv.StartBinary(t, filepath.Join(bin, "infra"), testenv.BinaryEnv(
 		"REDIS_URL="+url,
