@@ -47,8 +47,13 @@ dev_null_unguard() {
 	ensure_dev_null
 }
 
-# free_gb PATH: the space free on PATH's file system, in GiB (rounded down).
-free_gb() { df -P -k "$1" 2>/dev/null | awk 'NR == 2 { print int($4 / 1048576) }'; }
+# free_gb PATH: the space free on PATH's file system (its nearest existing
+# ancestor's), in GiB, rounded down.
+free_gb() {
+	local p=$1
+	while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done
+	df -P -k "$p" | awk 'NR == 2 { print int($4 / 1048576) }'
+}
 
 # TEST_TEMP_PATTERNS: the names that test processes give what they make in
 # the temp dir (their binaries, run roots, targets; Go's t.TempDir and
