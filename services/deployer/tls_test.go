@@ -46,7 +46,9 @@ func TestAPIServesTLS(t *testing.T) {
 	admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	p := testenv.StartBinary(t, bin, testenv.BinaryEnv("DATABASE_URL="+testenv.Postgres(t), "REDIS_URL="+testenv.RedisURL(t),
 		"API_ADDR="+api, "ADMIN_ADDR="+admin, "LOG_FORMAT=json", "API_TLS_CERT_FILE="+certFile, "API_TLS_KEY_FILE="+keyFile))
-	p.WaitHTTP("http://"+admin+"/readyz", 200, time.Minute)
+	if ready := p.WaitHTTP("http://"+admin+"/readyz", 200, time.Minute); !strings.Contains(ready, `"api":{"ok":true`) {
+		t.Errorf("/readyz is ready without the API's check: %s", ready)
+	}
 
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(certPEM)

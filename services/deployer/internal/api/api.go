@@ -135,6 +135,17 @@ func (a *API) Mount(pattern string, h http.Handler) { a.router.Mount(pattern, h)
 // Router returns the chi router, for the route/document check.
 func (a *API) Router() chi.Routes { return a.router }
 
+// Listening is a readiness check: nil once Run listens on the API's
+// address, an error before.
+func (a *API) Listening(context.Context) error {
+	select {
+	case <-a.ready:
+		return nil
+	default:
+		return errors.New("the API does not listen yet")
+	}
+}
+
 // Addr returns the address the API listens on, once Run listens.
 func (a *API) Addr() string {
 	<-a.ready

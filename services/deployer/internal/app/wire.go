@@ -168,6 +168,11 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if err != nil {
 		return nil, fmt.Errorf("api: %w", err)
 	}
+	if d.Admin != nil {
+		// /readyz says ready only once API_ADDR is served: a client (or a
+		// load balancer) that waits for it then finds the API there.
+		d.Admin.AddCheck("api", p.API.Listening)
+	}
 	if cfg.Console.Enabled {
 		if err := p.buildConsole(ctx, d, streams, authn, keys, apiTLS != nil); err != nil {
 			return nil, err
