@@ -229,9 +229,18 @@ func TestContainers(t *testing.T) {
 		s.WaitHealthy(ctx, s.container("target", 1), 3*time.Minute)
 		demo := s.Recreate(ctx, "demo")
 		killed := ""
+		// The replica running the demo's job (the scheduler may run plays of
+		// its own meanwhile), while its play runs.
 		for deadline := time.Now().Add(3 * time.Minute); killed == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			m := jobID.FindStringSubmatch(s.Logs(ctx, demo))
+			if m == nil {
+				continue // not published yet
+			}
 			for n := 1; n <= 3; n++ {
 				c := s.container("infra", n)
+				if !playRunning(s.Logs(ctx, c), m[1]) {
+					continue
+				}
 				if top, _ := podman(ctx, "top", c, "args"); strings.Contains(top, "ansible-playbook") {
 					// A crash, not a stop: SIGKILL to the container's first
 					// process from outside, so its restart policy applies.
@@ -271,7 +280,8 @@ func TestContainers(t *testing.T) {
 		var attempt int
 		fmt.Sscan(run, &state, &status, &attempt)
 		if state != "done" || status != "succeeded" || attempt < 2 {
-			t.Errorf("run of %s: %q, want done succeeded with attempt >= 2 (taken over after the kill)", m[1], run)
+			t.Errorf("run of %s: %q, want done succeeded with attempt >= 2 (taken over after the kill)\n%s:\n%s",
+				m[1], run, killed, lastLines(s.Logs(ctx, killed), 40))
 		}
 		if n := psql("SELECT count(*) FROM server_history WHERE job_id = '" + m[1] + "' AND to_status = 'READY'"); n != "1" {
 			t.Errorf("%s moved local-target to READY %s times, want once", m[1], n)
@@ -296,6 +306,24 @@ func TestContainers(t *testing.T) {
 
 // jobID finds the job id in the demo's printed result.
 var jobID = regexp.MustCompile(`"job_id": "([^"]+)"`)
+
+// playRunning tells whether infra's logs show the play of job id started
+// and the job not finished.
+func playRunning(logs, id string) bool {
+	started := false
+	for line := range strings.Lines(logs) {
+		if !strings.Contains(line, `"job_id":"`+id+`"`) {
+			continue
+		}
+		switch {
+		case strings.Contains(line, `"message":"job finished"`):
+			return false
+		case strings.Contains(line, `"message":"ansible-playbook started"`):
+			started = true
+		}
+	}
+	return started
+}
 
 // Recreate removes replica 1 of a service and starts it anew.
 func (s *stack) Recreate(ctx context.Context, svc string) string {
