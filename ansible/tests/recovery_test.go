@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/ansible/tests/target"
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
@@ -155,7 +156,16 @@ func TestRecovery(t *testing.T) {
 		if !strings.Contains(log, "docker compose --project-name autoprov-"+id+" --project-directory "+release+" --profile=web up --detach --remove-orphans PORT=8181") {
 			t.Errorf("stack not brought back:\n%s", log)
 		}
-		if body, err := httpGetInTarget(tgt, "http://127.0.0.1:8181/index.html"); err != nil || body != "stack is back\n" {
+		// "up --detach" returns before the stack listens (the stand-in's
+		// server, as a real compose project's): it answers within seconds.
+		var body string
+		var err error
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if body, err = httpGetInTarget(tgt, "http://127.0.0.1:8181/index.html"); (err == nil && body == "stack is back\n") || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil || body != "stack is back\n" {
 			t.Errorf("stack answers %q (%v)", body, err)
 		}
 	})
