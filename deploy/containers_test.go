@@ -304,7 +304,8 @@ func TestContainers(t *testing.T) {
 	})
 }
 
-// jobID finds the job id in the demo's printed result.
+// jobID finds the job id in the demo's output (its first line, the
+// published request, and its printed result).
 var jobID = regexp.MustCompile(`"job_id": "([^"]+)"`)
 
 // playRunning tells whether infra's logs show the play of job id started

@@ -55,6 +55,24 @@ free_gb() {
 	df -P -k "$p" | awk 'NR == 2 { print int($4 / 1048576) }'
 }
 
+# least_free_gb PATH...: the least of free_gb over the PATHs.
+least_free_gb() {
+	local p n least=""
+	for p in "$@"; do
+		n=$(free_gb "$p")
+		if [ -z "$least" ] || [ "$n" -lt "$least" ]; then least=$n; fi
+	done
+	echo "$least"
+}
+
+# remove_target_tmp_dirs FIND_TEST...: the tests' loopback targets are this
+# machine's sshd, so Ansible makes their plays' remote tmp dirs in this
+# user's home (one per target, empty after the play); removes the empty
+# ones that also pass FIND_TEST (e.g. -mmin +360).
+remove_target_tmp_dirs() {
+	find "$HOME/.ansible/tmp" -mindepth 1 -maxdepth 1 -type d -name 'autoprov-*' -empty "$@" -delete 2>/dev/null || true
+}
+
 # TEST_TEMP_PATTERNS: the names that test processes give what they make in
 # the temp dir (their binaries, run roots, targets; Go's t.TempDir and
 # build dirs; the payload dirs of modules killed mid-task). A test process
@@ -72,9 +90,7 @@ TEST_TEMP_PATTERNS=(
 sweep_test_leftovers() {
 	local tmp=${TMPDIR:-/tmp} args=() p list
 	for p in "${TEST_TEMP_PATTERNS[@]}"; do args+=(-o -name "$p"); done
-	# The tests' targets are this machine's sshd: Ansible makes the remote
-	# tmp dirs of their plays in this user's home (one per target, empty).
-	find "$HOME/.ansible/tmp" -mindepth 1 -maxdepth 1 -type d -name 'autoprov-*' -empty -mmin "+$1" -delete 2>/dev/null || true
+	remove_target_tmp_dirs -mmin "+$1"
 	list=$(find "$tmp" -mindepth 1 -maxdepth 1 -user "$(id -u)" -mmin "+$1" \( "${args[@]:1}" \) 2>/dev/null) || true
 	[ -n "$list" ] || return 0
 	step "removing $(wc -l <<<"$list") leftovers of earlier test runs in $tmp ($(du -csh $list 2>/dev/null | tail -1 | cut -f1))"
@@ -88,17 +104,15 @@ sweep_test_leftovers() {
 ensure_disk_space() {
 	local need=$1 tmp=${TMPDIR:-/tmp} cache free
 	cache=$(go env GOCACHE 2>/dev/null || echo "$tmp")
-	free=$(free_gb "$tmp")
-	[ "$(free_gb "$cache")" -lt "$free" ] && free=$(free_gb "$cache")
+	free=$(least_free_gb "$tmp" "$cache")
 	[ "$free" -ge "$need" ] && return 0
 	step "only ${free} GiB free, a test run needs about ${need} GiB"
 	sweep_test_leftovers 60
-	if [ "$(free_gb "$tmp")" -lt "$need" ] || [ "$(free_gb "$cache")" -lt "$need" ]; then
+	if [ "$(least_free_gb "$tmp" "$cache")" -lt "$need" ]; then
 		step "emptying Go's build cache $cache ($(du -sh "$cache" 2>/dev/null | cut -f1)): it is rebuilt as needed"
 		go clean -cache
 	fi
-	free=$(free_gb "$tmp")
-	[ "$(free_gb "$cache")" -lt "$free" ] && free=$(free_gb "$cache")
+	free=$(least_free_gb "$tmp" "$cache")
 	[ "$free" -ge "$need" ] || die "only ${free} GiB free for $tmp and $cache; a test run needs about ${need} GiB (TEST_MIN_FREE_GB): free some space first (df -h)"
 	step "${free} GiB free now"
 }

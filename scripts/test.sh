@@ -110,9 +110,8 @@ if [ -n "$containers_pid" ]; then
 	cat "$work/containers.log"
 fi
 "$summary" table -n 15 -wall $(( $(date +%s) - start )) "$work"/*.json
-# The tests' loopback targets are this machine's sshd: their plays' remote
-# tmp dirs (one per target, empty after the play) are in this user's home.
-find "$HOME/.ansible/tmp" -mindepth 1 -maxdepth 1 -type d -name 'autoprov-*' -empty -newer "$work/tmp-before" -delete 2>/dev/null || true
+# The empty remote tmp dirs of the plays of this run's loopback targets.
+remove_target_tmp_dirs -newer "$work/tmp-before"
 # Test processes remove what they make in the temp dir; in CI, anything
 # left there fails the run (nothing may pile up run after run).
 if ! report_test_leftovers "$work/tmp-before" && [ "${CI:-}" = true ]; then
