@@ -70,13 +70,14 @@ bench: ## run the benchmarks and print comparable figures
 	@scripts/bench.sh
 
 .PHONY: lint
-lint: ## gofmt, go vet, staticcheck, dependency rules and govulncheck over every module
+lint: ## gofmt, go vet, staticcheck, dependency rules, the docs index and govulncheck over every module
 	@[ -n "$(MODULES)" ] || { echo "no Go modules found in go.work"; exit 1; }
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do echo "==> vet $$m"; (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
 	@echo "==> vet deploy -tags containers (make test's container lane)"; cd deploy && $(GO) vet -tags containers . && $(GO) run $(STATICCHECK) -tags containers .
 	@echo "==> vet services/infra -tags chaos (make chaos)"; cd services/infra && $(GO) vet -tags chaos . && $(GO) run $(STATICCHECK) -tags chaos .
 	@scripts/checkdeps.sh
+	@scripts/checkdocs.sh
 	@GOVULNCHECK=$(GOVULNCHECK) scripts/vulncheck.sh $(MODULES)
 
 .PHONY: generate
