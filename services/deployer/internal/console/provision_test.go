@@ -67,8 +67,16 @@ func TestProvisionRunLiveOutputAndLog(t *testing.T) {
 	if status != http.StatusOK || strings.Contains(rest, "id: "+ids[0][1]+"\n") || !strings.Contains(rest, "id: "+ids[1][1]+"\n") {
 		t.Fatalf("resume after %s: %d\n%s", ids[0][1], status, rest)
 	}
-	// infra records the end as the run_finished goes out.
-	if _, err := e.DB.Exec(ctx, `UPDATE runs SET state = 'done', status = 'succeeded', finished_at = now() WHERE job_id = $1`, id); err != nil {
+	// infra records the end as the run_finished goes out, with the result
+	// and its recap per host (the page showing it answered 500 once).
+	result := &messages.ProvisionerResult{Outcome: messages.Outcome{JobID: id, RequestID: "1-0", Status: messages.StatusSucceeded,
+		Hosts: map[string]messages.HostRecap{"web-1": {Ok: 17, Changed: 4, Skipped: 3}}}}
+	encoded, err := messages.Encode(result)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.DB.Exec(ctx, `UPDATE runs SET state = 'done', status = 'succeeded', finished_at = now(), result = $2
+		WHERE job_id = $1`, id, encoded); err != nil {
 		t.Fatal(err)
 	}
 	if status, body := events(ids[2][1]); status != http.StatusNoContent {
@@ -82,6 +90,8 @@ func TestProvisionRunLiveOutputAndLog(t *testing.T) {
 	if res, page := b.get("/ui/runs/provision/" + id); res.StatusCode != http.StatusOK || !strings.Contains(page, `id="full-log"`) ||
 		!strings.Contains(page, "TASK [base : users] ok") {
 		t.Fatalf("ended provisioning page without its log: %d\n%s", res.StatusCode, page)
+	} else if !regexp.MustCompile(`web-1</td><td data-label="ok" class="num">17</td><td data-label="changed" class="num">4</td>`).MatchString(page) {
+		t.Errorf("ended provisioning page without the recap per host (web-1: ok 17, changed 4):\n%s", page)
 	}
 	if res, body := b.get("/ui/runs/provision/" + id + "/log"); res.StatusCode != http.StatusOK || body != "TASK [base : users] ok\n" {
 		t.Fatalf("log download: %d %q", res.StatusCode, body)
