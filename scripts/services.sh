@@ -233,6 +233,7 @@ stop_all() {
 	local bin
 	if [ -f "$RUN/redis/redis.pid" ]; then
 		rcli shutdown >/dev/null 2>&1 || true
+		wait_gone rcli ping
 		rm -f "$RUN/redis/redis.pid"
 		step "redis stopped"
 	fi
@@ -241,6 +242,27 @@ stop_all() {
 		as_pg "$bin/pg_ctl" -D "$(readlink -f "$RUN/postgres")/data" -m fast -w stop >/dev/null 2>&1 || true
 		step "postgres stopped"
 	fi
+	stop_foreign redis-server "$REDIS_PORT" TERM
+	stop_foreign postgres "$PG_PORT" INT
+}
+
+# stop_foreign NAME PORT SIGNAL: stop the NAME process listening on the
+# profile's PORT that another checkout (an earlier CI clone, a removed
+# work tree) started, so that `make stop` leaves the machine as fresh as a
+# new one. SIGTERM is Redis's clean shutdown, SIGINT Postgres's fast one.
+# Processes of other names on the port are left alone.
+stop_foreign() {
+	local name=$1 port=$2 sig=$3 pid
+	pid=$(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o "\"$name\",pid=[0-9]*" | head -1 | cut -d= -f2)
+	[ -n "$pid" ] || return 0
+	step "$name on 127.0.0.1:$port was started elsewhere ($(readlink "/proc/$pid/cwd" 2>/dev/null || echo "pid $pid")): stopping it"
+	kill -"$sig" "$pid" 2>/dev/null || return 0
+	local i
+	for ((i = 0; i < 300; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	die "$name (pid $pid) on port $port did not stop within 30 s"
 }
 
 print_env() {
