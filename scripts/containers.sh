@@ -21,6 +21,11 @@
 # is downloaded but Debian packages from the root's mirror. Redis and
 # Postgres are built from the same base (deploy/podman/*.Containerfile).
 #
+# Each image is tagged with a digest of its inputs (src-<digest>: the base,
+# the Go version and the files it is built from, tests left out) and built
+# only when no image of that digest exists: an unchanged tree rebuilds
+# nothing, and any change of an input rebuilds.
+#
 # Podman runs as root with runc and deploy/podman/containers.conf
 # (CONTAINERS_CONF): no default ulimits, which this machine cannot raise.
 set -euo pipefail
@@ -90,40 +95,76 @@ build_go() {
 	step "Go build image in $(elapsed "$t")"
 }
 
-# build NAME ARGS...: podman build with the local bases, timed.
+# inputs_hash PATH...: a digest of the named files and of every file under
+# the named folders (tracked or new, not ignored), test code and the Ansible
+# content's tests left out: what an image is built from.
+inputs_hash() {
+	git ls-files -z -co --exclude-standard -- "$@" |
+		grep -zv -e '_test\.go$' -e '^ansible/tests/' -e '/testdata/' |
+		sort -z | xargs -0 -r sha256sum | sha256sum | cut -c1-16
+}
+
+# build NAME TAGS INPUTS ARGS...: podman build of image NAME tagged TAGS
+# (space-separated), unless an image built from the same inputs exists: its
+# tag is the digest of INPUTS (inputs_hash's, plus the base's id), so an
+# unchanged image costs nothing and a changed input always rebuilds.
 build() {
-	local name=$1 t
-	shift
+	local name=$1 tags=$2 inputs=$3 t tag first
+	shift 3
 	t=$(date +%s)
-	podman build -q --layers --format docker --build-arg DEBIAN_IMAGE="$BASE_IMAGE" "$@" . >/dev/null ||
-		{ ensure_dev_null; die "podman build $name failed (run it again without -q: podman build $* .)"; }
-	ensure_dev_null # lib.sh
-	step "image $name in $(elapsed "$t")"
+	first=${tags%% *}
+	tag="${first%:*}:src-$inputs"
+	if ! podman image exists "$tag"; then
+		podman build -q --layers --format docker --build-arg DEBIAN_IMAGE="$BASE_IMAGE" -t "$tag" "$@" . >/dev/null ||
+			{ ensure_dev_null; die "podman build $name failed (run it again without -q: podman build $* .)"; }
+		ensure_dev_null # lib.sh
+		step "image $name built in $(elapsed "$t") (inputs ${inputs})"
+	else
+		step "image $name is up to date (inputs ${inputs})"
+	fi
+	local each
+	for each in $tags; do podman tag "$tag" "$each"; done
+	# Older builds of the same image: their src tags go, the layers with them.
+	podman images --format '{{.Repository}}:{{.Tag}}' "${first%:*}" | grep ':src-' | grep -vxF "$tag" |
+		xargs -r podman rmi >/dev/null 2>&1 || true
 }
 
 images() {
-	local t modcache target
+	local t modcache target base src tags downloaded=""
 	t=$(date +%s)
 	deps
 	build_base
 	build_go
 	modcache=$(go env GOMODCACHE)
-	# Every module of the workspace must be in the host's cache: the build
-	# stage runs with GOPROXY=off.
-	go mod download || die "go mod download failed: the build stage needs every module of go.work in $modcache"
+	base=$(podman image inspect --format '{{.Id}}' "$BASE_IMAGE" | cut -c1-16)
+	# The Dockerfile's images are built from the whole repository (COPY .),
+	# of which these inputs reach them; the Go toolchain is the Go image's.
+	src=$(printf '%s\n' "$base" "$GO_VERSION" \
+		"$(inputs_hash Dockerfile .dockerignore go.work go.work.sum pkg services cmd ansible scripts/demo-job.py deploy/docker)" |
+		sha256sum | cut -c1-16)
 	for target in scheduler infra deployer demo target; do
-		build "autoprov/$target" --target "$target" -t "localhost/autoprov/$target:dev" \
+		if [ "$target" != target ] && [ -z "$downloaded" ] && ! podman image exists "localhost/autoprov/$target:src-$src"; then
+			# Every module of the workspace must be in the host's cache: the
+			# build stage runs with GOPROXY=off.
+			go mod download || die "go mod download failed: the build stage needs every module of go.work in $modcache"
+			downloaded=1
+		fi
+		tags="localhost/autoprov/$target:dev"
+		[ "$target" != target ] || tags+=" localhost/autoprov/demo-target:dev"
+		build "autoprov/$target" "$tags" "$src" --target "$target" \
 			--build-arg GO_IMAGE="$GO_IMAGE" --build-arg RUNTIME_IMAGE="$BASE_IMAGE" \
 			--build-arg GOPROXY=off --build-arg GOMODCACHE=/gomodcache --build-arg GOFLAGS="-trimpath -buildvcs=false -tags=grpcnotrace" \
 			--volume "$modcache:/gomodcache:ro"
 	done
-	podman tag localhost/autoprov/target:dev localhost/autoprov/demo-target:dev
-	build redis -f deploy/podman/redis.Containerfile -t "$LOCAL/redis:dev"
-	build postgres -f deploy/podman/postgres.Containerfile -t "$LOCAL/postgres:dev"
+	for target in redis postgres; do
+		build "$target" "$LOCAL/$target:dev" \
+			"$(printf '%s\n' "$base" "$(inputs_hash "deploy/podman/$target.Containerfile" "deploy/podman/$target-entry.sh")" | sha256sum | cut -c1-16)" \
+			-f "deploy/podman/$target.Containerfile"
+	done
 	# Earlier builds' images, now untagged (the layers the current images
 	# and the build cache use stay).
 	podman image prune -f >/dev/null || true
-	step "every image built in $(elapsed "$t")"
+	step "every image ready in $(elapsed "$t")"
 }
 
 case "${1:-}" in
