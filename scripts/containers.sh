@@ -61,16 +61,20 @@ image_label() {
 
 # build_base: import the debootstrap root as the local Debian base, once per root.
 build_base() {
-	local t rootfs
+	local t rootfs key
 	t=$(date +%s)
 	(cd ansible/tests && go build -trimpath -o ../../bin/testtarget ./cmd/testtarget) || die "go build bin/testtarget failed"
 	rootfs=$(bin/testtarget image) || die "no Debian root file system (bin/testtarget image)"
-	if [ "$(image_label "$BASE_IMAGE" org.autoprov.rootfs)" = "$rootfs" ]; then
-		step "base $BASE_IMAGE is up to date ($rootfs)"
+	# The root's folder is named by the key of its configuration
+	# (debian-<suite>-<key>): the same name in another clone is the same
+	# base, which keeps the images' digests (and so the images) valid.
+	key=$(basename "$(dirname "$rootfs")")
+	if [ "$(image_label "$BASE_IMAGE" org.autoprov.rootfs)" = "$key" ]; then
+		step "base $BASE_IMAGE is up to date ($key)"
 		return 0
 	fi
 	step "importing $rootfs as $BASE_IMAGE"
-	tar -C "$rootfs" -c . | podman import --change "LABEL org.autoprov.rootfs=$rootfs" \
+	tar -C "$rootfs" -c . | podman import --change "LABEL org.autoprov.rootfs=$key" \
 		--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
 		--change 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null 2>&1
 	podman rmi "$GO_IMAGE" >/dev/null 2>&1 || true # built on the old base
