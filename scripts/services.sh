@@ -253,7 +253,7 @@ stop_all() {
 # Processes of other names on the port are left alone.
 stop_foreign() {
 	local name=$1 port=$2 sig=$3 pid
-	pid=$(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o "\"$name\",pid=[0-9]*" | head -1 | cut -d= -f2)
+	pid=$(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o "\"$name\",pid=[0-9]*" | head -1 | cut -d= -f2) || true
 	[ -n "$pid" ] || return 0
 	step "$name on 127.0.0.1:$port was started elsewhere ($(readlink "/proc/$pid/cwd" 2>/dev/null || echo "pid $pid")): stopping it"
 	kill -"$sig" "$pid" 2>/dev/null || return 0
