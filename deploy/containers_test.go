@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -248,6 +249,9 @@ func TestContainers(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
+					if n, _ := strconv.Atoi(strings.TrimSpace(pid)); n <= 0 {
+						continue // between a stop and a restart: no process to kill (kill 0 is our own group)
+					}
 					if out, err := exec.Command("kill", "-KILL", pid).CombinedOutput(); err != nil {
 						t.Fatalf("kill %s (%s): %v %s", pid, c, err, out)
 					}
@@ -257,13 +261,14 @@ func TestContainers(t *testing.T) {
 			}
 		}
 		if killed == "" {
-			t.Fatalf("no infra replica ran the play within 3 minutes:\n%s", s.Logs(ctx, demo))
+			t.Fatalf("no infra replica ran the play within 3 minutes; the demo's last lines:\n%s", lastLines(s.Logs(ctx, demo), 40))
 		}
 		step("killed %s mid-play", killed)
 		code := s.Wait(ctx, demo)
 		out := s.Logs(ctx, demo)
 		if code != 0 {
-			t.Fatalf("demo exited %d after %s was killed:\n%s", code, killed, out)
+			t.Fatalf("demo exited %d after %s was killed; the demo's last lines:\n%s\nthe replicas' lines of the job:\n%s",
+				code, killed, lastLines(out, 30), s.jobLines(ctx, "infra", 3, jobID.FindStringSubmatch(out)))
 		}
 		step("the job finished after the kill")
 		if got := psql("SELECT status FROM servers WHERE handle = 'local-target'"); got != "READY" {
@@ -339,6 +344,26 @@ func (s *stack) Recreate(ctx context.Context, svc string) string {
 func ptr[T any](v T) *T { return &v }
 
 // lastLines returns the last n lines of s.
+// jobLines returns the log lines of the job that match[1] names, from
+// replicas 1..n of svc, each prefixed with its replica (the last 20 each).
+func (s *stack) jobLines(ctx context.Context, svc string, n int, match []string) string {
+	if match == nil {
+		return "(no job id)"
+	}
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		c := s.container(svc, i)
+		var lines []string
+		for line := range strings.Lines(s.Logs(ctx, c)) {
+			if strings.Contains(line, match[1]) {
+				lines = append(lines, strings.TrimRight(line, "\n"))
+			}
+		}
+		fmt.Fprintf(&b, "%s:\n%s\n", c, lastLines(strings.Join(lines, "\n"), 20))
+	}
+	return b.String()
+}
+
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {

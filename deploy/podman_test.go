@@ -216,11 +216,11 @@ func (s *stack) WaitHealthy(ctx context.Context, cname string, limit time.Durati
 		}
 		state, _ := podman(ctx, "inspect", "--format", "{{.State.Status}}", cname)
 		if state == "exited" {
-			s.t.Fatalf("%s exited before it was healthy:\n%s", cname, s.Logs(ctx, cname))
+			s.t.Fatalf("%s exited before it was healthy; its last lines:\n%s", cname, lastLines(s.Logs(ctx, cname), 40))
 		}
 		time.Sleep(time.Second)
 	}
-	s.t.Fatalf("%s not healthy within %s (%v):\n%s", cname, limit, last, s.Logs(ctx, cname))
+	s.t.Fatalf("%s not healthy within %s (%v); its last lines:\n%s", cname, limit, last, lastLines(s.Logs(ctx, cname), 40))
 }
 
 // Wait waits for a container to exit and returns its exit code.
