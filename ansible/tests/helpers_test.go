@@ -202,40 +202,21 @@ func hostFor(tgt *target.Target, user string) ansible.Host {
 	return ansible.Host{Alias: "srv-test", Address: tgt.Addr, Port: tgt.Port, User: user, KnownHostsKey: tgt.HostKey}
 }
 
-var (
-	guardOnce sync.Once
-	guardPath string
-	guardErr  error
-)
+// guard is the runguard binary the infra service runs every play under,
+// built once per test process.
+var guard = testenv.NewBuilds("ansible-tests-runguard-",
+	testenv.Build{Name: "runguard", Pkg: "github.com/autoprovisioner/autoprovisioner/pkg/ansible/cmd/runguard", Static: true})
 
 // TestMain removes the runguard binary the tests built: a test process
 // leaves nothing behind in the temp dir.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if guardPath != "" {
-		os.RemoveAll(filepath.Dir(guardPath))
-	}
+	guard.Close()
 	os.Exit(code)
 }
 
-// runguard builds (once per test process) the runguard binary the infra
-// service runs every play under.
-func runguard(t testing.TB) string {
-	t.Helper()
-	guardOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ansible-tests-runguard-")
-		if err != nil {
-			guardErr = err
-			return
-		}
-		guardPath = filepath.Join(dir, "runguard")
-		guardErr = testenv.GoBuild(guardPath, "github.com/autoprovisioner/autoprovisioner/pkg/ansible/cmd/runguard", true)
-	})
-	if guardErr != nil {
-		t.Fatalf("build runguard: %v", guardErr)
-	}
-	return guardPath
-}
+// runguard returns the runguard binary (built once per test process).
+func runguard(t testing.TB) string { return guard.Path(t, "runguard") }
 
 // newRunner returns the infra service's playbook runner (package
 // pkg/ansible, under runguard, with infra's default limits) over ansibleDir,

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,42 +30,23 @@ import (
 // to out/<host>.log next to the playbooks and obey control/<host>.json
 // ({"sleep": seconds, "fail": true}).
 
-var (
-	buildOnce sync.Once
-	builtDir  string
-	buildErr  error
-)
+// bins are infra and runguard, built once per test process into one
+// directory (infra finds runguard next to itself), as `make build` builds
+// them: runguard small and static.
+var bins = testenv.NewBuilds("infra-e2e-bin-",
+	testenv.Build{Name: "infra", Pkg: "."},
+	testenv.Build{Name: "runguard", Pkg: "github.com/autoprovisioner/autoprovisioner/pkg/ansible/cmd/runguard", Static: true})
 
 // TestMain removes the binaries the tests built: a test process leaves
 // nothing behind in the temp dir (a clone's every run would add 50 MB).
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if builtDir != "" {
-		os.RemoveAll(builtDir)
-	}
+	bins.Close()
 	os.Exit(code)
 }
 
-// binaries builds infra and runguard once per test process into one
-// directory (infra finds runguard next to itself) and returns the infra path.
-func binaries(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		builtDir, buildErr = os.MkdirTemp("", "infra-e2e-bin-")
-		if buildErr != nil {
-			return
-		}
-		// Built as `make build` builds them: runguard small and static.
-		if buildErr = testenv.GoBuild(filepath.Join(builtDir, "infra"), ".", false); buildErr != nil {
-			return
-		}
-		buildErr = testenv.GoBuild(filepath.Join(builtDir, "runguard"), "github.com/autoprovisioner/autoprovisioner/pkg/ansible/cmd/runguard", true)
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(builtDir, "infra")
-}
+// binaries builds infra and runguard (once) and returns the infra path.
+func binaries(t testing.TB) string { return bins.Path(t, "infra") }
 
 // repoPath returns an absolute path inside the repository.
 func repoPath(t testing.TB, rel string) string {

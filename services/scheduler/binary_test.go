@@ -11,6 +11,7 @@ import (
 // golang.org/x/net/trace pages did through html/template until the
 // grpcnotrace tag left them out; docs/performance.md, idle RSS).
 func TestBinaryKeepsUnusedMethodsOut(t *testing.T) {
+	t.Parallel()
 	if callers := testenv.ReflectMethodCallers(t, "."); len(callers) > 0 {
 		t.Fatalf("reachable functions call methods by a run-time name, so every exported method is linked in: %v", callers)
 	}

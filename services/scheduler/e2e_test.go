@@ -22,6 +22,20 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/notify/notifytest"
 )
 
+// bins is the scheduler binary, built once for the tests that run it.
+var bins = testenv.NewBuilds("scheduler-test-bin-", testenv.Build{Name: "scheduler", Pkg: "."})
+
+// TestMain removes the binary the tests built: a test process leaves
+// nothing behind in the temp dir.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	bins.Close()
+	os.Exit(code)
+}
+
+// schedulerBinary returns the scheduler binary (built once per process).
+func schedulerBinary(t *testing.T) string { return bins.Path(t, "scheduler") }
+
 // world is a database, a Redis and the scheduler binary for one test.
 type world struct {
 	t     *testing.T
@@ -138,7 +152,7 @@ func (w *world) waitStatus(handles []string, status string, timeout time.Duratio
 // publishes every message exactly once: nothing is lost, nothing doubled.
 func TestKillBetweenStateChangeAndPublish(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, testenv.BuildBinary(t, "."))
+	w := newWorld(t, schedulerBinary(t))
 	p := w.start()
 	w.redis.Stop()
 	handles := w.addServers("k", 40)
@@ -174,7 +188,7 @@ func TestKillBetweenStateChangeAndPublish(t *testing.T) {
 // message.
 func TestTwoReplicasOneMessagePerServer(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, testenv.BuildBinary(t, "."), "TICK_LEADER_ELECTION=false", "TICK_INTERVAL=50ms", "TICK_RELAY_BATCH=7")
+	w := newWorld(t, schedulerBinary(t), "TICK_LEADER_ELECTION=false", "TICK_INTERVAL=50ms", "TICK_RELAY_BATCH=7")
 	w.start()
 	w.start()
 	for round := range 3 { // servers arrive while both replicas run
@@ -206,7 +220,7 @@ func TestNotificationsExactlyOnceAcrossKill(t *testing.T) {
 	slack := notifytest.NewSlack("/services/T1/B1/secretpart")
 	hs := httptest.NewServer(slack)
 	t.Cleanup(hs.Close)
-	w := newWorld(t, testenv.BuildBinary(t, "."), "RETRY_LIMIT=1",
+	w := newWorld(t, schedulerBinary(t), "RETRY_LIMIT=1",
 		"SLACK_WEBHOOK_URL_REF=env:AUTOPROV_SECRET_SLACK", "AUTOPROV_SECRET_SLACK="+hs.URL+slack.Path,
 		"NOTIFY_DIGEST_THRESHOLD=5")
 	p := w.start()
@@ -262,7 +276,7 @@ func TestNotificationsExactlyOnceAcrossKill(t *testing.T) {
 // TestCLI drives the operators' commands against a running scheduler.
 func TestCLI(t *testing.T) {
 	t.Parallel()
-	bin := testenv.BuildBinary(t, ".")
+	bin := schedulerBinary(t)
 	w := newWorld(t, bin)
 	w.start()
 	handles := w.addServers("c", 2)
@@ -323,7 +337,7 @@ func TestCLI(t *testing.T) {
 // start with the file, line and rule named.
 func TestRulesErrorStopsStart(t *testing.T) {
 	t.Parallel()
-	bin := testenv.BuildBinary(t, ".")
+	bin := schedulerBinary(t)
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "playbooks"), 0o755); err != nil {
 		t.Fatal(err)
@@ -346,7 +360,7 @@ func TestRulesErrorStopsStart(t *testing.T) {
 func TestSignedRequests(t *testing.T) {
 	t.Parallel()
 	const key = "scheduler-signing-key-0123456789abcdef-0123456789"
-	w := newWorld(t, testenv.BuildBinary(t, "."), "REQUEST_SIGNING_KEY_ID=scheduler-1", "REQUEST_SIGNING_KEY="+key)
+	w := newWorld(t, schedulerBinary(t), "REQUEST_SIGNING_KEY_ID=scheduler-1", "REQUEST_SIGNING_KEY="+key)
 	p := w.start()
 	handles := w.addServers("signed", 3)
 	w.waitStatus(handles, fleet.StatusProvisioning, time.Minute)
@@ -380,7 +394,7 @@ func TestSignedRequests(t *testing.T) {
 // the start with an error naming the setting, not the key.
 func TestBadSigningKeyStopsStart(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, testenv.BuildBinary(t, "."), "REQUEST_SIGNING_KEY_ID=scheduler-1", "REQUEST_SIGNING_KEY=too-short-a-key")
+	w := newWorld(t, schedulerBinary(t), "REQUEST_SIGNING_KEY_ID=scheduler-1", "REQUEST_SIGNING_KEY=too-short-a-key")
 	p := testenv.StartBinary(t, w.bin, testenv.BinaryEnv(append([]string{"ADMIN_ADDR=127.0.0.1:0"}, w.env...)...))
 	if code := p.Wait(time.Minute); code == 0 {
 		t.Fatal("the scheduler started with a short signing key")

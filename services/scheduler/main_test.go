@@ -12,6 +12,7 @@ import (
 // error, and a full start (migrations on an empty database, readiness,
 // metrics) and graceful stop on SIGTERM.
 func TestBinary(t *testing.T) {
+	t.Parallel()
 	testenv.ServiceBinaryTests(t, testenv.ServiceBinary{
 		Dir:              ".",
 		Summary:          app.Summary,

@@ -35,7 +35,7 @@ func TestSlackSecretFileAndFailingChannel(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "slack.url"), []byte(hs.URL+slack.Path+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	bin := testenv.BuildBinary(t, ".")
+	bin := schedulerBinary(t)
 	w := newWorld(t, bin, "RETRY_LIMIT=1", "SECRETS_FILE_ROOT="+root, "SLACK_WEBHOOK_URL_REF=file:slack.url")
 
 	results := func(env ...string) ([]service.SecretResult, string, int) {

@@ -23,43 +23,21 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
-// binDir holds the service binaries, built once for the tests that run them.
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
+// bins are the service binaries, built once for the tests that run them.
+var bins = testenv.NewBuilds("autoprov-test-bin-",
+	testenv.Build{Name: "scheduler", Pkg: "../../../../services/scheduler"},
+	testenv.Build{Name: "infra", Pkg: "../../../../services/infra"},
+	testenv.Build{Name: "deployer", Pkg: "../../../../services/deployer"})
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	bins.Close()
 	os.Exit(code)
 }
 
 // serviceBinaries builds the three service binaries (once) and returns
 // their folder.
-func serviceBinaries(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds the service binaries: not in -short (make test-unit)")
-	}
-	binOnce.Do(func() {
-		if binDir, binErr = os.MkdirTemp("", "autoprov-test-bin-"); binErr != nil {
-			return
-		}
-		for _, s := range []string{"scheduler", "infra", "deployer"} {
-			if binErr = testenv.GoBuild(filepath.Join(binDir, s), "../../../../services/"+s, false); binErr != nil {
-				return
-			}
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binDir
-}
+func serviceBinaries(t *testing.T) string { return bins.Dir(t) }
 
 // run runs the command line in-process with environ as its environment.
 func run(t *testing.T, environ map[string]string, args ...string) (stdout, stderr string, code int) {
@@ -142,6 +120,7 @@ func provisionRequest(t *testing.T, jobID, handle string) []byte {
 }
 
 func TestStatus(t *testing.T) {
+	t.Parallel()
 	url, rdb := redisDB(t)
 	ctx := context.Background()
 	for i, h := range []string{"web-1", "web-2", "web-3"} {
@@ -236,6 +215,7 @@ func TestStatus(t *testing.T) {
 // real consumer made: list, show, replay (the request as it was; the
 // consumer gets it), a second replay refused, drop.
 func TestDeadLetters(t *testing.T) {
+	t.Parallel()
 	url, rdb := redisDB(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -408,6 +388,7 @@ type errFake string
 func (e errFake) Error() string { return string(e) }
 
 func TestErrorsAndUsage(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		environ map[string]string
@@ -437,6 +418,7 @@ func TestErrorsAndUsage(t *testing.T) {
 }
 
 func TestProbe(t *testing.T) {
+	t.Parallel()
 	status := http.StatusOK
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/readyz" {
@@ -464,6 +446,7 @@ func TestProbe(t *testing.T) {
 
 // TestValidate runs the real service binaries' configuration checks.
 func TestValidate(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	dir := t.TempDir()
 	write := fileWriter(t, dir)
@@ -539,8 +522,11 @@ func TestValidate(t *testing.T) {
 		t.Fatalf("--no-lint: exit %d\n%s", code, out)
 	}
 
-	// The repository's own playbooks pass.
-	out, _, code = run(t, env, "--env-file", good, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible")
+	// The repository's own playbooks pass. Linting them takes minutes on a
+	// busy machine, beside the other tests: more than a check's default
+	// limit (2m).
+	out, _, code = run(t, env, "--env-file", good, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible",
+		"--timeout", "5m")
 	if code != 0 || strings.Count(out, "ok   playbook") < 4 {
 		t.Fatalf("the repository's playbooks: exit %d\n%s", code, out)
 	}
@@ -604,6 +590,7 @@ func fakeInfra(t *testing.T, rdb *redis.Client, status messages.Status) <-chan *
 }
 
 func TestProvisionFollowCancel(t *testing.T) {
+	t.Parallel()
 	url, rdb := redisDB(t)
 	env := map[string]string{"REDIS_URL": url}
 

@@ -21,6 +21,8 @@ var regexpIdle = regexp.MustCompile(`gone-busy +1 +idle [0-9.]+m?s STALE`)
 // stale consumer only once it holds no pending entries, and names the
 // pending count of one it keeps.
 func TestStaleConsumers(t *testing.T) {
+	// Not parallel: "live" must stay under the 1s idle threshold between its
+	// read and status, which tests beside it (ansible-lint) can stretch.
 	url, rdb := redisDB(t)
 	env := map[string]string{"REDIS_URL": url}
 	ctx := context.Background()

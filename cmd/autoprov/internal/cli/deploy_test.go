@@ -61,6 +61,7 @@ func fakeDeployInfra(t *testing.T, rdb *redis.Client, status messages.Status) <-
 }
 
 func TestDeployFollow(t *testing.T) {
+	t.Parallel()
 	url, rdb := redisDB(t)
 	rcv := otlptest.Start()
 	defer rcv.Close()
@@ -160,6 +161,7 @@ func TestDeployFollow(t *testing.T) {
 // streams in a reply follows the request) or hold only part of the events;
 // follow prints them all before the result either way.
 func TestFollowShowsEveryEventBeforeTheResult(t *testing.T) {
+	t.Parallel()
 	_, rdb := redisDB(t)
 	ctx := context.Background()
 	for i := range 32 {
@@ -215,6 +217,7 @@ func TestFollowShowsEveryEventBeforeTheResult(t *testing.T) {
 // is the application's port (what the deploy playbook publishes), --ssh-port
 // the SSH port of an unregistered target.
 func TestDeployHelpNamesThePorts(t *testing.T) {
+	t.Parallel()
 	out, errOut, code := run(t, nil, "deploy", "--help")
 	help := strings.Join(strings.Fields(out+errOut), " ")
 	for _, want := range []string{

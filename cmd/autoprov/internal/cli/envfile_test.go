@@ -12,6 +12,8 @@ import (
 // working directory; REDIS_URL_FILE in it is honoured. Redis refusing the
 // credentials names the setting to fix and the file.
 func TestDefaultEnvFile(t *testing.T) {
+	// Not parallel: it changes the process's working directory, which the
+	// other tests' relative paths (../../../../ansible, the builds) use.
 	url, _ := redisDB(t)
 	dir := t.TempDir()
 	write := fileWriter(t, dir)

@@ -14,6 +14,7 @@ import (
 // check, through AUTOPROV_ENV), bumped and sealed, a secret written in,
 // a version going back.
 func TestEnvPackage(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	cfg := t.TempDir()
 	pkg := filepath.Join(cfg, "staging")
@@ -121,6 +122,7 @@ func TestEnvPackage(t *testing.T) {
 // valid; its SSH key comes from the environment, so the secret check
 // passes with a key there and names the reference without one.
 func TestExamplePackage(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	keyPath := filepath.Join(t.TempDir(), "id_ed25519")
 	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", keyPath).CombinedOutput(); err != nil {

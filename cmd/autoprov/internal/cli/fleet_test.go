@@ -15,6 +15,7 @@ import (
 // through pkg/fleet: every server counted once under its status, statuses
 // with no server left out, and only running runs in flight, oldest first.
 func TestStatusFleetCounts(t *testing.T) {
+	t.Parallel()
 	url, _ := redisDB(t)
 	dsn := testenv.EmptyDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -18,6 +18,7 @@ import (
 // it (then the run_finished event, which outlives it, tells the status).
 // It must not wait out --timeout.
 func TestFollowFinishedJob(t *testing.T) {
+	t.Parallel()
 	url, rdb := redisDB(t)
 	env := map[string]string{"REDIS_URL": url}
 	ctx := context.Background()

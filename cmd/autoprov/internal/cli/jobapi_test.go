@@ -20,6 +20,7 @@ import (
 // queued, is cancelled before it starts, and follow ends with its status
 // (exit 1). Without an API key the commands are usage errors.
 func TestJobCommands(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	url, rdb := redisDB(t)
 	pg := testenv.Postgres(t)

@@ -16,6 +16,7 @@ import (
 // known streams, and exits non-zero; a known stream without dead letters
 // is an empty list.
 func TestDeadListUnknownStream(t *testing.T) {
+	t.Parallel()
 	url, rdb := redisDB(t)
 	env := map[string]string{"REDIS_URL": url}
 	ctx := context.Background()

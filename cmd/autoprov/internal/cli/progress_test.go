@@ -32,6 +32,7 @@ func (s *syncBuffer) String() string {
 // plain line on stderr (no spinner, no escape codes), a quick step prints
 // nothing, and --json prints nothing at all.
 func TestProgressNotATerminal(t *testing.T) {
+	t.Parallel()
 	var errOut syncBuffer
 	g := &globals{ctx: context.Background(), env: Env{Stderr: &errOut}, progressAfter: time.Millisecond}
 	done := g.progress("running ansible-lint ansible")
@@ -62,20 +63,29 @@ func TestProgressNotATerminal(t *testing.T) {
 // threshold (ansible-lint of the repository's playbooks takes seconds)
 // leaves plain progress lines on stderr and keeps stdout for the report.
 func TestValidateShowsProgressOffTerminal(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	env := map[string]string{"PATH": os.Getenv("PATH")}
-	out, errOut, code := run(t, env, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible")
-	if code != 0 && code != 1 {
-		t.Fatalf("exit %d\n%s%s", code, out, errOut)
-	}
-	if !strings.Contains(errOut, "autoprov: running ansible-lint") || strings.ContainsAny(errOut, "\r\033") {
-		t.Errorf("stderr %q, want plain progress lines", errOut)
-	}
-	if strings.Contains(out, "autoprov: running") {
-		t.Errorf("progress on stdout:\n%s", out)
-	}
-	_, errOut, _ = run(t, env, "--json", "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible")
-	if strings.Contains(errOut, "autoprov: running") {
-		t.Errorf("--json: progress on stderr %q", errOut)
-	}
+	// Each run lints the repository's playbooks, the package's longest
+	// step: they run side by side.
+	t.Run("plain", func(t *testing.T) {
+		t.Parallel()
+		out, errOut, code := run(t, env, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible")
+		if code != 0 && code != 1 {
+			t.Fatalf("exit %d\n%s%s", code, out, errOut)
+		}
+		if !strings.Contains(errOut, "autoprov: running ansible-lint") || strings.ContainsAny(errOut, "\r\033") {
+			t.Errorf("stderr %q, want plain progress lines", errOut)
+		}
+		if strings.Contains(out, "autoprov: running") {
+			t.Errorf("progress on stdout:\n%s", out)
+		}
+	})
+	t.Run("json", func(t *testing.T) {
+		t.Parallel()
+		_, errOut, _ := run(t, env, "--json", "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible")
+		if strings.Contains(errOut, "autoprov: running") {
+			t.Errorf("--json: progress on stderr %q", errOut)
+		}
+	})
 }

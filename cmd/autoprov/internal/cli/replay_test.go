@@ -52,6 +52,7 @@ func osUser(t *testing.T) string {
 // accepts that signature. Each replay is logged with the operator and the
 // dead letter's id, and the operator is recorded on the replayed entry.
 func TestReplayForgedRequest(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	url, rdb := redisDB(t)
 	ctx := context.Background()
@@ -286,6 +287,7 @@ func waitResult(t *testing.T, rdb *redis.Client, job string) *messages.Provision
 // TestReplayHelp: the help of `dead` and `dead replay` tells that a replay
 // keeps the signature and that a signature failure needs --resign.
 func TestReplayHelp(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"dead", "--help"}, {"dead", "replay", "--help"}} {
 		out, _, code := run(t, nil, args...)
 		if code != 0 {

@@ -24,6 +24,7 @@ const (
 // job id under its own signature only with --resign, once the operator
 // answered y; the key is never printed.
 func TestSignedRequests(t *testing.T) {
+	t.Parallel()
 	url, rdb := redisDB(t)
 	ctx := context.Background()
 	signed := map[string]string{"REDIS_URL": url, "REQUEST_SIGNING_KEY_ID": "autoprov-1", "REQUEST_SIGNING_KEY": cliKey}

@@ -15,6 +15,7 @@ import (
 // Ansible's own parser), each by name, and lets the test targets of the
 // scheduler's SPECIAL_ALLOW_NETWORKS (from the --env-file) through.
 func TestValidateInventoryRefusedAddresses(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("ansible-inventory"); err != nil {
 		t.Fatalf("ansible-inventory is missing (make test installs it): %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 // scheduler's own --check-config, from --rules or from RULES_FILE in the
 // settings; each problem names the file and line; a good file passes.
 func TestValidateRules(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	dir := t.TempDir()
 	write := fileWriter(t, dir)

@@ -129,6 +129,7 @@ func (f *validateSecretsFixture) noCanary(t *testing.T, what, text string) {
 // failure names what holds the reference, the reference and the kind of
 // failure; no value is ever printed.
 func TestValidateSecrets(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	f := newValidateSecretsFixture(t)
 
@@ -224,6 +225,7 @@ func TestValidateSecrets(t *testing.T) {
 // its secret backends (it would not start), so every reference it names
 // fails as unavailable, env: and file: ones too, each named.
 func TestValidateSecretsVaultDown(t *testing.T) {
+	t.Parallel()
 	bin := serviceBinaries(t)
 	f := newValidateSecretsFixture(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

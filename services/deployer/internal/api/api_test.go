@@ -21,6 +21,7 @@ import (
 )
 
 func TestAuth(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	ro, roSecret, err := auth.NewStore(e.DB).Create(context.Background(), auth.NewKey{Name: "ro", Scopes: []auth.Scope{auth.ScopeServersRead}})
 	if err != nil {
@@ -113,6 +114,7 @@ func TestAuth(t *testing.T) {
 }
 
 func TestRateLimit(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "2", "API_RATE_BURST": "3",
 		"API_AUTH_FAILURE_RATE": "1"}})
 	var limited *http.Response
@@ -165,6 +167,8 @@ func TestRateLimit(t *testing.T) {
 // it), RateLimit-Limit is the burst and RateLimit-Remaining never exceeds
 // it (it refills with time, so it need not only count down).
 func TestRateLimitHeadersAtDefaults(t *testing.T) {
+	// Not parallel: Remaining falls only while requests follow each other
+	// within the limiter's lease (100ms), which tests beside it can stretch.
 	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_RATE_LIMIT": "50", "API_RATE_BURST": "100"}})
 	// rate_limit 0 is refused: leaving it out means the default.
 	resp, body := e.Do("POST", "/api/v1/keys", e.Admin, map[string]any{"name": "zero", "scopes": []string{"servers:read"}, "rate_limit": 0})
@@ -213,6 +217,7 @@ func checkRateHeaders(t *testing.T, resp *http.Response, burst int) int {
 }
 
 func TestSubmitRejectsBadInput(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"API_MAX_BODY": "2048"}})
 	token := "ghp_" + strings.Repeat("Zx9", 12) // a token pasted where a reference belongs
 	with := func(k string, v any) map[string]any {
@@ -290,6 +295,7 @@ func TestSubmitRejectsBadInput(t *testing.T) {
 }
 
 func TestSubmitAndGet(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{})
 	req := dt.Request()
 	req["project_id"] = "9B2F4C6E-1D3A-4E5B-8C7D-0A1B2C3D4E5F" // read case-insensitively, stored canonical
@@ -355,6 +361,7 @@ func TestSubmitAndGet(t *testing.T) {
 }
 
 func TestIdempotencyUnderConcurrentRetries(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	const retries = 20
 	ids := make([]string, retries)
@@ -399,6 +406,7 @@ func TestIdempotencyUnderConcurrentRetries(t *testing.T) {
 // queue entry the request was published as), with an Idempotency-Key and
 // without, and every replay of the key shows the same one at once.
 func TestRequestIDInFirstAnswer(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	entryOf := func(jobID string) string {
 		entries, err := e.Redis.XRange(context.Background(), e.Streams.Queue, "-", "+").Result()
@@ -440,6 +448,7 @@ func TestRequestIDInFirstAnswer(t *testing.T) {
 }
 
 func TestWait(t *testing.T) {
+	t.Parallel()
 	hold := make(chan struct{})
 	e := dt.Start(t, dt.Options{PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {
 		if m.Branch == "slow" {
@@ -477,6 +486,7 @@ func TestWait(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
+	t.Parallel()
 	hold := make(chan struct{})
 	defer close(hold)
 	e := dt.Start(t, dt.Options{NoInfra: true, PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {
@@ -542,6 +552,7 @@ func TestCancel(t *testing.T) {
 }
 
 func TestListPagination(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	const n = 25
 	var ids []string
@@ -598,6 +609,7 @@ func TestListPagination(t *testing.T) {
 }
 
 func TestForeignDeployments(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{})
 	m := &messages.AnsibleDeployMessage{
 		RequestMeta: messages.RequestMeta{JobID: "agent-job-7"},

@@ -23,6 +23,7 @@ const credentialCanary = "CANARY-cred-value-7f3a9c"
 // templates and malformed names are 422 naming the field; without the
 // scope, 403. The value is in no answer, row or log line.
 func TestCredentials(t *testing.T) {
+	t.Parallel()
 	vault := vaulttest.New(t)
 	vault.EnableKV("", "secret")
 	tok := vault.CreateToken("", vaulttest.TokenSpec{WritePaths: []string{"secret/data/projects/*"}})
@@ -130,6 +131,7 @@ func TestCredentials(t *testing.T) {
 // TestCredentialValueWithoutVault: without CREDENTIALS_VAULT_ADDR a value
 // is refused (422 naming value) and nothing is stored.
 func TestCredentialValueWithoutVault(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	key := e.Key("cred", []auth.Scope{auth.ScopeCredentialsWrite}, dt.Project)
 	resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "db", "value": credentialCanary})

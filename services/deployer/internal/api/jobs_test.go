@@ -40,6 +40,7 @@ func jobRequest() map[string]any {
 // job:results) shows in GET, list, the log and the signed job.finished
 // webhook; the stream replays its events and resumes after Last-Event-ID.
 func TestJobs(t *testing.T) {
+	t.Parallel()
 	recv := newReceiver(t)
 	e := dt.Start(t, dt.Options{Env: map[string]string{"WEBHOOK_ALLOW_CIDRS": "127.0.0.1/32",
 		"REQUEST_SIGNING_KEY_ID": "deployer-test", "REQUEST_SIGNING_KEY": jobSigningKey}})
@@ -162,6 +163,7 @@ func TestJobs(t *testing.T) {
 // project's templates, wire rule breaks), a project the key lacks is 403;
 // nothing is stored or published.
 func TestJobRefusals(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	keyA := e.Key("jobs-a", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
 	keyB := e.Key("jobs-b", []auth.Scope{auth.ScopeJobsWrite, auth.ScopeCredentialsWrite}, projectB)
@@ -211,6 +213,7 @@ func TestJobRefusals(t *testing.T) {
 // on every route; a key without the jobs scopes cannot see jobs; a
 // deployment answers on /jobs/{id}; a running job is cancelled.
 func TestJobTenancyAndCancel(t *testing.T) {
+	t.Parallel()
 	hold := make(chan struct{})
 	defer close(hold)
 	e := dt.Start(t, dt.Options{JobPlanFor: func(m *messages.AnsibleJobMessage) fakeinfra.Plan {
@@ -277,6 +280,7 @@ func TestJobTenancyAndCancel(t *testing.T) {
 // only) against the deployer: it submits, follows the stream to the end
 // and exits 0 for a job that succeeded; a refused job exits 2.
 func TestPythonJobClient(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{})
 	key := e.Key("ci-py", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
 	dir := t.TempDir()

@@ -12,6 +12,7 @@ import (
 // for its API fails until Run listens, so /readyz never says ready while
 // API_ADDR refuses connections; it passes while Run serves.
 func TestListeningOnlyOnceServing(t *testing.T) {
+	t.Parallel()
 	a, err := api.New(api.Config{Addr: "127.0.0.1:0", ShutdownGrace: time.Second}, api.Deps{})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 // the observer took nothing from infra: no consumer group of the
 // deployer's on the queue, every entry still there for infra.
 func TestObservedRequestsShowWhileQueued(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	ctx := context.Background()
 	publish := func(job string) {

@@ -27,6 +27,7 @@ type openAPIDoc struct {
 // route; response bodies are checked against the document's schemas in the
 // other tests (CheckSchema).
 func TestOpenAPIMatchesRoutes(t *testing.T) {
+	t.Parallel()
 	a, err := api.New(api.Config{}, api.Deps{})
 	if err != nil {
 		t.Fatal(err)
@@ -80,6 +81,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 }
 
 func TestOpenAPIServedAndValid(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	resp, body := e.Do("GET", "/api/v1/openapi.json", "", nil)
 	if resp.StatusCode != 200 || string(body) != string(api.OpenAPIDocument()) {
@@ -107,6 +109,7 @@ func TestOpenAPIServedAndValid(t *testing.T) {
 // webhook attempt's error can take (webhooks.Classes), for last_error and
 // for each attempt.
 func TestOpenAPIWebhookErrorClasses(t *testing.T) {
+	t.Parallel()
 	var doc struct {
 		Components struct {
 			Schemas struct {
@@ -144,6 +147,7 @@ func TestOpenAPIWebhookErrorClasses(t *testing.T) {
 // lists with a history come and what progress.tasks holds (the answers'
 // order is checked in TestServers, TestWebhooks and TestSubmitAndGet).
 func TestOpenAPIDescribesOrderAndTasks(t *testing.T) {
+	t.Parallel()
 	type described struct {
 		Description string `json:"description"`
 	}

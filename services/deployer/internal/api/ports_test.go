@@ -17,6 +17,7 @@ import (
 // deploy playbook, never the SSH port), and a server's ssh_port is the SSH
 // port deployments use.
 func TestOpenAPIPortIsTheAppPort(t *testing.T) {
+	t.Parallel()
 	type prop struct {
 		Description string `json:"description"`
 	}
@@ -50,6 +51,7 @@ func TestOpenAPIPortIsTheAppPort(t *testing.T) {
 // as the application's port, without an ssh_port (a registered server's
 // own is used), and refuses an ssh_port key by name.
 func TestSubmitPortIsTheAppPort(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	r := dt.Request()
 	r["port"] = 8080

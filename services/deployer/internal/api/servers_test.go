@@ -9,6 +9,7 @@ import (
 )
 
 func TestServers(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	ctx := context.Background()
 	for _, s := range []struct{ handle, addr, status, role string }{

@@ -16,6 +16,7 @@ import (
 )
 
 func TestEvents(t *testing.T) {
+	t.Parallel()
 	hold := make(chan struct{})
 	big := strings.Repeat("x", 4000)
 	e := dt.Start(t, dt.Options{PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {

@@ -40,6 +40,7 @@ func problemShape(t *testing.T, body []byte) string {
 // cancel), lists only A's (the filter is in the query: pages stay full),
 // and its Idempotency-Keys never find B's deployments.
 func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{})
 	write := []auth.Scope{auth.ScopeDeploymentsWrite}
 	keyA, keyB := e.Key("tenant-a", write, dt.Project), e.Key("tenant-b", write, projectB)
@@ -202,6 +203,7 @@ func TestTenantIsolation(t *testing.T) {
 // (DEPLOY_SECRET_REFS, infra's syntax) is refused at submit with 422 naming
 // the field, and never stored or published.
 func TestSubmitChecksSecretRefs(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{
 		"DEPLOY_SECRET_REFS": "vault:secret/projects/{project_id}/**,env:AUTOPROV_PROJECT_{PROJECT_ID}_*",
 	}})
@@ -252,6 +254,7 @@ func TestSubmitChecksSecretRefs(t *testing.T) {
 // fleet-wide by the rules of auth.Binding, through the admin API; /me
 // shows the binding.
 func TestKeyProjects(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	tests := []struct {
 		name      string
@@ -315,6 +318,7 @@ func TestKeyProjects(t *testing.T) {
 // keys admin (403), while its deployments scopes still work for its
 // project.
 func TestBoundKeyFleetScopes(t *testing.T) {
+	t.Parallel()
 	e := dt.Start(t, dt.Options{NoInfra: true})
 	ctx := context.Background()
 	secret := auth.NewSecret()

@@ -54,6 +54,7 @@ type deliveries struct {
 }
 
 func TestWebhooks(t *testing.T) {
+	t.Parallel()
 	recv := newReceiver(t)
 	recv.failing.Store(true)
 	env := map[string]string{"WEBHOOK_ALLOW_CIDRS": "127.0.0.1/32"}
@@ -127,6 +128,7 @@ func TestWebhooks(t *testing.T) {
 }
 
 func TestWebhookRefusedAtDelivery(t *testing.T) {
+	t.Parallel()
 	// Without an allow-list, a callback whose name resolves to loopback is
 	// accepted at submit (names are checked when dialled) and every attempt
 	// is refused before connecting.
@@ -179,6 +181,7 @@ func TestWebhookRefusedAtDelivery(t *testing.T) {
 // WEBHOOK_ALLOW_CIDRS; allowed, the name is resolved at the attempt and
 // the local receiver gets the webhook.
 func TestWebhookLocalhost(t *testing.T) {
+	t.Parallel()
 	recv := newReceiver(t)
 	callback := strings.Replace(recv.srv.URL, "127.0.0.1", "localhost", 1) + "/hook"
 	req := dt.Request()

@@ -1,6 +1,7 @@
 // Package deployertest runs the deployer's components in a test against
-// real Postgres and Redis, with the stand-in infra (fakeinfra), on stream
-// names of the test's own, and gives the test an HTTP client.
+// real Postgres and Redis, with the stand-in infra (fakeinfra), in a
+// database of each of the test's own and on stream names of its own, and
+// gives the test an HTTP client.
 package deployertest
 
 import (
@@ -90,7 +91,16 @@ func Start(t testing.TB, o Options) *Env {
 		e.DB = testenv.Pool(t)
 	}
 	if e.Redis == nil {
-		e.Redis = testenv.Redis(t)
+		// A Redis database of the test's own: the deployer's keys of fixed
+		// names (the rate limit buckets, among them the failed
+		// authentications of 127.0.0.1) are the test's alone, so tests run
+		// in parallel.
+		opt, err := redis.ParseURL(testenv.RedisDB(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Redis = redis.NewClient(opt)
+		t.Cleanup(func() { _ = e.Redis.Close() })
 	}
 	if e.Streams == (deployments.Streams{}) {
 		e.Streams = deployments.Streams{Queue: testenv.Unique("queue-"), Results: testenv.Unique("results-"),

@@ -24,6 +24,13 @@ import (
 	dt4v "github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/detect/time4vps"
 )
 
+// TestMain keeps the AWS SDK off any instance metadata service, for every
+// test at once: t.Setenv would keep the tests from running in parallel.
+func TestMain(m *testing.M) {
+	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	os.Exit(m.Run())
+}
+
 type world struct {
 	fleet   *fleet.Store
 	mgr     *detect.Manager
@@ -63,7 +70,6 @@ func testGuard(t *testing.T, allow []string, ifaces ...string) *authz.Guard {
 // setupWith is setup with the Manager's options.
 func setupWith(t *testing.T, opts detect.Options) *world {
 	t.Helper()
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	db := testenv.Pool(t)
 	w := &world{fleet: fleet.New(db, fleet.Options{})}
 	w.invPath = filepath.Join(t.TempDir(), "hosts.yml")
@@ -139,6 +145,7 @@ func (w *world) count(t *testing.T) int {
 }
 
 func TestDetectionDedupOrphaning(t *testing.T) {
+	t.Parallel()
 	w := setup(t)
 	w.t4v.AddServer(time4vpstest.VPS{ID: 101, IP: "198.51.100.1", Domain: "vps1.example.com", OS: "kvm-debian-12-x86_64"})
 	w.t4v.AddServer(time4vpstest.VPS{ID: 102, IP: "192.0.2.50", Domain: "same-as-shared.example.com"}) // address of inventory's "shared"

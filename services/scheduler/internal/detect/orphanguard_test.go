@@ -25,6 +25,7 @@ import (
 // a log line and a metric that say why and what to do. Removing one host at
 // a time works, and MAX_ORPHAN_FRACTION=1 lets the operator remove the rest.
 func TestOrphanGuardSmallInventory(t *testing.T) {
+	t.Parallel()
 	db := testenv.Pool(t)
 	f := fleet.New(db, fleet.Options{})
 	path := filepath.Join(t.TempDir(), "hosts.yml")

@@ -24,6 +24,7 @@ import (
 // reported, nothing is dialled, and the rest of every source registers
 // (the allow-listed loopback test target too).
 func TestSpecialAddressesRefused(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

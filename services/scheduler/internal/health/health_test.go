@@ -20,6 +20,7 @@ import (
 )
 
 func TestRecoveryAfterFailuresWithCooldown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Pool(t)
 	clk := clocktest.NewFake(time.Now())
@@ -94,6 +95,7 @@ func TestRecoveryAfterFailuresWithCooldown(t *testing.T) {
 // TestHealthURLAndBoundedConcurrency: the rules' health URL is probed too,
 // and no more than Concurrency probes run at once.
 func TestHealthURLAndBoundedConcurrency(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Pool(t)
 	f := fleet.New(db, fleet.Options{})

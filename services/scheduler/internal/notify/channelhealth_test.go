@@ -21,6 +21,7 @@ import (
 // `echo URL > file` (a trailing newline) and read through a file:
 // reference passes the check and delivers a real notification.
 func TestSlackURLFromFileWithNewline(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	root := t.TempDir()
 	if err := os.WriteFile(filepath.Join(root, "slack.url"), []byte(e.sURL+slackPath+"\n"), 0o600); err != nil {
@@ -57,6 +58,7 @@ func TestSlackURLFromFileWithNewline(t *testing.T) {
 // Health, for /readyz, and by the gauges the alert reads), and healthy
 // again after one success.
 func TestChannelFailingHealthAndMetrics(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	reg := prometheus.NewRegistry()
 	m := notify.NewMetrics(reg)
@@ -120,6 +122,7 @@ func TestChannelFailingHealthAndMetrics(t *testing.T) {
 // TestSecretShapeChecks: the checks --check-secrets and the start-up run on
 // the notification secrets; their errors never quote the value.
 func TestSecretShapeChecks(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		check func(secrets.Value) error
 		value string

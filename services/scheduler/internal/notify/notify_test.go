@@ -108,6 +108,7 @@ func run(t *testing.T, d *notify.Dispatcher) (stop func()) {
 }
 
 func TestSlackSingleMessagesAndDigest(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	d := notify.NewDispatcher(e.fleet, e.slackCh(), notify.Config{Poll: 50 * time.Millisecond, Logger: e.logger(),
 		Hints: notify.Hints{UnreachableCooldown: 10 * time.Minute}})
@@ -155,6 +156,7 @@ func TestSlackSingleMessagesAndDigest(t *testing.T) {
 }
 
 func TestRetriesRateLimitsAndNoRepeatAfterRestart(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ch := e.slackCh()
 	d := notify.NewDispatcher(e.fleet, ch, notify.Config{Poll: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: e.logger()})
@@ -196,6 +198,7 @@ func TestRetriesRateLimitsAndNoRepeatAfterRestart(t *testing.T) {
 }
 
 func TestTelegram(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
 	// A wrong token: refused, and the error does not show the token.
@@ -256,6 +259,7 @@ const markup = "<!channel> <http://evil.example|click> *bold* _x_ & [a](b)"
 // digest, while the messages' own formatting (code) stays. Server handles
 // cannot hold markup (Postgres checks their pattern), but are escaped too.
 func TestMarkupFromOutsideIsEscaped(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
 	slack, tg := e.slackCh(), e.tgCh(tgToken)
@@ -327,6 +331,7 @@ func TestMarkupFromOutsideIsEscaped(t *testing.T) {
 }
 
 func TestMarkupEscape(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"plain text", "plain text"},
 		{"<!channel>", "&lt;!channel&gt;"},
@@ -357,6 +362,7 @@ func TestMarkupEscape(t *testing.T) {
 // TestMarkupTruncate: a cut never splits an entity or a tag, closes the
 // code element it cuts, and keeps to the length.
 func TestMarkupTruncate(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		m    notify.Markup
 		in   string

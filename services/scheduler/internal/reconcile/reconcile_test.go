@@ -26,6 +26,7 @@ import (
 // infra: a server that keeps failing is retried after each backoff, then
 // stays FAILED; redelivered and stale results change nothing.
 func TestRetryBackoffExhaustionAndDuplicates(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	db := testenv.Pool(t)
@@ -163,6 +164,7 @@ func TestRetryBackoffExhaustionAndDuplicates(t *testing.T) {
 // TestStuckJobs: a job whose message was lost is handed over again with the
 // same job id; a job whose result was lost gets the stored result applied.
 func TestStuckJobs(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db := testenv.Pool(t)
@@ -231,6 +233,7 @@ func mustOpt(t *testing.T, url string) *redis.Options {
 // playbooks of the rules that match its server, in the rules file's order,
 // for every action; a server no rule gives playbooks gets none.
 func TestMessagesCarryTheRulesPlaybooks(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db := testenv.Pool(t)

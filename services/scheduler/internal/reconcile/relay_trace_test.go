@@ -22,6 +22,7 @@ import (
 // request inside a producer span whose context the request carries; with
 // it off, the outbox payload goes out untouched and without one.
 func TestRelayCarriesTraceContext(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, traced := range []bool{true, false} {

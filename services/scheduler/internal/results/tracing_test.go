@@ -22,6 +22,7 @@ import (
 // parent), exported over OTLP to a local receiver; a result without a
 // trace context starts a trace of its own.
 func TestResultSpan(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db := testenv.Pool(t)

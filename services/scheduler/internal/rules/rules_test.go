@@ -50,6 +50,7 @@ rules:
 `
 
 func TestPlan(t *testing.T) {
+	t.Parallel()
 	dir := playbookDir(t, "base.yml", "nginx.yml", "postgres.yml")
 	set, err := Parse("rules.yml", []byte(good), dir)
 	if err != nil {
@@ -87,6 +88,7 @@ func TestPlan(t *testing.T) {
 }
 
 func TestErrorsNameFileLineRule(t *testing.T) {
+	t.Parallel()
 	dir := playbookDir(t, "base.yml")
 	tests := []struct {
 		name string
@@ -139,6 +141,7 @@ func TestErrorsNameFileLineRule(t *testing.T) {
 }
 
 func TestHolderKeepsOldRulesOnBadReload(t *testing.T) {
+	t.Parallel()
 	dir := playbookDir(t, "base.yml", "nginx.yml", "postgres.yml")
 	path := filepath.Join(t.TempDir(), "rules.yml")
 	if err := os.WriteFile(path, []byte(good), 0o644); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,11 +20,18 @@ const (
 	secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 )
 
+// TestMain keeps the AWS SDK off any instance metadata service and the
+// user's AWS files, for every test at once: t.Setenv would keep the tests
+// from running in parallel.
+func TestMain(m *testing.M) {
+	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	os.Setenv("AWS_CONFIG_FILE", "/dev/null")
+	os.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+	os.Exit(m.Run())
+}
+
 func setup(t *testing.T, cfg Config) (*Detector, *ec2test.Server) {
 	t.Helper()
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true") // never ask an instance metadata service
-	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
 	srv := ec2test.New(region, akid, secret)
 	t.Cleanup(srv.Close)
 	cfg.Region, cfg.Endpoint = region, srv.URL()
@@ -44,6 +52,7 @@ func ctx(t *testing.T) context.Context {
 }
 
 func TestDescribeInstancesFiltersAndPages(t *testing.T) {
+	t.Parallel()
 	d, srv := setup(t, Config{Tags: map[string][]string{"env": {"prod", "staging"}, "autoprov": {"*"}}, PageSize: 5})
 	for i := range 12 {
 		srv.Add(ec2test.Instance{ID: fmt.Sprintf("i-%017d", i), PublicIP: fmt.Sprintf("203.0.113.%d", i+1),
@@ -93,7 +102,9 @@ func TestDescribeInstancesFiltersAndPages(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
+	t.Parallel()
 	t.Run("wrong secret key: AuthFailure, no retry", func(t *testing.T) {
+		t.Parallel()
 		d, srv := setup(t, Config{AccessKeyID: akid, SecretAccessKey: "wrong"})
 		_, err := d.Detect(ctx(t))
 		var ae smithy.APIError
@@ -108,6 +119,7 @@ func TestErrors(t *testing.T) {
 		}
 	})
 	t.Run("unavailable: retried, then fails", func(t *testing.T) {
+		t.Parallel()
 		d, srv := setup(t, Config{MaxAttempts: 2})
 		srv.Add(ec2test.Instance{ID: "i-1", PublicIP: "203.0.113.1"})
 		srv.FailNext(2, 503, "Unavailable", "The server is overloaded and can't handle the request.")
@@ -123,6 +135,7 @@ func TestErrors(t *testing.T) {
 		}
 	})
 	t.Run("invalid filter: InvalidParameterValue", func(t *testing.T) {
+		t.Parallel()
 		d, _ := setup(t, Config{})
 		d.cfg.Tags = nil
 		_, err := d.client.DescribeInstances(ctx(t), nil)
@@ -145,6 +158,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestParseTags(t *testing.T) {
+	t.Parallel()
 	got, err := ParseTags("env=prod|staging, autoprov, team=*")
 	if err != nil || len(got) != 3 || got["env"][1] != "staging" || got["autoprov"][0] != "*" || got["team"][0] != "*" {
 		t.Errorf("%v %v", got, err)

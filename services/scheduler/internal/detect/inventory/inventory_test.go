@@ -46,6 +46,7 @@ func byHandle(list []fleet.Detected) map[string]fleet.Detected {
 // TestFormats reads the same fleet written in each format Ansible reads,
 // through the real ansible-inventory, and expects the same servers.
 func TestFormats(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ini := write(t, dir, "ini/hosts.ini", `
 [web]
@@ -83,6 +84,7 @@ all:
 		web2Env    bool
 	}{{"ini", ini, false}, {"yaml", yml, false}, {"directory with group_vars and host_vars", tree, true}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			list, err := detect(t, tc.path)
 			if err != nil {
 				t.Fatal(err)
@@ -114,6 +116,7 @@ all:
 }
 
 func TestBrokenInventoryFails(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for name, path := range map[string]string{
 		"missing":    filepath.Join(dir, "nope.ini"),
@@ -121,6 +124,7 @@ func TestBrokenInventoryFails(t *testing.T) {
 		"bad port":   write(t, dir, "port.ini", "a ansible_port=http\n"),
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			list, err := detect(t, path)
 			if err == nil {
 				t.Fatalf("no error; listed %v", list)
