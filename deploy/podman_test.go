@@ -223,12 +223,21 @@ func (s *stack) WaitHealthy(ctx context.Context, cname string, limit time.Durati
 	s.t.Fatalf("%s not healthy within %s (%v); its last lines:\n%s", cname, limit, last, lastLines(s.Logs(ctx, cname), 40))
 }
 
-// Wait waits for a container to exit and returns its exit code.
+// Wait waits for a container to exit and returns its exit code. podman
+// wait forgets the exit code of a container that exited some minutes ago
+// ("no such exit code", podman keeps them 5 minutes): the container's
+// state, which keeps it, answers then.
 func (s *stack) Wait(ctx context.Context, cname string) int {
 	s.t.Helper()
 	out, err := podman(ctx, "wait", cname)
 	if err != nil {
-		s.t.Fatal(err)
+		state, ierr := podman(ctx, "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", cname)
+		var status string
+		var code int
+		if _, serr := fmt.Sscan(state, &status, &code); ierr != nil || serr != nil || status != "exited" {
+			s.t.Fatalf("%v (state %q: %v)", err, state, ierr)
+		}
+		return code
 	}
 	var code int
 	fmt.Sscan(out, &code)
