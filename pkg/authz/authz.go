@@ -37,7 +37,9 @@ type Config struct {
 	// services read it: SPECIAL_ALLOW_NETWORKS).
 	Special       SpecialConfig
 	AllowNetworks []string `env:"DEPLOY_ALLOW_NETWORKS" envSeparator:"," desc:"networks (CIDR) an unregistered deploy target may be in, e.g. 203.0.113.0/24 (empty: deploys go to registered servers only; loopback, link-local, multicast, broadcast and this host's addresses are refused whatever it says)"`
-	SecretRefs    []string `env:"DEPLOY_SECRET_REFS" envSeparator:"," envDefault:"vault:secret/projects/{project_id}/**" desc:"templates of the secret references a deploy may name: {project_id} is the request's project, * one path segment (or part of one), ** the rest of the path, #field limits the field"`
+	// Pools grants the Ansible job pools to projects (pools.go).
+	Pools      PoolConfig
+	SecretRefs []string `env:"DEPLOY_SECRET_REFS" envSeparator:"," envDefault:"vault:secret/projects/{project_id}/**" desc:"templates of the secret references a deploy may name: {project_id} is the request's project, * one path segment (or part of one), ** the rest of the path, #field limits the field"`
 }
 
 // Validate checks the networks and templates.
@@ -55,6 +57,9 @@ func parseConfig(c Config) (parsed, error) {
 	var p parsed
 	nets, errs := parseNetworks("DEPLOY_ALLOW_NETWORKS", c.AllowNetworks)
 	p.nets = nets
+	if _, err := c.Pools.Pools(); err != nil {
+		errs = append(errs, err)
+	}
 	if _, err := parseNetworks(specialSetting, c.Special.AllowNetworks); err != nil {
 		errs = append(errs, err...)
 	}

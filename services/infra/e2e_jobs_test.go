@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -618,6 +619,8 @@ func TestAnsibleJobCancel(t *testing.T) {
 
 // TestAnsibleJobPools: each pool is its own stream, served by the replicas
 // whose JOB_POOLS name it (two each here); a job id sent twice runs once.
+// A pool belongs to the operator: a job of a project the pool is not
+// granted to (JOB_POOL_PROJECTS) is rejected, and runs nothing.
 func TestAnsibleJobPools(t *testing.T) {
 	t.Parallel()
 	w := newJobWorld(t, 2)
@@ -625,8 +628,22 @@ func TestAnsibleJobPools(t *testing.T) {
 	owners := map[string][]string{"": {"infra-default-1", "infra-default-2"}, "gpu": {"infra-gpu-1", "infra-gpu-2"}}
 	for pool, names := range owners {
 		for _, name := range names {
-			w.start("STREAM_CONSUMER_NAME="+name, "JOB_POOLS="+cmp.Or(pool, "default"))
+			w.start("STREAM_CONSUMER_NAME="+name, "JOB_POOLS="+cmp.Or(pool, "default"), "JOB_POOL_PROJECTS=gpu="+jobProject)
 		}
+	}
+	// Sent straight to the pool's stream (the deployer refuses it at
+	// submit): infra checks again.
+	const otherProject = "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"
+	intruder := w.job("job-pool-intruder", map[string]messages.Vars{"intruder": w.host(0)}, "site.yml")
+	intruder.ProjectID, intruder.Options.Pool = otherProject, "gpu"
+	w.submit(intruder)
+	r := w.waitJob("job-pool-intruder", time.Minute)
+	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
+	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "options.pool" || !strings.Contains(r.Error.Fields[0].Message, "JOB_POOL_PROJECTS") {
+		t.Errorf("a job of another project on pool gpu: fields %+v, want options.pool refused", r.Error.Fields)
+	}
+	if _, err := os.Stat(filepath.Join(w.out, "intruder.a")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused job ran its play: %v", err)
 	}
 	var ids []string
 	for _, pool := range []string{"", "gpu"} {

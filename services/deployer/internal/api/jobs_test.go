@@ -161,10 +161,11 @@ func TestJobs(t *testing.T) {
 // TestJobRefusals: invalid jobs are 422 naming the fields (an unknown
 // credential name, another project's credential, a reference outside the
 // project's templates, wire rule breaks), a project the key lacks is 403;
-// nothing is stored or published.
+// nothing is stored or published. A pool belongs to the operator: one not
+// granted to the project (JOB_POOL_PROJECTS) is 422 options.pool.
 func TestJobRefusals(t *testing.T) {
 	t.Parallel()
-	e := dt.Start(t, dt.Options{NoInfra: true})
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"JOB_POOL_PROJECTS": "gpu=*,tenant-b=" + projectB}})
 	keyA := e.Key("jobs-a", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
 	keyB := e.Key("jobs-b", []auth.Scope{auth.ScopeJobsWrite, auth.ScopeCredentialsWrite}, projectB)
 	if resp, body := e.Do("POST", "/api/v1/credentials", keyB, map[string]any{"name": "b-ssh", "ref": "vault:secret/projects/" + projectB + "/ssh"}); resp.StatusCode != 201 {
@@ -187,6 +188,10 @@ func TestJobRefusals(t *testing.T) {
 			m["options"].(map[string]any)["timeout"] = -1
 		}, 422, []string{"source.paths[0]", "options.verbosity", "options.timeout"}},
 		{"another project", func(m map[string]any) { m["project_id"] = projectB }, 403, []string{"project_id"}},
+		{"another project's pool", func(m map[string]any) { m["options"].(map[string]any)["pool"] = "tenant-b" }, 422, []string{"options.pool"}},
+		{"a pool granted to nobody", func(m map[string]any) { m["options"].(map[string]any)["pool"] = "trusted" }, 422, []string{"options.pool"}},
+		{"default is no pool's name", func(m map[string]any) { m["options"].(map[string]any)["pool"] = "default" }, 422, []string{"options.pool"}},
+		{"none is no pool's name", func(m map[string]any) { m["options"].(map[string]any)["pool"] = "none" }, 422, []string{"options.pool"}},
 	} {
 		req := jobRequest()
 		tc.change(req)
@@ -206,6 +211,26 @@ func TestJobRefusals(t *testing.T) {
 	var n int
 	if err := e.DB.QueryRow(context.Background(), `SELECT count(*) FROM deployments`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d refused jobs stored (%v)", n, err)
+	}
+	// The pools granted: to every project, and to B alone.
+	for _, tc := range []struct {
+		key, project, pool string
+	}{{keyA, dt.Project, "gpu"}, {keyB, projectB, "tenant-b"}} {
+		req := jobRequest()
+		req["project_id"] = tc.project
+		req["options"].(map[string]any)["pool"] = tc.pool
+		if tc.project == projectB {
+			req["credentials"] = map[string]any{"ssh": "b-ssh"}
+			req["source"].(map[string]any)["git_credential"] = "vault:secret/projects/" + projectB + "/git"
+		}
+		resp, body := e.Do("POST", "/api/v1/jobs", tc.key, req)
+		if resp.StatusCode != 202 {
+			t.Errorf("pool %s for its project: %d %s, want 202", tc.pool, resp.StatusCode, body)
+			continue
+		}
+		if n, _ := e.Redis.XLen(context.Background(), e.Streams.JobQueue+":"+tc.pool).Result(); n != 1 {
+			t.Errorf("pool %s: %d jobs on its stream, want 1", tc.pool, n)
+		}
 	}
 }
 

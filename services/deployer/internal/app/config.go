@@ -44,6 +44,9 @@ type Config struct {
 	// SecretRefs are the templates of the secret references a request
 	// may name, checked at submit.
 	SecretRefs SecretRefsConfig
+	// Pools grants the Ansible job pools to projects, as infra's
+	// JOB_POOL_PROJECTS (give both the same value); checked at submit.
+	Pools authz.PoolConfig
 	// Credentials configures the named credentials' Vault writer.
 	Credentials CredentialsConfig `envPrefix:"CREDENTIALS_"`
 }
@@ -171,6 +174,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.SecretRefs.Authorizer(); err != nil {
 		errs = append(errs, err)
+	}
+	if _, err := authz.ParsePools(c.Pools.Projects); err != nil {
+		errs = append(errs, service.Invalid(authz.PoolsSetting, "%v", err))
 	}
 	if err := c.Credentials.Vault.Validate(); err != nil {
 		errs = append(errs, service.Invalid("CREDENTIALS_VAULT_ADDR", "%v", err))

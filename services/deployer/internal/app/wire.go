@@ -87,6 +87,10 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if err != nil {
 		return nil, err
 	}
+	pools, err := cfg.Pools.Pools()
+	if err != nil {
+		return nil, err
+	}
 	ccfg := credentials.Config{Refs: refs, Mount: cfg.Credentials.Mount, Path: cfg.Credentials.Path}
 	if cfg.Credentials.Vault.Addr != "" {
 		p.vault, err = secrets.NewVault(ctx, cfg.Credentials.Vault, secrets.VaultOptions{Logger: log})
@@ -98,7 +102,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	p.Credentials = credentials.NewService(d.DB, ccfg)
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
-		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs, Credentials: p.Credentials}
+		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs, Credentials: p.Credentials, Pools: pools}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
 			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),

@@ -59,6 +59,11 @@ func (s *Service) jobMessage(ctx context.Context, r *JobRequest, v Visibility, j
 			fields = appendField(fields, f)
 		}
 	}
+	if validProject && r.Options.Pool != "" {
+		if err := s.cfg.Pools.Check(r.Options.Pool, project); err != nil {
+			fields = appendField(fields, FieldError{Field: "options.pool", Message: err.Error()})
+		}
+	}
 	if r.Options.CallbackURL != "" {
 		switch {
 		case s.cfg.CheckCallback == nil:

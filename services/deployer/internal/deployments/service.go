@@ -73,6 +73,10 @@ type Config struct {
 	// so that a refused reference never reaches the queue; nil leaves the
 	// check to infra alone.
 	SecretRefs *authz.Authorizer
+	// Pools grants the named job pools to projects (JOB_POOL_PROJECTS, as
+	// infra reads it): a job naming a pool its project may not use is
+	// refused at submit. The zero value grants no named pool.
+	Pools authz.Pools
 	// Credentials resolves the credential fields of a job (a stored
 	// credential's name, or a reference checked against the project's
 	// templates); nil: references only, checked with SecretRefs.

@@ -61,8 +61,19 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 	if workDir == "" {
 		workDir = filepath.Join(base, "autoprov-jobs")
 	}
+	access, err := cfg.Authz.Pools.Pools()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pools {
+		if p != jobs.DefaultPool && !access.Granted(p) {
+			log.Warn().Str("pool", p).Str("setting", authz.PoolsSetting).
+				Msg("no project may use this pool: its jobs are rejected until the operator grants it")
+		}
+	}
 	streams, err := handler.ServeAnsibleJobs(jobs.AnsibleJobsConfig{
 		Pools:         pools,
+		PoolAccess:    access,
 		WorkDir:       workDir,
 		MaxHosts:      cmp.Or(cfg.Inventory.MaxHosts, 500),
 		Sources:       jobs.CacheSources{Cache: cache},

@@ -116,7 +116,7 @@ type JobsConfig struct {
 	OutageWait       time.Duration `env:"DB_OUTAGE_WAIT" envDefault:"3m" desc:"how long a job waits out a Postgres outage (retrying with backoff) before it counts as an infrastructure error; a job never fails for an outage shorter than this"`
 	RedisOutageWait  time.Duration `env:"REDIS_OUTAGE_WAIT" envDefault:"3m" desc:"how long publishing a job's result waits out Redis being unreachable (a restart, a failover) before the request is retried; the play itself goes on through a Redis outage"`
 	Pools            []string      `env:"JOB_POOLS" envDefault:"default" envSeparator:"," desc:"pools of Ansible jobs this instance serves: default (ansible:job:queue) and/or names of ansible:job:queue:<pool>; none: no Ansible jobs"`
-	WorkDir          string        `env:"JOB_WORK_DIR" desc:"parent of the Ansible jobs' private directories (checkouts, generated plays); default: jobs next to PLAYBOOK_RUN_ROOT"`
+	WorkDir          string        `env:"JOB_WORK_DIR" desc:"parent of the Ansible jobs' private directories (checkouts, generated plays); default: autoprov-jobs next to PLAYBOOK_RUN_ROOT"`
 }
 
 // stopMargin is the part of SHUTDOWN_GRACE kept for what follows the

@@ -77,6 +77,11 @@ type AnsibleJobsConfig struct {
 	// Pools this instance serves: DefaultPool for StreamAnsibleJobQueue,
 	// other names for AnsibleJobQueue(name).
 	Pools []string
+	// PoolAccess is the operator's grant of named pools to projects
+	// (JOB_POOL_PROJECTS): a job of a project its pool is not granted to
+	// is rejected before anything of it is fetched. The zero value grants
+	// no named pool.
+	PoolAccess authz.Pools
 	// WorkDir is the parent of the jobs' private directories (checkouts,
 	// generated plays); created 0700 when missing.
 	WorkDir string
@@ -174,6 +179,9 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 	if want := messages.AnsibleJobQueue(m.Options.Pool); msg.Stream != want {
 		return j.reject(ctx, &messages.ValidationError{Fields: []messages.FieldError{{Field: "options.pool",
 			Message: fmt.Sprintf("the job names pool %q but was read from %s: append it to %s", m.Options.Pool, msg.Stream, want)}}})
+	}
+	if err := cfg.PoolAccess.Check(m.Options.Pool, m.ProjectID); err != nil {
+		return j.reject(ctx, &messages.ValidationError{Fields: []messages.FieldError{{Field: "options.pool", Message: err.Error()}}})
 	}
 	j.log = j.log.With().Str("project_id", m.ProjectID).Str("pool", m.Options.Pool).Logger()
 	j.timeoutCap = time.Duration(m.Options.TimeoutSeconds) * time.Second

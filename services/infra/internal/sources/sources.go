@@ -48,7 +48,7 @@ var (
 // with infra's prefix; desc is the --help line). The zero value of a
 // field means its default.
 type Config struct {
-	CacheDir      string        `env:"CACHE_DIR" desc:"directory of the cache of bare clones of Ansible jobs' repositories (default: sources under the run root)"`
+	CacheDir      string        `env:"CACHE_DIR" desc:"directory of the cache of bare clones of Ansible jobs' repositories (default: autoprov-sources next to PLAYBOOK_RUN_ROOT)"`
 	CacheMaxBytes int64         `env:"CACHE_MAX_BYTES" envDefault:"4294967296" desc:"size of the cache of bare clones past which the least recently used repositories are removed"`
 	RepoMaxBytes  int64         `env:"REPO_MAX_BYTES" envDefault:"1073741824" desc:"largest bare clone of one repository; a clone or fetch past it fails"`
 	CheckoutMax   int64         `env:"CHECKOUT_MAX_BYTES" envDefault:"1073741824" desc:"largest checkout of one commit (its files added up)"`
