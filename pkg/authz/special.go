@@ -102,6 +102,9 @@ func (g *Guard) check(address string) *AddressError {
 	if strings.Contains(address, ":") || strings.Contains(address, "%") {
 		return &AddressError{Address: address, Class: ClassInvalid, Reason: "not an IP address without a zone"}
 	}
+	if EndsInNumber(address) {
+		return &AddressError{Address: address, Class: ClassInvalid, Reason: NumericNameReason}
+	}
 	name := strings.ToLower(strings.TrimSuffix(address, "."))
 	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
 		if !g.allowed(netip.IPv6Loopback()) && !g.allowed(netip.AddrFrom4([4]byte{127, 0, 0, 1})) {
@@ -192,4 +195,33 @@ func cachedInterfaceAddrs(list func() ([]net.Addr, error), ttl time.Duration) fu
 		addrs, at = a, time.Now()
 		return addrs, nil
 	}
+}
+
+// NumericNameReason says why a name that EndsInNumber is refused.
+const NumericNameReason = "a number, not an IPv4 address in dotted-decimal form (a.b.c.d): " +
+	"forms such as 0x7f000001, 2130706433, 0177.0.0.1 or 127.1 are refused"
+
+// EndsInNumber reports whether a host name's last label (a trailing dot
+// aside) is a number: decimal digits, or 0x and hex digits. No DNS name
+// ends so (no top-level domain is numeric), while the resolvers of the C
+// library, and so ssh and Python, read such a name as an IPv4 address in
+// another form (inet_aton: 0x7f000001, 2130706433, 0177.0.0.1 and 127.1
+// are all 127.0.0.1): a guard that resolved it through DNS would pass an
+// address the connection then reaches. It is the WHATWG URL standard's
+// rule for hosts; such a name is refused before any lookup, a canonical
+// IPv4 literal being parsed as an address first.
+func EndsInNumber(name string) bool {
+	name = strings.TrimSuffix(name, ".")
+	last := name[strings.LastIndexByte(name, '.')+1:]
+	if last == "" {
+		return false
+	}
+	digits := "0123456789"
+	if h, ok := strings.CutPrefix(strings.ToLower(last), "0x"); ok {
+		last, digits = h, "0123456789abcdef"
+		if last == "" {
+			return true // "0x" alone is the number 0
+		}
+	}
+	return strings.Trim(last, digits) == ""
 }

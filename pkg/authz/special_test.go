@@ -30,6 +30,14 @@ func TestGuardClasses(t *testing.T) {
 		"169.254.1.1":            ClassLinkLocal,
 		"fe80::1":                ClassLinkLocal,
 		"fe80::1%eth0":           ClassInvalid,
+		"0x7f000002":             ClassInvalid, // 127.0.0.2 to inet_aton, never sent to DNS
+		"2130706434":             ClassInvalid,
+		"0177.0.0.2":             ClassInvalid,
+		"127.2":                  ClassInvalid,
+		"127.0.0.02":             ClassInvalid,
+		"0X7F.1":                 ClassInvalid,
+		"1.2.3.4.":               ClassInvalid,
+		"web.0x":                 ClassInvalid,
 		"224.0.0.1":              ClassMulticast,
 		"ff02::1":                ClassMulticast,
 		"255.255.255.255":        ClassBroadcast,
@@ -42,7 +50,7 @@ func TestGuardClasses(t *testing.T) {
 			t.Errorf("%s: %v, want class %s", addr, err, want)
 		}
 	}
-	for _, ok := range []string{"203.0.113.7", "2001:db8::1", "web-1.example.com", "198.51.100.2"} {
+	for _, ok := range []string{"203.0.113.7", "2001:db8::1", "web-1.example.com", "198.51.100.2", "1e100.net", "web-2", "0xweb.example", "123.example"} {
 		if err := g.Check(ok); err != nil {
 			t.Errorf("%s refused: %v", ok, err)
 		}
@@ -84,6 +92,11 @@ func TestGuardCheckHostResolves(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ae *AddressError
+	// A numeric name is refused before any lookup (the fake resolver
+	// would answer "no such host", which passes).
+	if err := g.CheckHost(context.Background(), "0x7f000002"); !errors.As(err, &ae) || ae.Class != ClassInvalid {
+		t.Errorf("0x7f000002: %v, want refused as invalid without a lookup", err)
+	}
 	if err := g.CheckHost(context.Background(), "meta.example"); !errors.As(err, &ae) || ae.Class != ClassMetadata {
 		t.Errorf("meta.example: %v", err)
 	}

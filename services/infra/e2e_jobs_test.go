@@ -280,6 +280,18 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 		t.Errorf("fields %+v", r.Error.Fields)
 	}
 
+	// A number that is no dotted-decimal address: ssh would read it as
+	// 127.0.0.2; refused as the requester's error before any lookup.
+	numeric := w.host(0)
+	numeric["ansible_host"] = "0x7f000002"
+	num := w.job("job-numeric", map[string]messages.Vars{"n1": numeric}, "site.yml")
+	w.submit(num)
+	r = w.waitJob("job-numeric", time.Minute)
+	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
+	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "inventory.hosts[n1]" || !strings.Contains(r.Error.Fields[0].Message, "dotted-decimal") {
+		t.Errorf("fields %+v", r.Error.Fields)
+	}
+
 	esc := w.job("job-escape", map[string]messages.Vars{"t1": w.host(0)}, "escape.yml")
 	w.submit(esc)
 	r = w.waitJob("job-escape", time.Minute)
@@ -288,8 +300,8 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 		t.Errorf("fields %+v", r.Error.Fields)
 	}
 	w.waitAcked(messages.StreamAnsibleJobQueue, time.Minute)
-	if n := w.rdb.XLen(context.Background(), messages.StreamAnsibleJobQueue+stream.DeadLetterSuffix).Val(); n != 4 {
-		t.Errorf("%d dead letters, want 4", n)
+	if n := w.rdb.XLen(context.Background(), messages.StreamAnsibleJobQueue+stream.DeadLetterSuffix).Val(); n != 5 {
+		t.Errorf("%d dead letters, want 5", n)
 	}
 }
 

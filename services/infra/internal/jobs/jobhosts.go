@@ -171,6 +171,11 @@ func (aj *ansibleJob) address(ctx context.Context, given string) (string, string
 	if _, err := netip.ParseAddr(given); err == nil {
 		return "", "is not a usable address"
 	}
+	if authz.EndsInNumber(given) {
+		// ssh would read it as an IPv4 address in another form: refused
+		// before any lookup, as the requester's error.
+		return "", "is " + authz.NumericNameReason
+	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	ips, err := net.DefaultResolver.LookupNetIP(rctx, "ip", given)
