@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -60,17 +61,25 @@ func TestProgressNotATerminal(t *testing.T) {
 }
 
 // TestValidateShowsProgressOffTerminal: a validate step that runs over the
-// threshold (ansible-lint of the repository's playbooks takes seconds)
+// threshold (ansible-lint takes seconds to start, even on one playbook)
 // leaves plain progress lines on stderr and keeps stdout for the report.
 func TestValidateShowsProgressOffTerminal(t *testing.T) {
 	t.Parallel()
 	bin := serviceBinaries(t)
 	env := map[string]string{"PATH": os.Getenv("PATH")}
-	// Each run lints the repository's playbooks, the package's longest
-	// step: they run side by side.
+	// One small playbook, not the repository's (TestValidate lints those):
+	// the lints run beside the other tests.
+	dir := filepath.Join(t.TempDir(), "ansible")
+	if err := os.MkdirAll(filepath.Join(dir, "playbooks"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	play := "---\n- name: Ping\n  hosts: all\n  gather_facts: false\n  tasks:\n    - name: Ping\n      ansible.builtin.ping:\n"
+	if err := os.WriteFile(filepath.Join(dir, "playbooks", "ping.yml"), []byte(play), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	t.Run("plain", func(t *testing.T) {
 		t.Parallel()
-		out, errOut, code := run(t, env, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible")
+		out, errOut, code := run(t, env, "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", dir)
 		if code != 0 && code != 1 {
 			t.Fatalf("exit %d\n%s%s", code, out, errOut)
 		}
@@ -83,7 +92,7 @@ func TestValidateShowsProgressOffTerminal(t *testing.T) {
 	})
 	t.Run("json", func(t *testing.T) {
 		t.Parallel()
-		_, errOut, _ := run(t, env, "--json", "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", "../../../../ansible")
+		_, errOut, _ := run(t, env, "--json", "validate", "--bin-dir", bin, "--service", "infra", "--ansible-dir", dir)
 		if strings.Contains(errOut, "autoprov: running") {
 			t.Errorf("--json: progress on stderr %q", errOut)
 		}
