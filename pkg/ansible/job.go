@@ -19,6 +19,10 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages/pattern"
 )
 
+// jobHostAlias is the alias of a job's run, which has no one host: the
+// messages of its outcome name the host of the failure instead.
+const jobHostAlias = "of the job"
+
 // A job (RunJob) is a general Ansible run: a playbook of the caller's
 // checkout on several hosts, with the options of ansible-playbook a CI
 // pipeline uses. It keeps every safety of Run (private run directory,
@@ -339,7 +343,7 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 			spec.env = append(spec.env, name+"="+v)
 		}
 	}
-	spec.Host.Alias = "of the job" // in the runner's messages: "host of the job unreachable"
+	spec.Host.Alias = jobHostAlias // no one host: the events name the host
 	// What earlier runs left on the hosts stops before the play starts
 	// (a host whose scope's last run succeeded is skipped, see remote.go).
 	takeover, stop := r.takeoverJob(ctx, rd, &js, keys, markers, log)

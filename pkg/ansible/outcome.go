@@ -1,6 +1,7 @@
 package ansible
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -158,6 +159,24 @@ func (v *verdict) classify() (Outcome, *FailedTask, error) {
 		anyFailed = anyFailed || h.Failed > 0
 		anyUnreachable = anyUnreachable || h.Unreachable > 0
 	}
+	// onHost and hostOf name the host of a failure: the event's host,
+	// else the run's (a job's run has no one host).
+	name := func(ft *FailedTask) string {
+		switch {
+		case ft != nil && ft.Host != "":
+			return ft.Host
+		case v.alias == jobHostAlias:
+			return ""
+		}
+		return v.alias
+	}
+	hostOf := func(ft *FailedTask) string {
+		if n := name(ft); n != "" {
+			return "host " + n
+		}
+		return "a host of the job"
+	}
+	onHost := func(ft *FailedTask) string { return cmp.Or(name(ft), "a host of the job") }
 	describe := func(ft *FailedTask) string {
 		if ft == nil {
 			return ""
@@ -184,12 +203,12 @@ func (v *verdict) classify() (Outcome, *FailedTask, error) {
 		if v.code != 4 && v.code != 3 {
 			v.mismatch = "events show an unreachable host but the exit code is not 4"
 		}
-		return OutcomeUnreachable, ev.unreached, fmt.Errorf("host %s unreachable%s", v.alias, describe(ev.unreached))
+		return OutcomeUnreachable, ev.unreached, fmt.Errorf("%s unreachable%s", hostOf(ev.unreached), describe(ev.unreached))
 	case anyFailed || (ev.stats == nil && ev.failed != nil):
 		if v.code != 2 {
 			v.mismatch = "events show a failed task but the exit code is not 2"
 		}
-		return OutcomeFailed, ev.failed, fmt.Errorf("failed on %s%s", v.alias, describe(ev.failed))
+		return OutcomeFailed, ev.failed, fmt.Errorf("failed on %s%s", onHost(ev.failed), describe(ev.failed))
 	case v.code == 0:
 		if ev.stats == nil {
 			v.mismatch = "ansible-playbook exited 0 without a stats event: is the autoprov_events callback enabled?"

@@ -274,7 +274,11 @@ func (e *execution) readEvents() {
 			}
 		}
 		if ev.Type == EventTaskStart || ev.Type == EventHandlerStart {
-			e.lastTask.Store(&FailedTask{Name: ev.Task, Play: ev.Play, Host: e.spec.Host.Alias})
+			host := e.spec.Host.Alias
+			if host == jobHostAlias {
+				host = "" // a job's task runs on several hosts: which one stopped is unknown
+			}
+			e.lastTask.Store(&FailedTask{Name: ev.Task, Play: ev.Play, Host: host})
 		}
 		e.queue.push(ev)
 	})

@@ -151,6 +151,34 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// TestClassifyJobNamesTheHost: a job's run has no one host; its outcome's
+// message names the host of the failure from the events, never the run's
+// placeholder alias ("failed on of the job").
+func TestClassifyJobNamesTheHost(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		ev   *eventState
+		code int
+		want string
+	}{
+		{"failed", &eventState{failed: &FailedTask{Name: "Install", Host: "web-2", Message: "boom"}, stats: map[string]Recap{"web-2": {Failed: 1}}}, 2,
+			`failed on web-2 in task "Install": boom`},
+		{"unreachable", &eventState{unreached: &FailedTask{Name: "Ping", Host: "db-1", Message: "refused"}, stats: map[string]Recap{"db-1": {Unreachable: 1}}}, 4,
+			`host db-1 unreachable in task "Ping": refused`},
+		{"unreachable, no host known", &eventState{stats: map[string]Recap{"db-1": {Unreachable: 1}}}, 4,
+			`a host of the job unreachable`},
+		{"failed, no host known", &eventState{failed: &FailedTask{Name: "Install"}}, 2,
+			`failed on a host of the job in task "Install"`},
+	} {
+		v := verdict{code: tt.code, ev: tt.ev, alias: jobHostAlias}
+		_, _, err := v.classify()
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
+		}
+	}
+}
+
 func TestTail(t *testing.T) {
 	t.Parallel()
 	redact := func(s string) string {
