@@ -373,6 +373,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SetValue(chromedp.CSS("#f-project_id"), "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"),
 		chromedp.SetValue(chromedp.CSS("#f-repo_full_name"), "acme/shop"),
 		chromedp.SetValue(chromedp.CSS("#f-server_ip"), "not-an-address"),
+		chromedp.SetValue(chromedp.CSS("#f-port"), "8080"),
 		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#e-server_ip")))
 	screenshot("deploy-form")
 	w.check(t, "invalid deployment")
@@ -403,6 +404,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SetValue(chromedp.CSS("#f-project_id"), "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"),
 		chromedp.SetValue(chromedp.CSS("#f-repo_full_name"), "acme/shop"),
 		chromedp.SetValue(chromedp.CSS("#f-server_ip"), "198.51.100.8"),
+		chromedp.SetValue(chromedp.CSS("#f-port"), "8081"),
 		chromedp.SetValue(chromedp.CSS("#f-correlation_id"), "hold"),
 		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#cancel")))
 	waitFor("it runs", `document.querySelector("#live-output").textContent.includes("run_started")`, false)

@@ -151,6 +151,13 @@ func TestSessionsAndCSRF(t *testing.T) {
 		}
 	}
 
+	// The deploy form's port is the application's, with no default: a
+	// prefilled 22 published the app on the SSH port (issue 34).
+	if _, body := b.get("/ui/deploy"); !strings.Contains(body, `for="f-port">Application port`) ||
+		regexp.MustCompile(`id="f-port"[^>]*value="\d`).MatchString(body) {
+		t.Errorf("deploy form's port field:\n%s", body)
+	}
+
 	// A key bound to projects sees neither the fleet nor the keys.
 	ci := newBrowser(t, e.URL)
 	ci.signIn(e.CI)

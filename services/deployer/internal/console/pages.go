@@ -468,7 +468,7 @@ var deployFields = []struct{ Name, Label, Help string }{
 	{"repo_full_name", "Repository", "owner/name of the repository to deploy"},
 	{"branch", "Branch", "empty: the default branch"},
 	{"server_ip", "Server address", "the server's IP address"},
-	{"port", "SSH port", "usually 22"},
+	{"port", "Application port", "the TCP port the project's stack publishes on the server (never its SSH port)"},
 	{"modules", "Modules", "comma-separated; empty: all"},
 	{"github_token_ref", "Git token reference", "a secret reference, never a token"},
 	{"secrets_ref", "Secrets reference", "a secret reference"},
@@ -478,7 +478,7 @@ var deployFields = []struct{ Name, Label, Help string }{
 }
 
 func (c *Console) deployForm(w http.ResponseWriter, r *http.Request) {
-	vals := map[string]string{"port": "22"}
+	vals := map[string]string{} // no port prefilled: keeping a default would publish the app on it
 	if ps := c.key(r).Projects; len(ps) > 0 {
 		vals["project_id"] = ps[0]
 	}
