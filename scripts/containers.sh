@@ -181,13 +181,13 @@ test)
 	guard_dev_null
 	images
 	step "container test: go test -tags containers -run TestContainers ./deploy"
-	cd deploy && go test -tags containers -count=1 -timeout 15m -run TestContainers -v .
+	cd deploy && go test -tags containers -count=1 -timeout 30m -run TestContainers -v .
 	;;
 run)
 	guard_dev_null
 	images
 	step "the compose stack: the main job, then infra scaled to 3 (deploy/containers_test.go)"
-	cd deploy && go test -tags containers -count=1 -timeout 20m -run TestContainers -v .
+	cd deploy && go test -tags containers -count=1 -timeout 30m -run TestContainers -v .
 	;;
 *)
 	echo "usage: $0 deps|images|test|run" >&2

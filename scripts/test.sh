@@ -70,7 +70,7 @@ if [ "${TEST_LANES:-2}" = 1 ] || [[ " $(echo $modules) " != *" $slow "* ]]; then
 	main_patterns=$(patterns)
 else
 	step "go test $slow (in its own lane: its output follows when it ends)"
-	gotest ansible -timeout 25m "$slow/..." >"$work/ansible.log" 2>&1 &
+	gotest ansible -timeout 40m "$slow/..." >"$work/ansible.log" 2>&1 &
 	slow_pid=$!
 fi
 
@@ -89,14 +89,14 @@ elif [[ " $(echo $modules) " == *" ./deploy "* ]]; then
 		scripts/containers.sh images
 		echo "==> images ready in $(($(date +%s) - t0))s"
 		# -v: the test prints each step with its time since the start.
-		cd deploy && go test -tags containers -count=1 -timeout 15m -v -run TestContainers .
+		cd deploy && go test -tags containers -count=1 -timeout 30m -v -run TestContainers .
 	) >"$work/containers.log" 2>&1 &
 	containers_pid=$!
 fi
 
 status=0
 step "go test -p ${TEST_P:-4} over the modules:" $main_patterns
-gotest main -p "${TEST_P:-4}" -timeout 20m $main_patterns || status=1
+gotest main -p "${TEST_P:-4}" -timeout 35m $main_patterns || status=1
 if [ -n "$slow_pid" ]; then
 	step "waiting for go test $slow"
 	wait "$slow_pid" || status=1
