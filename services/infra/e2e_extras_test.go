@@ -26,7 +26,7 @@ func TestExtraPlaybooksRunInOrderAndStopAtTheFirstFailure(t *testing.T) {
 	e.provision("job-extras-fail", "web-1", func(m *messages.ProvisionerMessage) {
 		m.Playbooks = []string{"extra_a.yml", "extra_fails.yml", "extra_b.yml"}
 	})
-	r := e.waitProvision("job-extras-fail", time.Minute)
+	r := e.waitProvision("job-extras-fail", 3*time.Minute) // three plays
 	if r.Status != messages.StatusFailed || r.Error == nil || r.Error.Kind != messages.KindPlaybookFailed ||
 		r.Playbook != "extra_fails.yml" || r.FailedTask == nil || r.FailedTask.Name != "Planned failure" {
 		t.Fatalf("result = %s %s %+v %+v", r.Status, r.Playbook, r.Error, r.FailedTask)
@@ -58,7 +58,7 @@ func TestExtraPlaybooksRunInOrderAndStopAtTheFirstFailure(t *testing.T) {
 	e.provision("job-extras-ok", "web-1", func(m *messages.ProvisionerMessage) {
 		m.Playbooks = []string{"extra_b.yml", "extra_a.yml"}
 	})
-	r = e.waitProvision("job-extras-ok", time.Minute)
+	r = e.waitProvision("job-extras-ok", 3*time.Minute) // three plays
 	want = []string{"setup_server.yml succeeded", "extra_b.yml succeeded", "extra_a.yml succeeded"}
 	if r.Status != messages.StatusSucceeded || r.Playbook != "extra_a.yml" || !slices.Equal(steps(r), want) {
 		t.Fatalf("result = %s %s %v %+v", r.Status, r.Playbook, steps(r), r.Error)
@@ -71,7 +71,7 @@ func TestExtraPlaybooksRunInOrderAndStopAtTheFirstFailure(t *testing.T) {
 	e.provision("job-extras-unknown", "web-1", func(m *messages.ProvisionerMessage) {
 		m.Playbooks = []string{"extra_a.yml", "not_there.yml"}
 	})
-	r = e.waitProvision("job-extras-unknown", time.Minute)
+	r = e.waitProvision("job-extras-unknown", 3*time.Minute)
 	if r.Status != messages.StatusRejected || r.Error == nil || len(r.Error.Fields) != 1 ||
 		r.Error.Fields[0].Field != "playbooks[1]" || len(r.Playbooks) != 0 {
 		t.Fatalf("result = %s %+v %v", r.Status, r.Error, steps(r))

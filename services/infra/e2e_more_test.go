@@ -32,7 +32,7 @@ func TestRecoveryRunsTheRecoveryPlaybook(t *testing.T) {
 	e.addServer("web-1", sshd)
 	e.infra()
 	e.provision("job-rec", "web-1", func(m *messages.ProvisionerMessage) { m.IsRecovery = true })
-	r := e.waitProvision("job-rec", time.Minute)
+	r := e.waitProvision("job-rec", 3*time.Minute)
 	if r.Status != messages.StatusSucceeded || r.Playbook != "recovery.yml" {
 		t.Fatalf("result = %s %s %+v", r.Status, r.Playbook, r.Error)
 	}
@@ -48,7 +48,7 @@ func TestForceReinstallWithoutProviderNukesThenSetsUp(t *testing.T) {
 	e.addServer("web-1", sshd)
 	e.infra()
 	e.provision("job-nuke", "web-1", func(m *messages.ProvisionerMessage) { m.ForceReinstall = true })
-	r := e.waitProvision("job-nuke", time.Minute)
+	r := e.waitProvision("job-nuke", 3*time.Minute) // two plays
 	if r.Status != messages.StatusSucceeded || r.Playbook != "setup_server.yml" {
 		t.Fatalf("result = %s %s %+v", r.Status, r.Playbook, r.Error)
 	}

@@ -32,7 +32,7 @@ func TestProvisionSucceeds(t *testing.T) {
 
 	before := e.server("web-1")
 	e.provision("job-ok", "web-1")
-	r := e.waitProvision("job-ok", time.Minute)
+	r := e.waitProvision("job-ok", 3*time.Minute)
 
 	if r.Status != messages.StatusSucceeded || r.Error != nil {
 		t.Fatalf("result = %s %+v", r.Status, r.Error)
@@ -104,7 +104,7 @@ func TestFailingTaskIsReportedAndNotRetried(t *testing.T) {
 	e.infra()
 
 	e.provision("job-fail", "web-1")
-	r := e.waitProvision("job-fail", time.Minute)
+	r := e.waitProvision("job-fail", 3*time.Minute)
 	if r.Status != messages.StatusFailed || r.Error == nil || r.Error.Kind != messages.KindPlaybookFailed {
 		t.Fatalf("result = %s %+v", r.Status, r.Error)
 	}
@@ -149,7 +149,7 @@ func TestUnreachableServerIsMarkedAndNothingRuns(t *testing.T) {
 	}
 	p := e.infra()
 	e.provision("job-down", "down-1")
-	r := e.waitProvision("job-down", time.Minute)
+	r := e.waitProvision("job-down", 3*time.Minute)
 	if r.Status != messages.StatusUnreachable || r.Error == nil || r.Error.Kind != messages.KindSSHUnreachable {
 		t.Fatalf("result = %s %+v", r.Status, r.Error)
 	}
@@ -256,7 +256,7 @@ func TestKilledInfraRunIsTakenOverOnce(t *testing.T) {
 	killedAt := time.Now()
 
 	b := e.infra()
-	r := e.waitProvision("job-k", 2*time.Minute)
+	r := e.waitProvision("job-k", 3*time.Minute)
 	if r.Status != messages.StatusSucceeded || r.Attempt != 2 {
 		t.Fatalf("result = %s attempt %d %+v", r.Status, r.Attempt, r.Error)
 	}
@@ -366,7 +366,7 @@ func TestTimeLimitsStopStuckRuns(t *testing.T) {
 			e.control("web-1", map[string]any{"sleep": 30})
 			e.infra("PLAYBOOK_TIMEOUTS=" + tt.limits)
 			e.provision("job-t", "web-1")
-			r := e.waitProvision("job-t", time.Minute)
+			r := e.waitProvision("job-t", 3*time.Minute)
 			if r.Status != messages.StatusFailed || r.Error == nil || r.Error.Kind != tt.kind {
 				t.Fatalf("result = %s %+v", r.Status, r.Error)
 			}
@@ -387,7 +387,7 @@ func TestRedeliveredFinishedJobRepublishesItsResult(t *testing.T) {
 	e.addServer("web-1", sshd)
 	e.infra()
 	e.provision("job-r", "web-1")
-	first := e.waitProvision("job-r", time.Minute)
+	first := e.waitProvision("job-r", 3*time.Minute)
 	// The producer sends the same job again (a retry after a timeout, or
 	// go-redis repeating an XADD): it is not run again.
 	e.provision("job-r", "web-1")

@@ -155,7 +155,7 @@ func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
 	time.Sleep(8 * time.Second)
 	pg.Start()
 
-	r := e.waitProvision("job-o", 2*time.Minute)
+	r := e.waitProvision("job-o", 3*time.Minute)
 	if r.Status != messages.StatusSucceeded {
 		t.Fatalf("result = %s %+v, want succeeded", r.Status, r.Error)
 	}

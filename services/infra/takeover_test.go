@@ -200,7 +200,7 @@ func TestCancelledRunStopsItsRemoteTask(t *testing.T) {
 	if err := e.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindProvision, "job-c"), "1", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := e.waitProvision("job-c", 2*time.Minute)
+	r := e.waitProvision("job-c", 3*time.Minute)
 	if r.Status != messages.StatusCancelled {
 		t.Fatalf("result %s %+v, want cancelled", r.Status, r.Error)
 	}
@@ -242,7 +242,7 @@ func TestBusyServerRequestsDoNotHoldTheSlot(t *testing.T) {
 		waitLogged(t, p, time.Minute, id, waitingLine)
 	}
 	e.provision("job-idle", "web-2")
-	if r := e.waitProvision("job-idle", 2*time.Minute); r.Status != messages.StatusSucceeded {
+	if r := e.waitProvision("job-idle", 3*time.Minute); r.Status != messages.StatusSucceeded {
 		t.Fatalf("job-idle: %s %+v", r.Status, r.Error)
 	}
 	// It finished while web-1 was still held: nothing ran there.

@@ -51,7 +51,7 @@ func TestOneTraceFromXAddToResult(t *testing.T) {
 	}
 	traceID := strings.Split(msg.Traceparent, "-")[1]
 
-	r := e.waitProvision("job-traced", time.Minute)
+	r := e.waitProvision("job-traced", 3*time.Minute)
 	if r.Status != messages.StatusSucceeded {
 		t.Fatalf("result %s %+v", r.Status, r.Error)
 	}
@@ -127,7 +127,7 @@ func TestOneTraceFromXAddToResult(t *testing.T) {
 
 	// An old request, without a trace context: a trace of its own.
 	e.provision("job-untraced", "web-1")
-	r2 := e.waitProvision("job-untraced", time.Minute)
+	r2 := e.waitProvision("job-untraced", 3*time.Minute)
 	p2 := strings.Split(r2.Traceparent, "-")
 	if r2.Status != messages.StatusSucceeded || len(p2) != 4 || p2[1] == traceID {
 		t.Fatalf("untraced request: result %s with traceparent %q", r2.Status, r2.Traceparent)

@@ -116,7 +116,7 @@ func TestWarmConnectionsNeverForJobs(t *testing.T) {
 	logins := func() int { return strings.Count(sshd.Log(), "Accepted publickey") }
 
 	w.provision("warm-p", "web-1")
-	if r := w.waitProvision("warm-p", time.Minute); r.Status != messages.StatusSucceeded {
+	if r := w.waitProvision("warm-p", 3*time.Minute); r.Status != messages.StatusSucceeded {
 		t.Fatalf("warm-p: %s %+v", r.Status, r.Error)
 	}
 	masters := warmMasters(w.runRoot)
