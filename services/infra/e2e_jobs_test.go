@@ -197,7 +197,7 @@ func TestAnsibleJobInlineInventory(t *testing.T) {
 	m.Source.Ref = "v1"
 	m.Options.Tags = []string{"b"}
 	w.submit(m)
-	r := w.waitJob("job-inline", 2*time.Minute)
+	r := w.waitJob("job-inline", 3*time.Minute)
 	jobStatus(t, r, messages.StatusFailed, messages.KindHostsUnreachable)
 	if r.Commit != commit {
 		t.Errorf("commit %q, want the tag's %s", r.Commit, commit)
@@ -225,7 +225,7 @@ func TestAnsibleJobInlineInventory(t *testing.T) {
 	m.Source.Ref = "v1"
 	m.Options.Limit, m.Options.Check, m.Options.Diff, m.Options.Tags = "t1", true, true, []string{"a"}
 	w.submit(m)
-	r = w.waitJob("job-check", 2*time.Minute)
+	r = w.waitJob("job-check", 3*time.Minute)
 	jobStatus(t, r, messages.StatusSucceeded, "")
 	if _, ok := r.Hosts["t2"]; ok || len(r.Hosts) != 1 || r.Hosts["t1"].Changed != 1 {
 		t.Errorf("recap %+v, want t1 alone with one (checked) change", r.Hosts)
@@ -260,7 +260,7 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 	bad := w.job("job-bad", map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
 	bad.Options.ExtraVars = messages.Vars{"ansible_connection": "local"}
 	w.submit(bad)
-	r := w.waitJob("job-bad", time.Minute)
+	r := w.waitJob("job-bad", 3*time.Minute)
 	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
 	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "options.extra_vars[ansible_connection]" {
 		t.Errorf("fields %+v", r.Error.Fields)
@@ -268,13 +268,13 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 	other := w.job("job-other-pool", map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
 	other.Options.Pool = "gpu"
 	w.publish(messages.StreamAnsibleJobQueue, other) // on the default pool's stream
-	r = w.waitJob("job-other-pool", time.Minute)
+	r = w.waitJob("job-other-pool", 3*time.Minute)
 	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
 
 	nokey := w.job("job-no-key", map[string]messages.Vars{"t1": w.host(0)}, "site.yml")
 	nokey.Credentials.SSH = "" // infra's own key is never lent to a job
 	w.submit(nokey)
-	r = w.waitJob("job-no-key", time.Minute)
+	r = w.waitJob("job-no-key", 3*time.Minute)
 	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
 	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "inventory.hosts[t1]" {
 		t.Errorf("fields %+v", r.Error.Fields)
@@ -286,7 +286,7 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 	numeric["ansible_host"] = "0x7f000002"
 	num := w.job("job-numeric", map[string]messages.Vars{"n1": numeric}, "site.yml")
 	w.submit(num)
-	r = w.waitJob("job-numeric", time.Minute)
+	r = w.waitJob("job-numeric", 3*time.Minute)
 	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
 	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "inventory.hosts[n1]" || !strings.Contains(r.Error.Fields[0].Message, "dotted-decimal") {
 		t.Errorf("fields %+v", r.Error.Fields)
@@ -294,7 +294,7 @@ func TestAnsibleJobRejectsBadInput(t *testing.T) {
 
 	esc := w.job("job-escape", map[string]messages.Vars{"t1": w.host(0)}, "escape.yml")
 	w.submit(esc)
-	r = w.waitJob("job-escape", time.Minute)
+	r = w.waitJob("job-escape", 3*time.Minute)
 	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
 	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "source.repository" || !strings.Contains(r.Error.Fields[0].Message, "escape.yml") {
 		t.Errorf("fields %+v", r.Error.Fields)
@@ -319,7 +319,7 @@ func TestAnsibleJobUnauthorizedHostRefused(t *testing.T) {
 		"metadata": {"ansible_host": "169.254.169.254"},
 	}, "site.yml")
 	w.submit(m)
-	r := w.waitJob("job-refused", time.Minute)
+	r := w.waitJob("job-refused", 3*time.Minute)
 	jobStatus(t, r, messages.StatusUnreachable, messages.KindSSHUnreachable)
 	if r.Hosts["outside"].Unreachable != 1 || r.Hosts["metadata"].Unreachable != 1 {
 		t.Errorf("recap %+v, want the refused hosts unreachable", r.Hosts)
@@ -377,7 +377,7 @@ func TestAnsibleJobVaultPassword(t *testing.T) {
 	m.Credentials.VaultPassword = "env:PROJ_SECRET_VAULT"
 	m.Options.Verbosity = 4
 	w.submit(m)
-	r := w.waitJob("job-vault", 2*time.Minute)
+	r := w.waitJob("job-vault", 3*time.Minute)
 	close(stop)
 	jobStatus(t, r, messages.StatusSucceeded, "")
 	got, err := os.ReadFile(filepath.Join(w.out, "t1.vault"))
@@ -433,7 +433,7 @@ func TestAnsibleJobAndDeployNeverOverlap(t *testing.T) {
 	w.deploy("deploy-1", w.sshds[0].Host, "", "")
 	m := w.job("job-slow", map[string]messages.Vars{"web": w.host(0)}, "slow.yml")
 	w.submit(m)
-	jobStatus(t, w.waitJob("job-slow", 2*time.Minute), messages.StatusSucceeded, "")
+	jobStatus(t, w.waitJob("job-slow", 3*time.Minute), messages.StatusSucceeded, "")
 	if r := w.waitDeploy("deploy-1"); r.Status != messages.StatusSucceeded {
 		t.Fatalf("deploy: %s %+v", r.Status, r.Error)
 	}
@@ -538,7 +538,7 @@ func TestAnsibleJobTakeoverAfterKilledReplica(t *testing.T) {
 	m = w.job("job-next", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
 	m.Options.ExtraVars["hold"] = int64(1)
 	w.submit(m)
-	jobStatus(t, w.waitJob("job-next", 2*time.Minute), messages.StatusSucceeded, "")
+	jobStatus(t, w.waitJob("job-next", 3*time.Minute), messages.StatusSucceeded, "")
 	recs := w.recordsIn(holds)
 	if len(recs) < 3 || recs[0][0] != "start" {
 		t.Fatalf("holds.log = %v, want the killed task's start, its end, the next task", recs)
@@ -605,7 +605,7 @@ func TestAnsibleJobCancel(t *testing.T) {
 	if err := w.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindJob, "job-cancel"), "test", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := w.waitJob("job-cancel", time.Minute)
+	r := w.waitJob("job-cancel", 3*time.Minute)
 	jobStatus(t, r, messages.StatusCancelled, messages.KindCancelled)
 	if d := time.Since(began); d > 30*time.Second {
 		t.Errorf("cancel took %s", d)
@@ -622,7 +622,7 @@ func TestAnsibleJobCancel(t *testing.T) {
 	m.Options.TimeoutSeconds = 3
 	began = time.Now()
 	w.submit(m)
-	r = w.waitJob("job-timeout", time.Minute)
+	r = w.waitJob("job-timeout", 3*time.Minute)
 	jobStatus(t, r, messages.StatusFailed, messages.KindTimeout)
 	if d := time.Since(began); d > 30*time.Second {
 		t.Errorf("a 3 s limit stopped the job after %s", d)
@@ -649,7 +649,7 @@ func TestAnsibleJobPools(t *testing.T) {
 	intruder := w.job("job-pool-intruder", map[string]messages.Vars{"intruder": w.host(0)}, "site.yml")
 	intruder.ProjectID, intruder.Options.Pool = otherProject, "gpu"
 	w.submit(intruder)
-	r := w.waitJob("job-pool-intruder", time.Minute)
+	r := w.waitJob("job-pool-intruder", 3*time.Minute)
 	jobStatus(t, r, messages.StatusRejected, messages.KindInvalidMessage)
 	if len(r.Error.Fields) != 1 || r.Error.Fields[0].Field != "options.pool" || !strings.Contains(r.Error.Fields[0].Message, "JOB_POOL_PROJECTS") {
 		t.Errorf("a job of another project on pool gpu: fields %+v, want options.pool refused", r.Error.Fields)
@@ -671,7 +671,7 @@ func TestAnsibleJobPools(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		r := w.waitJob(id, 2*time.Minute)
+		r := w.waitJob(id, 3*time.Minute)
 		jobStatus(t, r, messages.StatusSucceeded, "")
 		run := w.run(id)
 		if !slices.Contains(owners[r.Pool], run.Owner) || run.Stream != messages.AnsibleJobQueue(r.Pool) || run.Attempt != 1 {
@@ -716,7 +716,7 @@ func TestAnsibleJobGitAndURLInventories(t *testing.T) {
 		Credential: "env:PROJ_SECRET_GIT"}
 	m.Options.Limit = "web"
 	w.submit(m)
-	r := w.waitJob("job-git-inv", 2*time.Minute)
+	r := w.waitJob("job-git-inv", 3*time.Minute)
 	jobStatus(t, r, messages.StatusSucceeded, "")
 	if len(r.Hosts) != 1 || r.Hosts["t1"].Changed != 2 {
 		t.Errorf("recap %+v, want t1 with two changes", r.Hosts)
@@ -729,7 +729,7 @@ func TestAnsibleJobGitAndURLInventories(t *testing.T) {
 	m = w.job("job-url-inv", nil, "site.yml")
 	m.Inventory = messages.JobInventory{Type: messages.InventoryURL, URL: srv.URL + "/hosts.ini", Credential: "env:PROJ_SECRET_INV"}
 	w.submit(m)
-	r = w.waitJob("job-url-inv", time.Minute)
+	r = w.waitJob("job-url-inv", 3*time.Minute)
 	jobStatus(t, r, messages.StatusUnreachable, messages.KindSSHUnreachable)
 	if r.Hosts["far"].Unreachable != 1 {
 		t.Errorf("recap %+v, want the refused host unreachable", r.Hosts)
@@ -756,7 +756,7 @@ func TestAnsibleJobRoles(t *testing.T) {
 	m.Source = messages.JobSource{Type: messages.SourceRole, Repository: w.repo.URL, RolePath: "roles/greet",
 		GitCredential: "env:PROJ_SECRET_GIT", RoleVars: messages.Vars{"greeting": "{{ not templated }}", "marker": "role"}}
 	w.submit(m)
-	jobStatus(t, w.waitJob("job-role", 2*time.Minute), messages.StatusSucceeded, "")
+	jobStatus(t, w.waitJob("job-role", 3*time.Minute), messages.StatusSucceeded, "")
 	if got, err := os.ReadFile(filepath.Join(w.out, "t1.role")); err != nil || string(got) != "{{ not templated }}" {
 		t.Errorf("role output %q %v, want the role var as data", got, err)
 	}
@@ -766,7 +766,7 @@ func TestAnsibleJobRoles(t *testing.T) {
 		Version: ">=1.0.0", GalaxyServer: hub.URL, RoleVars: messages.Vars{"greeting": "hi", "marker": "collection"}}
 	m.Credentials.Galaxy = "env:PROJ_SECRET_GALAXY"
 	w.submit(m)
-	jobStatus(t, w.waitJob("job-collection", 2*time.Minute), messages.StatusSucceeded, "")
+	jobStatus(t, w.waitJob("job-collection", 3*time.Minute), messages.StatusSucceeded, "")
 	if got, err := os.ReadFile(filepath.Join(w.out, "t1.collection")); err != nil || string(got) != "hi" {
 		t.Errorf("collection role output %q %v", got, err)
 	}
@@ -843,7 +843,7 @@ func TestAnsibleJobDynamicInventory(t *testing.T) {
 	m.Credentials.Cloud = "env:PROJ_SECRET_CLOUD"
 	m.Options.Limit = "cloud"
 	w.submit(m)
-	r := w.waitJob("job-dynamic", 2*time.Minute)
+	r := w.waitJob("job-dynamic", 3*time.Minute)
 	jobStatus(t, r, messages.StatusSucceeded, "")
 	if len(r.Hosts) != 1 || r.Hosts["vm1"].Changed != 2 {
 		t.Errorf("recap %+v, want vm1 with two changes", r.Hosts)
@@ -854,7 +854,7 @@ func TestAnsibleJobDynamicInventory(t *testing.T) {
 	m = w.job("job-dynamic-vars", nil, "greet.yml")
 	m.Inventory, m.Credentials.Cloud = job.Inventory, job.Credentials.Cloud
 	w.submit(m)
-	jobStatus(t, w.waitJob("job-dynamic-vars", 2*time.Minute), messages.StatusSucceeded, "")
+	jobStatus(t, w.waitJob("job-dynamic-vars", 3*time.Minute), messages.StatusSucceeded, "")
 	if got, err := os.ReadFile(filepath.Join(w.out, "vm1.greeting")); err != nil || string(got) != "{{ not templated }}" {
 		t.Errorf("the plugin's host variable in the play: %q %v", got, err)
 	}
@@ -863,7 +863,7 @@ func TestAnsibleJobDynamicInventory(t *testing.T) {
 	m.Inventory.Config = messages.Vars{"hosts": []any{map[string]any{"name": "vm1", "address": s.Host, "port": int64(s.Port), "user": s.User,
 		"vars": map[string]any{"greeting": "hi", "ansible_shell_executable": "/tmp/x"}}}}
 	w.submit(m)
-	if r := w.waitJob("job-dynamic-conn", time.Minute); r.Status != messages.StatusRejected ||
+	if r := w.waitJob("job-dynamic-conn", 3*time.Minute); r.Status != messages.StatusRejected ||
 		!strings.Contains(fmt.Sprint(r.Error), "ansible_shell_executable") {
 		t.Errorf("a plugin's connection variable: %s %+v, want rejected naming it", r.Status, r.Error)
 	}

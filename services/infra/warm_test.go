@@ -125,7 +125,7 @@ func TestWarmConnectionsNeverForJobs(t *testing.T) {
 	}
 	before := logins()
 	w.submit(w.job("warm-job", map[string]messages.Vars{"t1": w.host(0)}, "site.yml"))
-	jobStatus(t, w.waitJob("warm-job", 2*time.Minute), messages.StatusSucceeded, "")
+	jobStatus(t, w.waitJob("warm-job", 3*time.Minute), messages.StatusSucceeded, "")
 	if got := logins() - before; got == 0 {
 		t.Fatal("the job logged in to the server not once: it went through the warm connection")
 	}
