@@ -159,8 +159,8 @@ func (v *verdict) classify() (Outcome, *FailedTask, error) {
 		anyFailed = anyFailed || h.Failed > 0
 		anyUnreachable = anyUnreachable || h.Unreachable > 0
 	}
-	// onHost and hostOf name the host of a failure: the event's host,
-	// else the run's (a job's run has no one host).
+	// name is the host of a failure: the event's, else the run's ("" for
+	// a job's, which has no one host); hostOf and onHost phrase it.
 	name := func(ft *FailedTask) string {
 		switch {
 		case ft != nil && ft.Host != "":
@@ -195,6 +195,7 @@ func (v *verdict) classify() (Outcome, *FailedTask, error) {
 		var ft *FailedTask
 		if v.lastTask != nil && v.stop != OutcomeError {
 			t := *v.lastTask
+			t.Host = name(&t) // the run's; none for a job's, which runs on several hosts
 			t.Message = v.stopErr.Error()
 			ft = &t
 		}

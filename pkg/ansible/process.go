@@ -274,11 +274,7 @@ func (e *execution) readEvents() {
 			}
 		}
 		if ev.Type == EventTaskStart || ev.Type == EventHandlerStart {
-			host := e.spec.Host.Alias
-			if host == jobHostAlias {
-				host = "" // a job's task runs on several hosts: which one stopped is unknown
-			}
-			e.lastTask.Store(&FailedTask{Name: ev.Task, Play: ev.Play, Host: host})
+			e.lastTask.Store(&FailedTask{Name: ev.Task, Play: ev.Play}) // its host: classify
 		}
 		e.queue.push(ev)
 	})

@@ -23,9 +23,8 @@ type Builds struct {
 	prefix string
 	builds []Build
 	once   sync.Once
-	mu     sync.Mutex
-	dir    string
-	err    error
+	dir    string // set by once
+	err    error  // set by once
 }
 
 // NewBuilds returns the set of builds, named prefix* in the temp dir.
@@ -39,22 +38,15 @@ func (b *Builds) Dir(t testing.TB) string {
 	t.Helper()
 	skipShort(t, "real binaries built and run")
 	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", b.prefix)
-		b.mu.Lock()
-		b.dir, b.err = dir, err
-		b.mu.Unlock()
-		for _, x := range b.builds {
-			if err != nil {
-				break
-			}
-			err = GoBuild(filepath.Join(dir, x.Name), x.Pkg, x.Static)
+		if b.dir, b.err = os.MkdirTemp("", b.prefix); b.err != nil {
+			return
 		}
-		b.mu.Lock()
-		b.err = err
-		b.mu.Unlock()
+		for _, x := range b.builds {
+			if b.err = GoBuild(filepath.Join(b.dir, x.Name), x.Pkg, x.Static); b.err != nil {
+				return
+			}
+		}
 	})
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
@@ -67,10 +59,9 @@ func (b *Builds) Path(t testing.TB, name string) string {
 	return filepath.Join(b.Dir(t), name)
 }
 
-// Close removes the directory of the builds, if any was made.
+// Close removes the directory of the builds, if any was made. Call it
+// after m.Run, when no test calls Dir any more.
 func (b *Builds) Close() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
 	}
