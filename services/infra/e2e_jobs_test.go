@@ -592,13 +592,13 @@ func TestAnsibleJobCancel(t *testing.T) {
 	m := w.job("job-cancel", map[string]messages.Vars{"t1": w.host(0)}, "slow.yml")
 	m.Options.ExtraVars["hold"] = int64(60)
 	w.submit(m)
-	testenv.WaitFor(t, time.Minute, "the play to hold the host", func() bool {
+	testenv.WaitFor(t, 3*time.Minute, "the play to hold the host", func() bool {
 		_, err := os.Stat(filepath.Join(w.out, "spans.log"))
 		return err == nil
 	})
 	// The task on the host carries the job's marker, as a deploy's does.
 	scope := scopeOf(t, w.sshds[0].Host, w.sshds[0]) // the deploy path's name of the host
-	testenv.WaitFor(t, time.Minute, "the job's task to run on its host, marked", func() bool {
+	testenv.WaitFor(t, 3*time.Minute, "the job's task to run on its host, marked", func() bool {
 		return len(markedProcesses(scope)) > 0
 	})
 	began := time.Now()

@@ -180,7 +180,7 @@ func TestSecretsLeakNowhere(t *testing.T) {
 		GitHubTokenRef: "vault:secret/projects/" + project + "/gh#token", SecretsRef: "vault:secret/projects/" + project + "/env",
 	})
 	var r *messages.AnsibleDeployResult
-	testenv.WaitFor(t, time.Minute, "the deploy result", func() bool {
+	testenv.WaitFor(t, 3*time.Minute, "the deploy result", func() bool {
 		if rs := e.deployResults("deploy-1"); len(rs) > 0 {
 			r = rs[0]
 			return true

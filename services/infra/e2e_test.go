@@ -191,14 +191,14 @@ func TestChangedHostKeyFailsClearly(t *testing.T) {
 	e.addServer("web-1", sshd)
 	e.infra()
 	e.provision("job-1", "web-1")
-	if r := e.waitProvision("job-1", time.Minute); r.Status != messages.StatusSucceeded {
+	if r := e.waitProvision("job-1", 3*time.Minute); r.Status != messages.StatusSucceeded {
 		t.Fatalf("first run: %s %+v", r.Status, r.Error)
 	}
 	pinned := e.server("web-1").HostKey
 
 	sshd.RotateHostKey()
 	e.provision("job-2", "web-1")
-	r := e.waitProvision("job-2", time.Minute)
+	r := e.waitProvision("job-2", 3*time.Minute)
 	if r.Status != messages.StatusFailed || r.Error == nil || r.Error.Kind != messages.KindHostKeyMismatch {
 		t.Fatalf("after the key changed: %s %+v", r.Status, r.Error)
 	}
@@ -245,7 +245,7 @@ func TestKilledInfraRunIsTakenOverOnce(t *testing.T) {
 	e.control("web-1", map[string]any{"sleep": 6})
 	a := e.infra()
 	e.provision("job-k", "web-1")
-	testenv.WaitFor(t, time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
+	testenv.WaitFor(t, 3*time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
 
 	a.Signal(syscall.SIGKILL)
 	a.Wait(10 * time.Second)
@@ -335,7 +335,7 @@ func TestCancelStopsTheRunAndItsProcesses(t *testing.T) {
 	e.control("web-1", map[string]any{"sleep": 60})
 	e.infra()
 	e.provision("job-c", "web-1")
-	testenv.WaitFor(t, time.Minute, "the run to start", func() bool { return len(e.spans("web-1")) == 1 })
+	testenv.WaitFor(t, 3*time.Minute, "the run to start", func() bool { return len(e.spans("web-1")) == 1 })
 	if err := e.rdb.Set(context.Background(), messages.CancelKey(messages.JobKindProvision, "job-c"), "1", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}

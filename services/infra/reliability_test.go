@@ -147,7 +147,7 @@ func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
 	e.addServer("web-1", sshd)
 	e.control("web-1", map[string]any{"sleep": 3})
 	e.provision("job-o", "web-1")
-	testenv.WaitFor(t, time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
+	testenv.WaitFor(t, 3*time.Minute, "the run to start on the server", func() bool { return len(e.spans("web-1")) == 1 })
 
 	// The outage outlasts the play: its end, the result's storing and the
 	// retries of the request all fall into it.

@@ -77,7 +77,7 @@ func TestAttackProvisionSpecialAddressRefused(t *testing.T) {
 	e.provision("prov-loop6", "loop6-srv")
 	e.deploy("dep-loop", "127.0.0.1", "", "")
 	for id, reason := range want {
-		r := e.waitProvision(id, time.Minute)
+		r := e.waitProvision(id, 3*time.Minute)
 		if r.Status != messages.StatusRejected || r.Error == nil || r.Error.Kind != messages.KindInvalidMessage ||
 			!strings.Contains(r.Error.Message, "refused") || !strings.Contains(r.Error.Message, reason) {
 			t.Errorf("%s: result %s %+v, want rejected naming %q", id, r.Status, r.Error, reason)

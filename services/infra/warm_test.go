@@ -53,12 +53,12 @@ func TestWarmConnectionsAcrossJobs(t *testing.T) {
 
 	p := e.infra(warm...)
 	e.provision("warm-1", "web-1")
-	if r := e.waitProvision("warm-1", time.Minute); r.Status != messages.StatusSucceeded {
+	if r := e.waitProvision("warm-1", 3*time.Minute); r.Status != messages.StatusSucceeded {
 		t.Fatalf("warm-1: %s %+v", r.Status, r.Error)
 	}
 	first := logins()
 	e.provision("warm-2", "web-1")
-	if r := e.waitProvision("warm-2", time.Minute); r.Status != messages.StatusSucceeded {
+	if r := e.waitProvision("warm-2", 3*time.Minute); r.Status != messages.StatusSucceeded {
 		t.Fatalf("warm-2: %s %+v", r.Status, r.Error)
 	}
 	if got := logins() - first; got != 0 {
@@ -83,7 +83,7 @@ func TestWarmConnectionsAcrossJobs(t *testing.T) {
 	// sweeps its directory.
 	p = e.infra(warm...)
 	e.provision("warm-3", "web-1")
-	if r := e.waitProvision("warm-3", time.Minute); r.Status != messages.StatusSucceeded {
+	if r := e.waitProvision("warm-3", 3*time.Minute); r.Status != messages.StatusSucceeded {
 		t.Fatalf("warm-3: %s %+v", r.Status, r.Error)
 	}
 	masters = warmMasters(e.runRoot)
@@ -92,9 +92,9 @@ func TestWarmConnectionsAcrossJobs(t *testing.T) {
 	}
 	p.Signal(syscall.SIGKILL)
 	p.Wait(time.Minute)
-	testenv.WaitFor(t, 5*time.Second, "the warm master to die with infra", func() bool { return len(warmMasters(e.runRoot)) == 0 })
+	testenv.WaitFor(t, 30*time.Second, "the warm master to die with infra", func() bool { return len(warmMasters(e.runRoot)) == 0 })
 	p = e.infra()
-	testenv.WaitFor(t, 5*time.Second, "the sweep of the warm directory", func() bool {
+	testenv.WaitFor(t, time.Minute, "the sweep of the warm directory", func() bool {
 		ents, _ := os.ReadDir(e.runRoot)
 		return len(ents) == 0
 	})

@@ -8,7 +8,9 @@
 // build errors, output outside tests) plus the whole output of every failed
 // test, and drops the output of tests that passed. It exits 1 when anything
 // failed. table reads the saved JSON of every lane and prints the slowest
-// packages, the counts and the total time.
+// packages, the counts and the total time, then each failed test with the
+// last lines it logged from a file:line (its t.Error and t.Fatal messages,
+// never the logs dumped under them): a log's tail tells why a run failed.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -169,7 +172,80 @@ func table(w io.Writer, files []string, n int, wall float64) error {
 		fmt.Fprintf(w, "; total (wall clock) %s", seconds(wall))
 	}
 	fmt.Fprintln(w)
+	for _, f := range files {
+		if err := failures(w, f); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// failLines is how many of a failed test's file:line lines table shows.
+const failLines = 6
+
+// located matches the first line of what t.Log, t.Error and t.Fatal print.
+var located = regexp.MustCompile(`^\s*[\w.-]+\.go:\d+: `)
+
+// failures prints the failed tests recorded in file, each with its last
+// failLines located lines (cut to 300 bytes).
+func failures(w io.Writer, file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	lines := map[string][]string{} // package + test -> its located lines
+	subFailed := map[string]bool{} // package + test -> a subtest of it failed
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var e event
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			continue
+		}
+		if e.Test == "" {
+			if e.Action == "fail" { // tests cut short (a timeout, a panic)
+				for key, ls := range lines {
+					if pkg, test, _ := strings.Cut(key, " "); pkg == e.Package {
+						printFailure(w, "UNFINISHED", test, pkg, ls)
+						delete(lines, key)
+					}
+				}
+			}
+			continue
+		}
+		key := e.Package + " " + e.Test
+		switch e.Action {
+		case "output":
+			if located.MatchString(e.Output) {
+				l := strings.TrimSpace(e.Output)
+				if len(l) > 300 {
+					l = l[:300] + " …"
+				}
+				lines[key] = append(lines[key], l)
+			}
+		case "fail":
+			if parent, _, sub := strings.Cut(e.Test, "/"); sub {
+				subFailed[e.Package+" "+parent] = true
+			}
+			// A test whose subtests failed adds nothing to their lines.
+			if !subFailed[key] {
+				printFailure(w, "FAILED", e.Test, e.Package, lines[key])
+			}
+			delete(lines, key)
+		case "pass", "skip":
+			delete(lines, key)
+		}
+	}
+	return sc.Err()
+}
+
+// printFailure prints a test's end and its last failLines located lines.
+func printFailure(w io.Writer, how, test, pkg string, lines []string) {
+	fmt.Fprintf(w, "%s %s (%s)\n", how, test, pkg)
+	for _, l := range lines[max(0, len(lines)-failLines):] {
+		fmt.Fprintf(w, "    %s\n", l)
+	}
 }
 
 // readResults returns the package ends recorded in file.

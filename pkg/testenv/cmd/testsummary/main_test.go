@@ -22,6 +22,7 @@ const events = `{"Action":"start","Package":"p"}
 {"Action":"output","Package":"p","Output":"FAIL\tp\t1.5s\n"}
 {"Action":"fail","Package":"p","Elapsed":1.5}
 {"Action":"output","Package":"q","Test":"TestHang","Output":"last words of a hung test\n"}
+{"Action":"output","Package":"q","Test":"TestHang","Output":"    hang_test.go:9: waiting on\n"}
 {"Action":"output","Package":"q","Output":"panic: test timed out\n"}
 {"Action":"fail","Package":"q","Elapsed":600}
 {"ImportPath":"r [r.test]","Action":"build-output","Output":"r/x.go:1: syntax error\n"}
@@ -62,8 +63,13 @@ func TestTable(t *testing.T) {
 	}
 	got := out.String()
 	lines := strings.Split(strings.TrimSpace(got), "\n")
-	if len(lines) != 4 || !strings.HasSuffix(lines[1], "  q") || !strings.HasSuffix(lines[2], "  p") {
+	if len(lines) < 4 || !strings.HasSuffix(lines[1], "  q") || !strings.HasSuffix(lines[2], "  p") {
 		t.Fatalf("want the two slowest, q then p:\n%s", got)
+	}
+	// Then the failed subtest with its message, not its parent, and the
+	// test a timeout cut short.
+	if want := "FAILED TestBad/sub (p)\n    a_test.go:4: boom\nUNFINISHED TestHang (q)\n    hang_test.go:9: waiting on\n"; !strings.HasSuffix(got, want) {
+		t.Errorf("the failures do not end the table, want %q:\n%s", want, got)
 	}
 	if !strings.Contains(got, "1 ok, 2 failed") || !strings.Contains(got, "total (wall clock) 10m12s") {
 		t.Errorf("summary line wrong:\n%s", got)
