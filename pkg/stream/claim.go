@@ -52,7 +52,7 @@ func (c *Consumer) claim(ctx context.Context, st *streamState, n int) (used int,
 	if err != nil {
 		if ctx.Err() == nil {
 			if isNoGroup(err) {
-				if c.ensureGroup(ctx, st) == nil {
+				if created, _ := c.ensureGroup(ctx, st); created {
 					c.emit(EventGroupCreated, st.name, "")
 				}
 			} else {
@@ -104,7 +104,7 @@ func (c *Consumer) dispatchClaimed(ctx context.Context, st *streamState, msgs []
 			runCounts = append(runCounts, n)
 		}
 	}
-	c.dispatch(st, run, runCounts, sent, c.cfg.MaxDeliveries)
+	c.dispatch(st, run, runCounts, sent, c.cfg.MaxDeliveries, time.Time{})
 }
 
 // deliveryCounts returns the delivery count of each entry pending for this

@@ -18,8 +18,9 @@ type Config struct {
 	// Group is the consumer group (required). It is created on each stream
 	// when missing.
 	Group string
-	// Streams are the streams to read (at least one). Each has its own
-	// reader, so they may live in different Redis Cluster slots.
+	// Streams are the streams to read (at least one), all in one read; on
+	// Redis Cluster each has its own reader, so they may live in different
+	// slots.
 	Streams []string
 	// Consumer is this consumer's name in the group. Default: host, pid and
 	// a random suffix, unique per process. A stable name (for example a pod

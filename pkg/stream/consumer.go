@@ -28,6 +28,7 @@ type Consumer struct {
 	handler Handler
 	log     zerolog.Logger
 	streams []*streamState
+	readers [][]*streamState // the streams of each reader (readerStreams)
 
 	slots *slots         // free holds: Concurrency + Prefetch entries in all
 	work  chan *delivery // dispatched deliveries, served by Concurrency workers
@@ -51,6 +52,8 @@ type streamState struct {
 	dead   string
 	m      *groupMetrics
 	cursor string // XAUTOCLAIM cursor
+
+	nextClaim time.Time // when the stream's next claim round is due (its reader's own)
 }
 
 type deliveryKey struct{ stream, id string }
@@ -62,7 +65,8 @@ type delivery struct {
 	st        *streamState
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
-	overLimit bool // claimed past the delivery limit: dead-letter without running
+	overLimit bool      // claimed past the delivery limit: dead-letter without running
+	ready     time.Time // read (not claimed): when the reader took its slot (Message.Pickup)
 
 	// Guarded by Consumer.mu.
 	renewSent time.Time // local time just before the last command that reset the entry's idle time was sent
@@ -94,6 +98,7 @@ func NewConsumer(rdb redis.UniversalClient, cfg Config, h Handler) (*Consumer, e
 			cursor: "0-0",
 		})
 	}
+	c.readers = c.readerStreams()
 	return c, nil
 }
 
@@ -136,8 +141,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		Int("prefetch", c.cfg.Prefetch).Dur("lease", c.cfg.Lease).Msg("consumer started")
 
 	var readers sync.WaitGroup
-	for _, st := range c.streams {
-		readers.Go(func() { c.readLoop(ctx, st) })
+	for _, sts := range c.readers {
+		readers.Go(func() { c.readLoop(ctx, sts) })
 	}
 	readers.Go(func() { c.maintainLoop(ctx) })
 
@@ -203,7 +208,10 @@ func (c *Consumer) inFlight() int {
 // unreachable.
 func (c *Consumer) createGroups(ctx context.Context) error {
 	for _, st := range c.streams {
-		err := retry(ctx, c.log, "create group on "+st.name, func() error { return c.ensureGroup(ctx, st) })
+		err := retry(ctx, c.log, "create group on "+st.name, func() error {
+			_, err := c.ensureGroup(ctx, st)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -211,12 +219,17 @@ func (c *Consumer) createGroups(ctx context.Context) error {
 	return nil
 }
 
-func (c *Consumer) ensureGroup(ctx context.Context, st *streamState) error {
+// ensureGroup creates the group on st's stream unless it exists; it
+// reports whether it created it.
+func (c *Consumer) ensureGroup(ctx context.Context, st *streamState) (bool, error) {
 	err := c.rdb.XGroupCreateMkStream(ctx, st.name, c.cfg.Group, c.cfg.StartID).Err()
-	if err != nil && !isBusyGroup(err) {
-		return fmt.Errorf("xgroup create %s %s: %w", st.name, c.cfg.Group, err)
+	switch {
+	case err == nil:
+		return true, nil
+	case isBusyGroup(err):
+		return false, nil
 	}
-	return nil
+	return false, fmt.Errorf("xgroup create %s %s: %w", st.name, c.cfg.Group, err)
 }
 
 // retry calls f until it succeeds or ctx is done, backing off exponentially.
@@ -245,10 +258,25 @@ func newBackoff() *backoff.ExponentialBackOff {
 // sleepCtx waits d or until ctx is done.
 func sleepCtx(ctx context.Context, d time.Duration) { _ = clock.Sleep(ctx, nil, d) }
 
+// readerStreams splits the streams among the readers: one reader reads
+// them all in one XREADGROUP, but on Redis Cluster, where the streams may
+// live in different slots (and a command's keys must share one), each
+// stream has a reader of its own.
+func (c *Consumer) readerStreams() [][]*streamState {
+	if _, cluster := c.rdb.(*redis.ClusterClient); !cluster {
+		return [][]*streamState{c.streams}
+	}
+	out := make([][]*streamState, len(c.streams))
+	for i, st := range c.streams {
+		out[i] = []*streamState{st}
+	}
+	return out
+}
+
 // share is how many slots one reader may take at once: the free slots
-// divided among the readers, so that a reader blocked on a quiet stream does
-// not starve a busy one.
+// divided among the readers (several only on Redis Cluster), so that a
+// reader blocked on a quiet stream does not starve a busy one.
 func (c *Consumer) share() int {
-	n := (c.slots.available() + len(c.streams) - 1) / len(c.streams)
+	n := (c.slots.available() + len(c.readers) - 1) / len(c.readers)
 	return max(n, 1)
 }

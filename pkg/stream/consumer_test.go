@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -697,5 +698,112 @@ func TestLaterDoesNotStarveNewEntries(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the new entry was not handled while another kept coming back (%d times)", laters.Load())
+	}
+}
+
+// A free slot serves whichever stream has work at once: with one slot and
+// four streams whose reads block long, an entry of the busy stream
+// published after the last one's handler returned starts within a fraction
+// of the block (readers per stream, each holding the slot through its
+// blocking read in turn, took up to three blocks).
+func TestFreeSlotServesBusyStreamAtOnce(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	busy, g := names()
+	streams := []string{busy}
+	for i := range 3 {
+		streams = append(streams, fmt.Sprintf("%s:quiet%d", busy, i))
+	}
+	const block = 8 * time.Second
+	type start struct {
+		at     time.Time
+		pickup time.Duration
+	}
+	started := make(chan start, 1)
+	running(t, newConsumer(t, rdb, stream.Config{
+		Group: g, Streams: streams, Concurrency: 1, Block: block, ClaimInterval: time.Minute,
+	}, stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		started <- start{time.Now(), msg.Pickup}
+		return nil
+	})))
+	p := stream.NewProducer(rdb, stream.ProducerOptions{})
+	for i := range 4 {
+		sent := time.Now()
+		if _, err := p.Publish(context.Background(), busy, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-started:
+			wait := got.at.Sub(sent)
+			if wait > block/4 {
+				t.Fatalf("entry %d started %v after it was published, with a slot free (block %v)", i, wait, block)
+			}
+			// The entry's own measure of that wait (its id has milliseconds).
+			if got.pickup <= 0 || got.pickup > wait+time.Millisecond {
+				t.Errorf("entry %d: Message.Pickup %v, want in (0, %v]", i, got.pickup, wait+time.Millisecond)
+			}
+		case <-time.After(3 * block):
+			t.Fatalf("entry %d not started", i)
+		}
+		time.Sleep(100 * time.Millisecond) // the slot is back and the reader blocked again
+	}
+}
+
+// When one read returns more entries (several streams at once) than the
+// reader holds slots, the others go back to the group at once, their
+// delivery not counted, and run soon: every entry once, each on its first
+// delivery.
+func TestReadBeyondSlotsGivesBackUncounted(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	a, g := names()
+	streams := []string{a, a + ":b", a + ":c"}
+	ev := newEvents()
+	var mu sync.Mutex
+	runs := map[string][]int64{} // stream/id -> the delivery count of each run
+	all := make(chan struct{})
+	h := stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[msg.Stream+"/"+msg.ID] = append(runs[msg.Stream+"/"+msg.ID], msg.Deliveries)
+		if len(runs) == 6 {
+			close(all)
+		}
+		return nil
+	})
+	cons := newConsumer(t, rdb, stream.Config{
+		Group: g, Streams: streams, Concurrency: 1, Lease: 2 * time.Second, Hook: ev.hook,
+	}, h)
+	// The groups exist before the entries, so the first read returns the
+	// three streams' entries at once.
+	var keys []string
+	for _, s := range streams {
+		if err := rdb.XGroupCreateMkStream(context.Background(), s, g, "$").Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range publish(t, rdb, s, 2) {
+			keys = append(keys, s+"/"+id)
+		}
+	}
+	running(t, cons)
+	select {
+	case <-all:
+	case <-time.After(60 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("%d of 6 entries handled: %v", len(runs), runs)
+	}
+	for _, s := range streams {
+		testenv.WaitFor(t, 10*time.Second, "acks", func() bool { return pendingCount(t, rdb, s, g) == 0 })
+	}
+	if n := ev.count(stream.EventReleased, ""); n == 0 {
+		t.Error("no entry was given back: the read did not return several streams' entries at once")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, k := range keys {
+		if got := runs[k]; !slices.Equal(got, []int64{1}) {
+			t.Errorf("entry %s ran on deliveries %v, want once on the first: giving it back must not count", k, got)
+		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -12,33 +14,61 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// readLoop serves one stream while ctx lives: it re-runs this consumer's
+// readLoop serves its streams while ctx lives: it re-runs this consumer's
 // own pending entries at start, then, with the slots it holds, claims idle
-// entries every ClaimInterval and reads new ones. Claiming and reading share
-// the loop so that neither can starve the other of slots: when a claim took
-// slots, the next turn reads even if another claim is due (an entry that
-// keeps coming back, stream.Later, would otherwise take every turn when
-// slots are scarce and the reader waits for them longer than ClaimInterval).
-func (c *Consumer) readLoop(ctx context.Context, st *streamState) {
-	c.recoverOwn(ctx, st)
+// entries of each stream every ClaimInterval and reads new ones of all its
+// streams in one blocking XREADGROUP, so that a free slot serves whichever
+// stream has work the moment it arrives (a reader per stream, each holding
+// a slot through its blocking read, would leave a busy stream waiting for
+// the quiet ones' reads to time out). Claiming and reading share the loop
+// so that neither can starve the other of slots: when a claim took slots,
+// the next turn reads even if another claim is due (an entry that keeps
+// coming back, stream.Later, would otherwise take every turn when slots are
+// scarce and the reader waits for them longer than ClaimInterval).
+//
+// XREADGROUP's COUNT bounds each stream, not the reply: when several
+// streams answer at once with more entries than the reader holds slots,
+// the reader keeps as many as it holds, taken from the streams in turn,
+// and gives the rest back to the group at once (claimable by any consumer,
+// its delivery not counted), to claim them itself when a slot frees.
+func (c *Consumer) readLoop(ctx context.Context, sts []*streamState) {
+	for _, st := range sts {
+		c.recoverOwn(ctx, st)
+	}
 	bo := newBackoff()
 	// The read itself must not be abandoned half-way at shutdown: entries in
 	// its reply are already ours.
 	rctx := context.WithoutCancel(ctx)
-	nextClaim := time.Now()
+	keys := make([]string, 0, 2*len(sts))
+	for _, st := range sts {
+		keys = append(keys, st.name)
+		st.nextClaim = time.Now()
+	}
+	for range sts {
+		keys = append(keys, ">")
+	}
 	claimedLast := false
+	turn := 0
 	for ctx.Err() == nil {
 		n := c.slots.acquire(ctx, c.share())
 		if n == 0 {
 			return
 		}
-		if !time.Now().Before(nextClaim) && !claimedLast {
-			used, more := c.claim(ctx, st, n)
-			claimedLast = used > 0
-			n -= used
-			nextClaim = time.Now().Add(c.cfg.ClaimInterval)
-			if more {
-				nextClaim = time.Now() // more idle entries may be waiting
+		ready := time.Now()
+		turn++
+		if !claimedLast {
+			for i := range sts {
+				st := sts[(turn+i)%len(sts)]
+				if n == 0 || time.Now().Before(st.nextClaim) {
+					continue
+				}
+				used, more := c.claim(ctx, st, n)
+				claimedLast = claimedLast || used > 0
+				n -= used
+				st.nextClaim = time.Now().Add(c.cfg.ClaimInterval)
+				if more {
+					st.nextClaim = time.Now() // more idle entries may be waiting
+				}
 			}
 			if n == 0 {
 				continue
@@ -46,12 +76,18 @@ func (c *Consumer) readLoop(ctx context.Context, st *streamState) {
 		}
 		claimedLast = false
 		// Block no longer than the next claim round is due.
+		nextClaim := sts[0].nextClaim
+		for _, st := range sts[1:] {
+			if st.nextClaim.Before(nextClaim) {
+				nextClaim = st.nextClaim
+			}
+		}
 		block := max(min(c.cfg.Block, time.Until(nextClaim)), time.Millisecond)
 		sent := time.Now()
 		res, err := c.rdb.XReadGroup(rctx, &redis.XReadGroupArgs{
 			Group:    c.cfg.Group,
 			Consumer: c.cfg.Consumer,
-			Streams:  []string{st.name, ">"},
+			Streams:  keys,
 			Count:    int64(n),
 			Block:    block,
 		}).Result()
@@ -60,32 +96,105 @@ func (c *Consumer) readLoop(ctx context.Context, st *streamState) {
 			if isNil(err) {
 				continue
 			}
-			c.readError(ctx, st, "xreadgroup", err, bo)
+			c.readError(ctx, sts, "xreadgroup", err, bo)
 			continue
 		}
 		bo.Reset()
-		got := 0
-		for _, s := range res {
-			got += len(s.Messages)
-			c.dispatch(st, s.Messages, nil, sent, 0)
-		}
+		got := c.dispatchRead(sts, res, n, turn, sent, ready)
 		c.slots.release(n - got)
+	}
+}
+
+// dispatchRead dispatches at most n of the entries one read returned,
+// taken from the streams in turn starting at turn, and gives the others
+// back to the group (see readLoop). It returns how many it dispatched.
+func (c *Consumer) dispatchRead(sts []*streamState, res []redis.XStream, n, turn int, sent, ready time.Time) int {
+	byName := make(map[string][]redis.XMessage, len(res))
+	total := 0
+	for _, s := range res {
+		byName[s.Stream] = append(byName[s.Stream], s.Messages...)
+		total += len(s.Messages)
+	}
+	keep := make(map[string]int, len(res))
+	if total <= n {
+		for name, msgs := range byName {
+			keep[name] = len(msgs)
+		}
+	} else {
+		for kept := 0; kept < n; {
+			for i := range sts {
+				name := sts[(turn+i)%len(sts)].name
+				if kept < n && keep[name] < len(byName[name]) {
+					keep[name]++
+					kept++
+				}
+			}
+		}
+	}
+	got := 0
+	for _, st := range sts {
+		msgs := byName[st.name]
+		k := keep[st.name]
+		c.dispatch(st, msgs[:k], nil, sent, 0, ready)
+		got += k
+		if k < len(msgs) {
+			c.giveBack(st, msgs[k:])
+		}
+	}
+	return got
+}
+
+// giveBack makes entries this consumer read but will not run now
+// claimable at once by any consumer, their delivery not counted, and makes
+// st's claim round due. When Redis cannot be reached they become claimable
+// when their lease runs out anyway.
+func (c *Consumer) giveBack(st *streamState, msgs []redis.XMessage) {
+	st.nextClaim = time.Now()
+	args := make([]any, 0, 3+2*len(msgs))
+	args = append(args, c.cfg.Group, c.cfg.Consumer, releaseIdle.Milliseconds())
+	ids := make([]string, len(msgs))
+	for i, xm := range msgs {
+		args = append(args, xm.ID, 0)
+		ids[i] = xm.ID
+	}
+	ctx, cancel := context.WithTimeout(c.bgCtx, 5*time.Second)
+	defer cancel()
+	if _, err := runFenced(ctx, c.rdb, releaseScript, st.name, args); err != nil {
+		c.log.Warn().Err(err).Str("stream", st.name).Strs("msg_ids", ids).
+			Msg("giving back entries failed: they become claimable when their lease runs out")
+		return
+	}
+	st.m.add(cReleased, len(msgs))
+	for _, id := range ids {
+		c.emit(EventReleased, st.name, id)
 	}
 }
 
 // readError handles a failed read: a missing group is created again (Redis
 // restarted without persistence, or the stream was deleted); anything else
 // backs off.
-func (c *Consumer) readError(ctx context.Context, st *streamState, op string, err error, bo *backoff.ExponentialBackOff) {
+func (c *Consumer) readError(ctx context.Context, sts []*streamState, op string, err error, bo *backoff.ExponentialBackOff) {
+	names := make([]string, len(sts))
+	for i, st := range sts {
+		names[i] = st.name
+	}
 	if isNoGroup(err) {
-		c.log.Warn().Str("stream", st.name).Msg("consumer group missing (Redis lost its data?): creating it again")
-		if gerr := c.ensureGroup(ctx, st); gerr == nil {
-			c.emit(EventGroupCreated, st.name, "")
+		// The reply does not say which stream lost its group: ensure all.
+		c.log.Warn().Strs("streams", names).Msg("consumer group missing (Redis lost its data?): creating it again")
+		ok := true
+		for _, st := range sts {
+			created, gerr := c.ensureGroup(ctx, st)
+			if created {
+				c.emit(EventGroupCreated, st.name, "")
+			}
+			ok = ok && gerr == nil
+		}
+		if ok {
 			return
 		}
 	}
 	d := bo.NextBackOff()
-	c.log.Warn().Err(err).Str("stream", st.name).Dur("retry_in", d).Msg(op + " failed")
+	c.log.Warn().Err(err).Strs("streams", names).Dur("retry_in", d).Msg(op + " failed")
 	sleepCtx(ctx, d)
 }
 
@@ -93,7 +202,9 @@ func (c *Consumer) readError(ctx context.Context, st *streamState, op string, er
 // The caller holds one slot per entry, which the worker releases. counts
 // gives the entries' delivery counts (nil: first delivery); entries whose
 // count exceeds limit (when limit > 0) are dead-lettered without running.
-func (c *Consumer) dispatch(st *streamState, msgs []redis.XMessage, counts []int64, renewSent time.Time, limit int64) {
+// ready is when the reader took the slots of entries it read (zero for
+// claimed ones): see Message.Pickup.
+func (c *Consumer) dispatch(st *streamState, msgs []redis.XMessage, counts []int64, renewSent time.Time, limit int64, ready time.Time) {
 	if len(msgs) == 0 {
 		return
 	}
@@ -108,7 +219,7 @@ func (c *Consumer) dispatch(st *streamState, msgs []redis.XMessage, counts []int
 		}
 		ms[i] = Message{Stream: st.name, ID: xm.ID, Values: xm.Values, Deliveries: n}
 		d := &ds[i]
-		d.msg, d.st, d.renewSent = &ms[i], st, renewSent
+		d.msg, d.st, d.renewSent, d.ready = &ms[i], st, renewSent, ready
 		d.overLimit = limit > 0 && n > limit
 		d.ctx, d.cancel = context.WithCancelCause(c.hctx)
 		c.inflight[deliveryKey{st.name, xm.ID}] = d
@@ -148,6 +259,9 @@ func (c *Consumer) process(d *delivery) {
 		return
 	}
 	start := time.Now()
+	if !d.ready.IsZero() {
+		d.msg.Pickup = pickup(d.msg.ID, d.ready, start)
+	}
 	err := c.call(d)
 	d.st.m.observe(time.Since(start).Seconds())
 	c.settle(d, err)
@@ -225,6 +339,21 @@ func (c *Consumer) releaseUnstarted(ds []*delivery) {
 	for _, d := range ds {
 		c.done(d)
 	}
+}
+
+// pickup is the wait of entry id from the later of its arrival (the time
+// in its id) and ready until start (see Message.Pickup). Redis's clock may
+// differ a little from this host's: the arrival counts only when it falls
+// between ready and start.
+func pickup(id string, ready, start time.Time) time.Duration {
+	from := ready
+	ms, _, _ := strings.Cut(id, "-")
+	if n, err := strconv.ParseInt(ms, 10, 64); err == nil {
+		if arrived := time.UnixMilli(n); arrived.After(from) && arrived.Before(start) {
+			from = arrived
+		}
+	}
+	return start.Sub(from)
 }
 
 // call runs the handler, turning a panic into an error.

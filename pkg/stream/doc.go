@@ -33,6 +33,20 @@
 // cancelled with ErrLeaseLost as the cause; it must publish nothing, and the
 // runtime acknowledges nothing for it.
 //
+// # Reading
+//
+// One reader serves all of a consumer's streams: with the handler slots
+// that are free it claims idle entries of each stream every ClaimInterval
+// and reads new ones of every stream in one blocking XREADGROUP, so a free
+// slot serves whichever stream has work the moment it arrives, however
+// many streams are quiet. COUNT bounds each stream of a read, not the
+// reply: entries beyond the free slots (several streams answering at once)
+// are given back to the group at once, their delivery not counted, and
+// claimed by whichever consumer has a slot first. Message.Pickup tells a
+// handler how long its entry waited with a slot free. On Redis Cluster,
+// whose streams may live in different slots, each stream has a reader of
+// its own and the readers divide the free slots among them.
+//
 // # Prefetch and acknowledgements
 //
 // With Config.Prefetch above zero, a reader asks for up to Concurrency +
@@ -93,8 +107,8 @@
 //
 // The runtime takes a redis.UniversalClient, so a single node, Sentinel and
 // Cluster all work. It never uses MULTI or scripts across keys: every script
-// touches one stream, and each stream has its own reader, so streams may live
-// in different Cluster slots. It survives a Redis restart underneath it: reads
+// touches one stream, and on Cluster each stream has its own reader, so streams
+// may live in different slots. It survives a Redis restart underneath it: reads
 // back off and retry, and a consumer group that disappeared (a restart without
 // persistence) is created again.
 package stream

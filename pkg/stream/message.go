@@ -38,6 +38,13 @@ type Message struct {
 	// Deliveries counts the deliveries of this entry to the group, this one
 	// included: 1 on the first delivery.
 	Deliveries int64
+	// Pickup is how long the entry waited for this consumer, which had a
+	// handler slot for it, before its handler started: from the later of
+	// the entry's arrival in the stream (the time in its id, Redis's clock)
+	// and the moment the consumer's reader took the slot, to the start.
+	// It is the consumer's idle time between runs. 0 for an entry claimed
+	// or re-read after an earlier delivery.
+	Pickup time.Duration
 }
 
 // Data returns the entry's DataField, or nil when it has none.

@@ -72,7 +72,7 @@ type job struct {
 
 func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *messages.Outcome, resultStream string) *job {
 	red := h.Redactor.Child()
-	return &job{
+	j := &job{
 		h:            h,
 		msg:          msg,
 		kind:         kind,
@@ -86,6 +86,10 @@ func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *mess
 		res:          h.Secrets.WithRedactor(red),
 		project:      h.Project.WithRedactor(red),
 	}
+	if msg.Pickup > 0 { // read, not claimed or re-read
+		j.steps.set(stepPickup, msg.Pickup)
+	}
+	return j
 }
 
 // close drops an output not stored and releases the job's secrets.

@@ -15,7 +15,8 @@ type step int
 // are the values of the step label of autoprov_infra_job_step_seconds and,
 // with "step_" before and "_ms" after, fields of the "job finished" line.
 const (
-	stepDecode        step = iota // decoding and validating the request
+	stepPickup        step = iota // a slot free and the entry in its stream, the handler not started yet (stream.Message.Pickup): the idle time between runs
+	stepDecode                    // decoding and validating the request
 	stepServerLookup              // reading the server (or finding it by address)
 	stepAuthorization             // the target and the secret references (package authz)
 	stepLocks                     // taking the job's and the server's locks
@@ -33,6 +34,7 @@ const (
 )
 
 var stepNames = [numSteps]string{
+	stepPickup:        "pickup",
 	stepDecode:        "decode",
 	stepServerLookup:  "server_lookup",
 	stepAuthorization: "authorization",
@@ -66,6 +68,12 @@ func (st *steps) add(s step, start time.Time) time.Time {
 	st.d[s] += now.Sub(start)
 	st.seen[s] = true
 	return now
+}
+
+// set counts d to s.
+func (st *steps) set(s step, d time.Duration) {
+	st.d[s] = d
+	st.seen[s] = true
 }
 
 // addRun counts the runner's own steps of one play.
