@@ -16,6 +16,8 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
@@ -231,10 +233,24 @@ func (a *API) deploymentError(w http.ResponseWriter, r *http.Request, err error)
 	a.internal(w, r, "read deployment", err)
 }
 
+// An error that says Postgres or Redis cannot be reached right now (a
+// restart, a failover) is no bug: it answers 503 with Retry-After, so that
+// clients and CI pipelines retry instead of failing.
 func (a *API) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
+	if store.Unreachable(err) || stream.Unreachable(err) {
+		a.log.Warn().Err(err).Str("request_id", requestID(r.Context())).Msg(what + ": a store cannot be reached")
+		w.Header().Set("Retry-After", strconv.Itoa(int(unreachableRetry/time.Second)))
+		writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable,
+			"the database or Redis cannot be reached right now; retry after the Retry-After delay (a submit with the same Idempotency-Key)")
+		return
+	}
 	a.log.Error().Err(err).Str("request_id", requestID(r.Context())).Msg(what)
 	writeProblem(w, r, http.StatusInternalServerError, ProbInternal, "an internal error occurred; the request id is in the logs")
 }
+
+// unreachableRetry is the Retry-After of a 503 for a store that cannot be
+// reached: about how long a Postgres restart or failover takes.
+const unreachableRetry = 5 * time.Second
 
 // DeploymentList is a page of deployments.
 type DeploymentList struct {

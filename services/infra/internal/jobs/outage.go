@@ -3,14 +3,11 @@ package jobs
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
 // defaultOutageWait is how long a job waits out a Postgres outage when
@@ -21,32 +18,7 @@ const defaultOutageWait = 3 * time.Minute
 // restart, a failover, a network cut), as opposed to an answer it gave: such
 // a failure is waited out, never turned into the job's result.
 func isOutage(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, errLockLost) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch c := pgErr.Code; {
-		case strings.HasPrefix(c, "08"), // connection exception
-			c == "57P01", c == "57P02", c == "57P03", // admin/crash shutdown, cannot connect now
-			c == "53300": // too many connections
-			return true
-		}
-		return false
-	}
-	var connectErr *pgconn.ConnectError
-	var netErr net.Error
-	switch {
-	case errors.As(err, &connectErr), errors.As(err, &netErr),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
-		pgconn.SafeToRetry(err):
-		return true
-	}
-	return strings.Contains(err.Error(), "conn closed")
+	return errors.Is(err, errLockLost) || store.Unreachable(err)
 }
 
 // durably runs f, each try with a context of its own bounded by perTry, and
