@@ -233,7 +233,8 @@ func (a *API) deploymentError(w http.ResponseWriter, r *http.Request, err error)
 	a.internal(w, r, "read deployment", err)
 }
 
-// An error that says Postgres or Redis cannot be reached right now (a
+// internal logs err and answers 500 for what the handler could not do. An
+// error that says Postgres or Redis cannot be reached right now (a
 // restart, a failover) is no bug: it answers 503 with Retry-After, so that
 // clients and CI pipelines retry instead of failing.
 func (a *API) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
