@@ -139,6 +139,11 @@ func StartSSHD(t testing.TB, opts SSHDOptions) *SSHD {
 	}
 }
 
+// NewSSHKey returns a new private key of typ (ed25519, rsa or ecdsa;
+// OpenSSH PEM) and its public key line: a key no test host authorizes
+// unless told.
+func NewSSHKey(t testing.TB, typ string) (priv []byte, pub string) { return newSSHKey(t, typ) }
+
 // newSSHKey returns a private key (OpenSSH PEM) and its public key line.
 func newSSHKey(t testing.TB, typ string) (priv []byte, pub string) {
 	t.Helper()

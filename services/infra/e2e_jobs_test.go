@@ -868,3 +868,37 @@ func TestAnsibleJobDynamicInventory(t *testing.T) {
 		t.Errorf("a plugin's connection variable: %s %+v, want rejected naming it", r.Status, r.Error)
 	}
 }
+
+// TestAnsibleJobRejectedKeySaysSo: a job whose SSH key its hosts refuse
+// ends failed with ssh_auth_failed naming the hosts and the login user, not
+// "none of the hosts answered SSH"; hosts that do not answer at all stay
+// hosts_unreachable.
+func TestAnsibleJobRejectedKeySaysSo(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 2)
+	w.repo.Commit(t, map[string]string{"site.yml": sitePlay})
+	stranger, _ := testenv.NewSSHKey(t, "ed25519")
+	w.start("PROJ_SECRET_STRANGER=" + string(stranger))
+
+	m := w.job("job-wrong-key", map[string]messages.Vars{"t1": w.host(0), "t2": w.host(1)}, "site.yml")
+	m.Credentials.SSH = "env:PROJ_SECRET_STRANGER"
+	w.submit(m)
+	r := w.waitJob("job-wrong-key", 3*time.Minute)
+	jobStatus(t, r, messages.StatusFailed, messages.KindSSHAuthFailed)
+	for _, want := range []string{"t1: ", "t2: ", w.sshds[0].User + "@", "rejected our SSH key"} {
+		if !strings.Contains(r.Error.Message, want) {
+			t.Errorf("message %q lacks %q", r.Error.Message, want)
+		}
+	}
+	if r.Hosts["t1"].Unreachable != 1 || r.Hosts["t2"].Unreachable != 1 {
+		t.Errorf("recap %+v, want both hosts unreachable", r.Hosts)
+	}
+
+	dead := w.job("job-dead-hosts", map[string]messages.Vars{"d1": w.deadHost(t)}, "site.yml")
+	w.submit(dead)
+	r = w.waitJob("job-dead-hosts", 3*time.Minute)
+	jobStatus(t, r, messages.StatusUnreachable, messages.KindHostsUnreachable)
+	if !strings.Contains(r.Error.Message, "d1: ") {
+		t.Errorf("message %q does not name the host", r.Error.Message)
+	}
+}

@@ -456,13 +456,7 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 		return nil, err
 	}
 	if aj.allBlocked() {
-		recap := map[string]ansible.Recap{}
-		for _, h := range aj.hosts {
-			recap[h.name] = ansible.Recap{Unreachable: 1}
-		}
-		return &outcome{status: messages.StatusUnreachable, kind: messages.KindHostsUnreachable,
-			message: fmt.Sprintf("none of the %d hosts answered SSH", len(aj.hosts)),
-			play:    &playReport{playbook: aj.names[0], res: &ansible.Result{Outcome: ansible.OutcomeUnreachable, Hosts: recap}}}, nil
+		return aj.blockedOutcome(), nil
 	}
 	vault, err := aj.secret(ctx, "credentials.vault_password", aj.m.Credentials.VaultPassword)
 	if err != nil {

@@ -25,16 +25,17 @@ import (
 
 // jobHost is one host of an Ansible job.
 type jobHost struct {
-	name   string         // inventory name
-	given  string         // the address or name the inventory gave
-	ep     endpoint       // where to connect; ep.address canonical
-	server *store.Server  // nil: not a registered server
-	target string         // lock key: the deploy path's for the same host
-	vars   map[string]any // inventory vars but the connection ones
-	keyRef string         // SSH key reference ("": the default)
-	own    bool           // keyRef is the service's (else the project's)
-	pinned string         // pinned host key, after the check
-	reason string         // why the check failed ("": passed)
+	name   string             // inventory name
+	given  string             // the address or name the inventory gave
+	ep     endpoint           // where to connect; ep.address canonical
+	server *store.Server      // nil: not a registered server
+	target string             // lock key: the deploy path's for the same host
+	vars   map[string]any     // inventory vars but the connection ones
+	keyRef string             // SSH key reference ("": the default)
+	own    bool               // keyRef is the service's (else the project's)
+	pinned string             // pinned host key, after the check
+	reason string             // why the check failed ("": passed)
+	kind   messages.ErrorKind // the kind of that failure
 }
 
 // connectionVars are the inline inventory variables that say where and as
@@ -302,7 +303,7 @@ func (aj *ansibleJob) checkHosts(ctx context.Context, keys *jobKeys) error {
 			hj.log = aj.log.With().Str("host", h.name).Logger()
 			pinned, err := hj.checkSSH(ctx, h.ep, keys.byRef[h.keyRef])
 			if o, ok := asOutcome(err); ok {
-				h.reason = o.message
+				h.reason, h.kind = o.message, o.kind
 				aj.log.Warn().Str("host", h.name).Str("error_kind", string(o.kind)).Str("reason", o.message).
 					Msg("job host failed its SSH check: it runs as unreachable")
 				return
@@ -327,6 +328,38 @@ func (aj *ansibleJob) checkHosts(ctx context.Context, keys *jobKeys) error {
 // allBlocked reports whether no host passed its check.
 func (aj *ansibleJob) allBlocked() bool {
 	return !slices.ContainsFunc(aj.hosts, func(h *jobHost) bool { return h.reason == "" })
+}
+
+// blockedOutcome is the outcome of a job none of whose hosts passed its
+// check, run as unreachable by none: the hosts' own kind when they share
+// one that is no unreachability (every host rejected the key: ssh_auth_failed;
+// a changed host key: host_key_mismatch), else hosts_unreachable; its
+// message names the first hosts' reasons.
+func (aj *ansibleJob) blockedOutcome() *outcome {
+	recap := map[string]ansible.Recap{}
+	kind := aj.hosts[0].kind
+	var reasons []string
+	for _, h := range aj.hosts {
+		recap[h.name] = ansible.Recap{Unreachable: 1}
+		if h.kind != kind {
+			kind = ""
+		}
+		if len(reasons) < 3 {
+			reasons = append(reasons, h.name+": "+h.reason)
+		}
+	}
+	if len(aj.hosts) > len(reasons) {
+		reasons = append(reasons, fmt.Sprintf("and %d more", len(aj.hosts)-len(reasons)))
+	}
+	o := &outcome{status: messages.StatusUnreachable, kind: messages.KindHostsUnreachable,
+		message: fmt.Sprintf("none of the %d hosts answered SSH (%s)", len(aj.hosts), strings.Join(reasons, "; ")),
+		play:    &playReport{playbook: aj.names[0], res: &ansible.Result{Outcome: ansible.OutcomeUnreachable, Hosts: recap}}}
+	switch kind {
+	case messages.KindSSHAuthFailed, messages.KindHostKeyMismatch:
+		o.status, o.kind = messages.StatusFailed, kind
+		o.message = fmt.Sprintf("none of the %d hosts let the job in (%s)", len(aj.hosts), strings.Join(reasons, "; "))
+	}
+	return o
 }
 
 // jobHosts is the runner's view of the hosts.
