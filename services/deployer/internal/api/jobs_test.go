@@ -342,3 +342,24 @@ func TestPythonJobClient(t *testing.T) {
 		}
 	}
 }
+
+// TestPooledJobResultEchoesPool: a job on a pool granted to its project
+// runs from the pool's stream, and its result says which pool ran it.
+func TestPooledJobResultEchoesPool(t *testing.T) {
+	t.Parallel()
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"JOB_POOL_PROJECTS": "gpu=" + dt.Project}})
+	e.Infra.JobQueue = e.Streams.JobQueue + ":gpu" // a replica of pool gpu alone
+	e.StartInfra()
+	key := e.Key("jobs-pool", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
+	req := jobRequest()
+	req["options"].(map[string]any)["pool"] = "gpu"
+	resp, body := e.Do("POST", "/api/v1/jobs?wait=30s", key, req)
+	if resp.StatusCode != 200 {
+		t.Fatalf("submit: %d %s", resp.StatusCode, body)
+	}
+	dt.CheckSchema(t, "Job", body)
+	j := dt.JSON[api.Job](t, body)
+	if j.Status != "succeeded" || j.Result == nil || j.Result.Pool != "gpu" {
+		t.Errorf("the result of a job of pool gpu: %s", body)
+	}
+}

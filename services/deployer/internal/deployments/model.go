@@ -159,6 +159,9 @@ type Result struct {
 	Commit          string           `json:"commit,omitempty"`
 	InventoryCommit string           `json:"inventory_commit,omitempty"`
 	Playbooks       []PlaybookResult `json:"playbooks,omitempty"`
+	// Pool is the pool whose replica ran the job (options.pool; absent:
+	// the default pool).
+	Pool string `json:"pool,omitempty"`
 }
 
 // PlaybookResult is the outcome of one playbook of an Ansible job.

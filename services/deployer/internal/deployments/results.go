@@ -49,7 +49,7 @@ func (s *Service) JobResultsHandler() stream.Handler {
 // RecordJob stores an Ansible job's result, as Record does.
 func (s *Service) RecordJob(ctx context.Context, r *messages.AnsibleJobResult) error {
 	res := resultFrom(&r.Outcome)
-	res.Commit, res.InventoryCommit = r.Commit, r.InventoryCommit
+	res.Commit, res.InventoryCommit, res.Pool = r.Commit, r.InventoryCommit, r.Pool
 	for _, p := range r.Playbooks {
 		res.Playbooks = append(res.Playbooks, PlaybookResult{Playbook: p.Playbook, Status: string(p.Status),
 			ErrorKind: string(p.ErrorKind), DurationMS: p.DurationMS})
