@@ -100,12 +100,14 @@ func startJobStack(tb testing.TB, gitToken string, sshKey []byte, infraExtra ...
 		tb.Fatal(err)
 	}
 	runRoot := testenv.RunRoot(tb)
-	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json", "DEPLOY_SECRET_REFS=env:PROJ_SECRET_*"}
+	// The targets are on loopback: both services let it through.
+	common := []string{"DATABASE_URL=" + dsn, "REDIS_URL=" + redisURL, "LOG_FORMAT=json", "DEPLOY_SECRET_REFS=env:PROJ_SECRET_*",
+		"SPECIAL_ALLOW_NETWORKS=127.0.0.0/8"}
 	s.infraEnv = append(append(common,
 		"PLAYBOOK_DIR="+filepath.Join(root, "ansible"), "PLAYBOOK_RUN_ROOT="+runRoot,
 		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=env:AUTOPROV_SECRET_SSH_KEY", "AUTOPROV_SECRET_SSH_KEY="+string(sshKey),
 		"SSH_BASE_DELAY=200ms", "SSH_ATTEMPT_TIMEOUT=3s",
-		"SPECIAL_ALLOW_NETWORKS=127.0.0.0/8", "DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
+		"DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
 		"SOURCES_ALLOW_HTTP=true", "JOB_WORK_DIR="+filepath.Join(tb.TempDir(), "jobs"),
 		"SOURCES_CACHE_DIR="+filepath.Join(tb.TempDir(), "sources"),
 		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_", "PROJ_SECRET_GIT="+gitToken,

@@ -192,6 +192,18 @@ func TestJobRefusals(t *testing.T) {
 		{"a pool granted to nobody", func(m map[string]any) { m["options"].(map[string]any)["pool"] = "trusted" }, 422, []string{"options.pool"}},
 		{"default is no pool's name", func(m map[string]any) { m["options"].(map[string]any)["pool"] = "default" }, 422, []string{"options.pool"}},
 		{"none is no pool's name", func(m map[string]any) { m["options"].(map[string]any)["pool"] = "none" }, 422, []string{"options.pool"}},
+		// Literal special addresses: refused at submit, naming the host.
+		{"special addresses", func(m map[string]any) {
+			m["inventory"] = map[string]any{"type": "inline", "hosts": map[string]any{
+				"lo":        map[string]any{"ansible_host": "127.0.0.1"},
+				"metadata":  map[string]any{"ansible_host": "169.254.169.254"},
+				"localhost": map[string]any{},
+				"octal":     map[string]any{"ansible_host": "0177.0.0.1"},
+				"ok":        map[string]any{"ansible_host": "198.51.100.9"},
+				"named":     map[string]any{"ansible_host": "web.example.com"},
+			}}
+		}, 422, []string{"inventory.hosts[lo][ansible_host]", "inventory.hosts[localhost]",
+			"inventory.hosts[metadata][ansible_host]", "inventory.hosts[octal][ansible_host]"}},
 	} {
 		req := jobRequest()
 		tc.change(req)

@@ -47,6 +47,10 @@ type Config struct {
 	// Pools grants the Ansible job pools to projects, as infra's
 	// JOB_POOL_PROJECTS (give both the same value); checked at submit.
 	Pools authz.PoolConfig
+	// Special lets special addresses through as infra's
+	// SPECIAL_ALLOW_NETWORKS (give both the same value): the hosts of an
+	// inline inventory at other special addresses are refused at submit.
+	Special authz.SpecialConfig
 	// Credentials configures the named credentials' Vault writer.
 	Credentials CredentialsConfig `envPrefix:"CREDENTIALS_"`
 }
@@ -177,6 +181,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := authz.ParsePools(c.Pools.Projects); err != nil {
 		errs = append(errs, service.Invalid(authz.PoolsSetting, "%v", err))
+	}
+	if err := c.Special.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Credentials.Vault.Validate(); err != nil {
 		errs = append(errs, service.Invalid("CREDENTIALS_VAULT_ADDR", "%v", err))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/secrets"
@@ -91,6 +92,11 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	if err != nil {
 		return nil, err
 	}
+	// This host's own addresses are infra's business: none here.
+	special, err := authz.NewGuard(cfg.Special, authz.Options{InterfaceAddrs: func() ([]net.Addr, error) { return nil, nil }})
+	if err != nil {
+		return nil, err
+	}
 	ccfg := credentials.Config{Refs: refs, Mount: cfg.Credentials.Mount, Path: cfg.Credentials.Path}
 	if cfg.Credentials.Vault.Addr != "" {
 		p.vault, err = secrets.NewVault(ctx, cfg.Credentials.Vault, secrets.VaultOptions{Logger: log})
@@ -102,7 +108,8 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	p.Credentials = credentials.NewService(d.DB, ccfg)
 	p.Notifier = deployments.NewNotifier(d.Redis, "deployer:finished", log)
 	dcfg := deployments.Config{Streams: streams, CancelTTL: cfg.Stream.CancelTTL, WebhookRetryFor: cfg.Webhooks.RetryFor,
-		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs, Credentials: p.Credentials, Pools: pools}
+		IdempotencyTTL: cfg.Keep.IdempotencyKeys, Tracing: d.Tracing, SecretRefs: refs, Credentials: p.Credentials, Pools: pools,
+		Special: special}
 	if signingKey != nil {
 		p.Deliverer, err = webhooks.NewDeliverer(d.DB, webhooks.Config{
 			SigningKey: signingKey, Client: guard.NewClient(webhooks.ClientOptions{Timeout: cfg.Webhooks.Timeout, Resolver: o.Resolver}),

@@ -59,6 +59,9 @@ func (s *Service) jobMessage(ctx context.Context, r *JobRequest, v Visibility, j
 			fields = appendField(fields, f)
 		}
 	}
+	for _, f := range s.specialHosts(r) {
+		fields = appendField(fields, f)
+	}
 	if validProject && r.Options.Pool != "" {
 		if err := s.cfg.Pools.Check(r.Options.Pool, project); err != nil {
 			fields = appendField(fields, FieldError{Field: "options.pool", Message: err.Error()})
@@ -122,6 +125,32 @@ func jobAPIField(wire string) string {
 
 // JobQueue returns the stream of pool's jobs.
 func (s *Service) JobQueue(pool string) string { return jobQueue(s.cfg.Streams.JobQueue, pool) }
+
+// specialHosts refuses the inline inventory's hosts whose address (their
+// ansible_host, else their name) is literally a special one: a literal
+// address reveals nothing to the caller, so refusing it at submit is no
+// oracle, unlike resolving names (infra's part, before any connection).
+func (s *Service) specialHosts(r *JobRequest) []FieldError {
+	if s.cfg.Special == nil {
+		return nil
+	}
+	var out []FieldError
+	for _, name := range r.HostNames() {
+		field, addr := "inventory.hosts["+name+"]", name
+		if h, ok := r.Inventory.Hosts[name]["ansible_host"].(string); ok {
+			field, addr = field+"[ansible_host]", h
+		}
+		if err := s.cfg.Special.Check(addr); err != nil {
+			msg := err.Error()
+			var ae *authz.AddressError
+			if errors.As(err, &ae) && ae.Class != authz.ClassMetadata && ae.Class != authz.ClassInvalid {
+				msg += " (the operator's SPECIAL_ALLOW_NETWORKS lets test targets through)"
+			}
+			out = append(out, FieldError{Field: field, Message: msg})
+		}
+	}
+	return out
+}
 
 // SubmitJob validates, stores and publishes an Ansible job made with the
 // API key keyID, which sees v, as Submit does a deployment: a project

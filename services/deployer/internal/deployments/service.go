@@ -77,6 +77,11 @@ type Config struct {
 	// infra reads it): a job naming a pool its project may not use is
 	// refused at submit. The zero value grants no named pool.
 	Pools authz.Pools
+	// Special refuses an inline inventory's host at a literal special
+	// address (loopback, link-local, metadata, ...; SPECIAL_ALLOW_NETWORKS
+	// as infra reads it) at submit, naming the field; infra refuses it
+	// anyway, but only as "did not answer SSH". nil: infra alone.
+	Special interface{ Check(address string) error }
 	// Credentials resolves the credential fields of a job (a stored
 	// credential's name, or a reference checked against the project's
 	// templates); nil: references only, checked with SecretRefs.
