@@ -2,11 +2,9 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -41,29 +39,11 @@ func checkKnownStream(ctx context.Context, rdb redis.UniversalClient, name strin
 // deadLetterStreams returns the system's streams and every other stream
 // that has a dead-letter stream, sorted.
 func deadLetterStreams(ctx context.Context, rdb redis.UniversalClient) ([]string, error) {
-	known := slices.Clone(defaultStreams)
-	var mu sync.Mutex // ForEachMaster scans the masters at once
-	scan := func(ctx context.Context, c *redis.Client) error {
-		iter := c.ScanType(ctx, 0, "*"+stream.DeadLetterSuffix, 1000, "stream").Iterator()
-		for iter.Next(ctx) {
-			mu.Lock()
-			known = append(known, strings.TrimSuffix(iter.Val(), stream.DeadLetterSuffix))
-			mu.Unlock()
-		}
-		return iter.Err()
-	}
-	var err error
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, scan)
-	case *redis.Client:
-		err = scan(ctx, c)
-	default:
-		err = errors.New("cannot list the keys of this Redis client")
-	}
+	dead, err := stream.NewInspector(rdb).WithDeadLetters(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("scan dead-letter streams: %w", err)
+		return nil, err
 	}
+	known := append(slices.Clone(defaultStreams), dead...)
 	slices.Sort(known)
 	return slices.Compact(known), nil
 }

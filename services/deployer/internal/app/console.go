@@ -79,14 +79,15 @@ func (p *Parts) buildConsole(ctx context.Context, d service.Deps, streams deploy
 		rdb = c
 	}
 	var names []string
-	for _, s := range []string{messages.StreamProvisionerQueue, streams.Queue, messages.StreamProvisionerResults, streams.Results} {
+	for _, s := range []string{messages.StreamProvisionerQueue, streams.Queue, streams.JobQueue,
+		messages.StreamProvisionerResults, streams.Results, streams.JobResults} {
 		if !slices.Contains(names, s) {
 			names = append(names, s)
 		}
 	}
 	c, err := console.New(console.Config{
 		SessionTTL: cfg.SessionTTL, Secure: cfg.Secure || tls, AuthFailureRate: p.cfg.API.AuthFailureRate,
-		Streams: names, Services: services, Events: events.StreamConfig{Heartbeat: p.cfg.API.SSEHeartbeat, Retry: p.cfg.API.SSERetry},
+		Streams: names, Discover: []string{streams.JobQueue + ":*"}, Services: services, Events: events.StreamConfig{Heartbeat: p.cfg.API.SSEHeartbeat, Retry: p.cfg.API.SSERetry},
 	}, console.Deps{
 		API: p.API.Handler(), Auth: authn, Keys: keys, Forget: authn.Forget,
 		Limiter:  auth.NewLimiter(d.Redis, auth.RateKeyPrefix, p.cfg.API.RateLimit, p.cfg.API.RateBurst),

@@ -51,8 +51,11 @@ type Config struct {
 	// AuthFailureRate is how many failed sign-ins per second one client
 	// address may make (the API's bucket). Default 10.
 	AuthFailureRate int
-	// Streams are the streams the Queues page shows.
-	Streams []string
+	// Streams are the streams the Queues page always shows; beside them it
+	// shows the streams matching Discover (Redis globs: the job pools'
+	// queues) and every stream that has dead letters, found in Redis.
+	Streams  []string
+	Discover []string
 	// Services are the services whose readiness the Overview shows.
 	Services []Service
 	// Events configures a provisioning run's live output stream.

@@ -103,3 +103,40 @@ func TestDeadLetters(t *testing.T) {
 		t.Fatalf("second page of dead letters:\n%s", page)
 	}
 }
+
+// TestQueuesDiscoverPoolsAndDeadLetters: the queues page lists the job
+// queue, a job pool's queue nobody configured and any stream with dead
+// letters, found in Redis, with their dead letters.
+func TestQueuesDiscoverPoolsAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := deployertest.Start(t, deployertest.Options{NoInfra: true})
+	pool := e.Streams.JobQueue + ":gpu"
+	other := testenv.Unique("other-queue-")
+	for _, s := range []string{pool, other} {
+		if err := e.Redis.XGroupCreateMkStream(ctx, s, "infra", "$").Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Redis.Del(context.Background(), s, s+stream.DeadLetterSuffix) })
+	}
+	deadID, err := e.Redis.XAdd(ctx, &redis.XAddArgs{Stream: other + stream.DeadLetterSuffix, Values: map[string]any{
+		messages.DataField: "payload", stream.DeadFieldReason: "handler_error", stream.DeadFieldError: "it failed",
+		stream.DeadFieldStream: other, stream.DeadFieldID: "1-1", stream.DeadFieldAt: time.Now().UTC().Format(time.RFC3339Nano)}}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := newBrowser(t, e.URL)
+	ops.signIn(e.Key("ops", []auth.Scope{auth.ScopeServersRead}))
+	res, page := ops.get("/ui/queues")
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("queues: %d", res.StatusCode)
+	}
+	for _, want := range []string{e.Streams.JobQueue, e.Streams.JobResults, pool, other, deadID} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the queues page lacks %s", want)
+		}
+	}
+	if strings.Contains(page, pool+stream.DeadLetterSuffix+"<") {
+		t.Error("a dead-letter stream is listed as a queue")
+	}
+}

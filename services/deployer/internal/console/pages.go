@@ -79,7 +79,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 				}
 			})
 		}
-		wg.Go(func() { queues = c.queueRows(r.Context()) })
+		wg.Go(func() { queues = c.queueRows(r.Context(), c.streams(r.Context())) })
 		wg.Go(func() { ready = c.readiness(r.Context()) })
 	}
 	// Deployments and jobs count for the keys that may read them.
@@ -161,12 +161,53 @@ func (c *Console) readiness(ctx context.Context) []readiness {
 	return out
 }
 
-func (c *Console) queueRows(ctx context.Context) []queueRow {
+// streams returns the streams the Queues page shows: the configured ones,
+// then those discovered (Config.Discover, and any with dead letters) in
+// name order. A failed scan leaves its streams out (logged).
+func (c *Console) streams(ctx context.Context) []string {
+	out := slices.Clone(c.cfg.Streams)
+	if c.deps.Queues == nil {
+		return out
+	}
+	var found []string
+	for _, p := range c.cfg.Discover {
+		names, err := c.deps.Queues.Discover(ctx, p)
+		if err != nil {
+			c.discoverFailed(err, p)
+		}
+		found = append(found, names...)
+	}
+	dead, err := c.deps.Queues.WithDeadLetters(ctx)
+	if err != nil {
+		c.discoverFailed(err, "*"+stream.DeadLetterSuffix)
+	}
+	found = append(found, dead...)
+	slices.Sort(found)
+	for _, name := range slices.Compact(found) {
+		if !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// discoverFailed logs a failed discovery: at debug level for a Redis user
+// without SCAN (the deployer's own; CONSOLE_REDIS_URL_FILE gives the
+// console an operator's), else as a warning.
+func (c *Console) discoverFailed(err error, pattern string) {
+	ev := c.log.Warn()
+	if strings.Contains(err.Error(), "NOPERM") {
+		ev = c.log.Debug()
+	}
+	ev.Err(err).Str("pattern", pattern).Msg("streams not discovered")
+}
+
+func (c *Console) queueRows(ctx context.Context, streams []string) []queueRow {
 	if c.deps.Queues == nil {
 		return nil
 	}
 	var rows []queueRow
-	for _, name := range c.cfg.Streams {
+	for _, name := range streams {
 		si, err := c.deps.Queues.Stream(ctx, name)
 		if errors.Is(err, stream.ErrNotFound) {
 			rows = append(rows, queueRow{Stream: name, Err: "no such stream yet"})
@@ -559,8 +600,9 @@ func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	only, after := q.Get("stream"), q.Get("after")
 	var dead []deadGroup
+	streams := c.streams(r.Context())
 	if c.deps.Queues != nil {
-		for _, name := range c.cfg.Streams {
+		for _, name := range streams {
 			if only != "" && name != only {
 				continue
 			}
@@ -586,7 +628,7 @@ func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	c.render(w, r, http.StatusOK, "queues", map[string]any{"Title": "Queues", "Queues": c.queueRows(r.Context()),
+	c.render(w, r, http.StatusOK, "queues", map[string]any{"Title": "Queues", "Queues": c.queueRows(r.Context(), streams),
 		"Dead": dead, "Admin": c.key(r).Has(auth.ScopeAdmin)})
 }
 
@@ -603,7 +645,7 @@ func (c *Console) deadAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, id := r.PostFormValue("stream"), r.PostFormValue("id")
-	if !slices.Contains(c.cfg.Streams, name) {
+	if !slices.Contains(c.streams(r.Context()), name) {
 		c.fail(w, r, http.StatusNotFound, "There is no such stream.")
 		return
 	}
