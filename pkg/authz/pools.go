@@ -104,5 +104,17 @@ func (p Pools) Check(pool, project string) error {
 	return fmt.Errorf("project %s may not use pool %q: the operator grants pools to projects (%s)", project, pool, PoolsSetting)
 }
 
+// Names returns the named pools granted to any project, sorted.
+func (p Pools) Names() []string {
+	out := make([]string, 0, len(p.grants))
+	for pool, grants := range p.grants {
+		if len(grants) > 0 {
+			out = append(out, pool)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Granted reports whether any project may use pool.
 func (p Pools) Granted(pool string) bool { return len(p.grants[pool]) > 0 }

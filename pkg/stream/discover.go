@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -59,4 +60,39 @@ func (i *Inspector) WithDeadLetters(ctx context.Context) ([]string, error) {
 		dead[k] = strings.TrimSuffix(d, DeadLetterSuffix)
 	}
 	return dead, nil
+}
+
+// LiveConsumers counts the consumers of stream, in any group, that read it
+// (or claimed from it) within the last within: on a queue, the replicas
+// serving it. It needs only XINFO GROUPS and XINFO CONSUMERS. A stream
+// that does not exist is ErrNotFound.
+func (i *Inspector) LiveConsumers(ctx context.Context, stream string, within time.Duration) (int, error) {
+	groups, err := i.rdb.XInfoGroups(ctx, stream).Result()
+	if err != nil {
+		if isNoSuchKey(err) {
+			return 0, fmt.Errorf("stream %s: %w", stream, ErrNotFound)
+		}
+		return 0, fmt.Errorf("xinfo groups %s: %w", stream, err)
+	}
+	pipe := i.rdb.Pipeline()
+	cmds := make([]*redis.XInfoConsumersCmd, len(groups))
+	for k, g := range groups {
+		cmds[k] = pipe.XInfoConsumers(ctx, stream, g.Name)
+	}
+	if len(groups) > 0 {
+		_, _ = pipe.Exec(ctx)
+	}
+	n := 0
+	for _, cmd := range cmds {
+		cs, err := cmd.Result()
+		if err != nil {
+			return 0, fmt.Errorf("xinfo consumers %s: %w", stream, err)
+		}
+		for _, c := range cs {
+			if c.Idle < within {
+				n++
+			}
+		}
+	}
+	return n, nil
 }

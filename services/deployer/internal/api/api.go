@@ -73,8 +73,13 @@ type Deps struct {
 	// disabled.
 	WebhookSecret func(keyID string) string
 	// Fleet serves the servers endpoints; nil answers them 503.
-	Fleet      Fleet
-	Logger     zerolog.Logger
+	Fleet Fleet
+	// Queues reads the job queues' consumers: a queued job whose pool no
+	// replica serves says so, and autoprov_deployer_job_pool_replicas
+	// counts them for the default pool and JobPools; nil: neither.
+	Queues   QueueReader
+	JobPools []string
+	Logger   zerolog.Logger
 	Registerer prometheus.Registerer
 }
 
@@ -118,6 +123,14 @@ func New(cfg Config, deps Deps) (*API, error) {
 	if deps.Registerer != nil {
 		if err := deps.Registerer.Register(duration); err != nil {
 			return nil, fmt.Errorf("api metrics: %w", err)
+		}
+		if deps.Queues != nil && deps.Deployments != nil {
+			if err := deps.Registerer.Register(&poolReplicas{
+				desc: poolReplicasDesc(),
+				q: deps.Queues, queue: deps.Deployments.JobQueue, pools: append([]string{""}, deps.JobPools...),
+			}); err != nil {
+				return nil, fmt.Errorf("api metrics: %w", err)
+			}
 		}
 	}
 	a.router = a.routes(duration)

@@ -22,14 +22,17 @@ type Job struct {
 	ProjectID string `json:"project_id,omitempty"`
 	// Request is what was asked: a job's request (credentials as the
 	// references they resolved to), or a deployment's.
-	Request           any                 `json:"request"`
-	RequestID         string              `json:"request_id,omitempty"`
-	CreatedAt         time.Time           `json:"created_at"`
-	StartedAt         *time.Time          `json:"started_at,omitempty"`
-	FinishedAt        *time.Time          `json:"finished_at,omitempty"`
-	CancelRequestedAt *time.Time          `json:"cancel_requested_at,omitempty"`
-	Progress          JobProgress         `json:"progress"`
-	Result            *deployments.Result `json:"result,omitempty"`
+	Request           any         `json:"request"`
+	RequestID         string      `json:"request_id,omitempty"`
+	CreatedAt         time.Time   `json:"created_at"`
+	StartedAt         *time.Time  `json:"started_at,omitempty"`
+	FinishedAt        *time.Time  `json:"finished_at,omitempty"`
+	CancelRequestedAt *time.Time  `json:"cancel_requested_at,omitempty"`
+	Progress          JobProgress `json:"progress"`
+	// Waiting says why a queued job has not started, when the API can
+	// tell: no infra replica serves its pool.
+	Waiting string              `json:"waiting,omitempty"`
+	Result  *deployments.Result `json:"result,omitempty"`
 	// LogURL is the full run log (GET, same key), once the job ended.
 	LogURL string   `json:"log_url"`
 	Links  JobLinks `json:"links"`
@@ -137,7 +140,13 @@ func (a *API) createJob(w http.ResponseWriter, r *http.Request) {
 	a.answerSubmit(w, r, sub, err, wait, jobView)
 }
 
-func (a *API) getJob(w http.ResponseWriter, r *http.Request) { a.get(w, r, jobView) }
+func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
+	a.get(w, r, func(d *deployments.Deployment) any {
+		j := toJob(d)
+		j.Waiting = a.waiting(r.Context(), d)
+		return j
+	})
+}
 
 func (a *API) cancelJob(w http.ResponseWriter, r *http.Request) { a.cancel(w, r, jobView) }
 

@@ -375,3 +375,36 @@ func TestPooledJobResultEchoesPool(t *testing.T) {
 		t.Errorf("the result of a job of pool gpu: %s", body)
 	}
 }
+
+// TestJobWaitingForNoReplica: a queued job whose pool no infra replica
+// reads says so; once a replica reads the pool's queue, it does not.
+func TestJobWaitingForNoReplica(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"JOB_POOL_PROJECTS": "gpu=" + dt.Project}})
+	key := e.Key("jobs-wait", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
+	req := jobRequest()
+	req["options"].(map[string]any)["pool"] = "gpu"
+	resp, body := e.Do("POST", "/api/v1/jobs", key, req)
+	if resp.StatusCode != 202 {
+		t.Fatalf("submit: %d %s", resp.StatusCode, body)
+	}
+	id := dt.JSON[api.Job](t, body).ID
+	_, body = e.Do("GET", "/api/v1/jobs/"+id, key, nil)
+	dt.CheckSchema(t, "Job", body)
+	if j := dt.JSON[api.Job](t, body); !strings.Contains(j.Waiting, "no infra replica serves pool gpu") {
+		t.Errorf("a job of a pool nobody serves: waiting %q", j.Waiting)
+	}
+	// A replica of pool gpu appears (its consumer just read the queue).
+	queue := e.Streams.JobQueue + ":gpu"
+	if err := e.Redis.XGroupCreate(ctx, queue, "infra", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Redis.XGroupCreateConsumer(ctx, queue, "infra", "infra-1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, body = e.Do("GET", "/api/v1/jobs/"+id, key, nil)
+	if j := dt.JSON[api.Job](t, body); j.Waiting != "" || j.Status != "queued" {
+		t.Errorf("a queued job with a live replica: status %s, waiting %q", j.Status, j.Waiting)
+	}
+}

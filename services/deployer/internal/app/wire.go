@@ -174,7 +174,8 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		},
 		WebhookSecret: secretFn,
 		Fleet:         fleet.New(d.DB, fleet.Options{}),
-		Logger:        log, Registerer: d.Metrics,
+		Queues:        stream.NewInspector(d.Redis), JobPools: pools.Names(),
+		Logger: log, Registerer: d.Metrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("api: %w", err)

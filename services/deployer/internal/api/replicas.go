@@ -1,0 +1,83 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+)
+
+// liveWithin is how recently a consumer of a job queue must have read it
+// to count as a live replica: infra's readers block for a second at a time.
+const liveWithin = 30 * time.Second
+
+// QueueReader counts a queue's live consumers (stream.Inspector).
+type QueueReader interface {
+	LiveConsumers(ctx context.Context, stream string, within time.Duration) (int, error)
+}
+
+// liveReplicas counts the consumers of queue, in any group, that read it
+// within liveWithin: the infra replicas serving it.
+func liveReplicas(ctx context.Context, q QueueReader, queue string) (int, error) {
+	return q.LiveConsumers(ctx, queue, liveWithin)
+}
+
+// waiting says why queued job d has not started when no replica serves
+// its pool ("" otherwise, or when that cannot be read).
+func (a *API) waiting(ctx context.Context, d *deployments.Deployment) string {
+	if a.deps.Queues == nil || d.Kind != deployments.KindJob || d.Status != deployments.StatusQueued || d.Job == nil {
+		return ""
+	}
+	pool := d.Job.Options.Pool
+	queue := a.deps.Deployments.JobQueue(pool)
+	n, err := liveReplicas(ctx, a.deps.Queues, queue)
+	if (err != nil && !errors.Is(err, stream.ErrNotFound)) || n > 0 {
+		return ""
+	}
+	name := "the default pool"
+	if pool != "" {
+		name = "pool " + pool
+	}
+	return fmt.Sprintf("no infra replica serves %s: none read %s in the last %s (infra's JOB_POOLS names the pools a replica serves)",
+		name, queue, liveWithin)
+}
+
+// poolReplicas is the gauge autoprov_deployer_job_pool_replicas{pool}:
+// the live replicas of the default pool and of each granted pool, read at
+// each scrape; a pool at 0 has jobs that wait for nobody.
+type poolReplicas struct {
+	desc  *prometheus.Desc
+	q     QueueReader
+	queue func(pool string) string
+	pools []string // "" is the default pool
+}
+
+// poolReplicasHelp is the gauge's help text.
+const poolReplicasHelp = "Infra replicas that read the job queue of a pool (default: ansible:job:queue) in the last 30 s, read at each scrape; 0: its jobs wait for nobody."
+
+func poolReplicasDesc() *prometheus.Desc {
+	return prometheus.NewDesc("autoprov_deployer_job_pool_replicas", poolReplicasHelp, []string{"pool"}, nil)
+}
+
+func (p *poolReplicas) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+
+func (p *poolReplicas) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, pool := range p.pools {
+		n, err := liveReplicas(ctx, p.q, p.queue(pool))
+		if err != nil && !errors.Is(err, stream.ErrNotFound) {
+			continue // unknown: no sample rather than a false 0
+		}
+		label := pool
+		if label == "" {
+			label = "default"
+		}
+		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(n), label)
+	}
+}
