@@ -77,9 +77,9 @@ type Deps struct {
 	// Queues reads the job queues' consumers: a queued job whose pool no
 	// replica serves says so, and autoprov_deployer_job_pool_replicas
 	// counts them for the default pool and JobPools; nil: neither.
-	Queues   QueueReader
-	JobPools []string
-	Logger   zerolog.Logger
+	Queues     QueueReader
+	JobPools   []string
+	Logger     zerolog.Logger
 	Registerer prometheus.Registerer
 }
 
@@ -127,7 +127,7 @@ func New(cfg Config, deps Deps) (*API, error) {
 		if deps.Queues != nil && deps.Deployments != nil {
 			if err := deps.Registerer.Register(&poolReplicas{
 				desc: poolReplicasDesc(),
-				q: deps.Queues, queue: deps.Deployments.JobQueue, pools: append([]string{""}, deps.JobPools...),
+				q:    deps.Queues, queue: deps.Deployments.JobQueue, pools: append([]string{""}, deps.JobPools...),
 			}); err != nil {
 				return nil, fmt.Errorf("api metrics: %w", err)
 			}

@@ -355,6 +355,20 @@ func TestPythonJobClient(t *testing.T) {
 	}
 }
 
+// submitGPUJob submits jobRequest on pool gpu with query (a ?wait=) and
+// returns the answer, which must have status want.
+func submitGPUJob(t *testing.T, e *dt.Env, query string, want int) []byte {
+	t.Helper()
+	key := e.Key(testenv.Unique("jobs-gpu-"), []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
+	req := jobRequest()
+	req["options"].(map[string]any)["pool"] = "gpu"
+	resp, body := e.Do("POST", "/api/v1/jobs"+query, key, req)
+	if resp.StatusCode != want {
+		t.Fatalf("submit: %d %s, want %d", resp.StatusCode, body, want)
+	}
+	return body
+}
+
 // TestPooledJobResultEchoesPool: a job on a pool granted to its project
 // runs from the pool's stream, and its result says which pool ran it.
 func TestPooledJobResultEchoesPool(t *testing.T) {
@@ -362,13 +376,7 @@ func TestPooledJobResultEchoesPool(t *testing.T) {
 	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"JOB_POOL_PROJECTS": "gpu=" + dt.Project}})
 	e.Infra.JobQueue = e.Streams.JobQueue + ":gpu" // a replica of pool gpu alone
 	e.StartInfra()
-	key := e.Key("jobs-pool", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
-	req := jobRequest()
-	req["options"].(map[string]any)["pool"] = "gpu"
-	resp, body := e.Do("POST", "/api/v1/jobs?wait=30s", key, req)
-	if resp.StatusCode != 200 {
-		t.Fatalf("submit: %d %s", resp.StatusCode, body)
-	}
+	body := submitGPUJob(t, e, "?wait=30s", 200)
 	dt.CheckSchema(t, "Job", body)
 	j := dt.JSON[api.Job](t, body)
 	if j.Status != "succeeded" || j.Result == nil || j.Result.Pool != "gpu" {
@@ -382,15 +390,9 @@ func TestJobWaitingForNoReplica(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"JOB_POOL_PROJECTS": "gpu=" + dt.Project}})
-	key := e.Key("jobs-wait", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
-	req := jobRequest()
-	req["options"].(map[string]any)["pool"] = "gpu"
-	resp, body := e.Do("POST", "/api/v1/jobs", key, req)
-	if resp.StatusCode != 202 {
-		t.Fatalf("submit: %d %s", resp.StatusCode, body)
-	}
-	id := dt.JSON[api.Job](t, body).ID
-	_, body = e.Do("GET", "/api/v1/jobs/"+id, key, nil)
+	key := e.Key("jobs-wait", []auth.Scope{auth.ScopeJobsRead}, dt.Project)
+	id := dt.JSON[api.Job](t, submitGPUJob(t, e, "", 202)).ID
+	_, body := e.Do("GET", "/api/v1/jobs/"+id, key, nil)
 	dt.CheckSchema(t, "Job", body)
 	if j := dt.JSON[api.Job](t, body); !strings.Contains(j.Waiting, "no infra replica serves pool gpu") {
 		t.Errorf("a job of a pool nobody serves: waiting %q", j.Waiting)
