@@ -3,6 +3,7 @@ package store
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -112,4 +113,23 @@ func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string
 	}
 	go l.monitor()
 	return l, nil
+}
+
+// Busy reports whether a run holds any of targets now: a probe that takes
+// the locks of job jobID on them without waiting and gives them back at
+// once (two round trips). A caller with work to do before its run (an
+// Ansible job's checkout) looks first, so that a job waiting for busy
+// hosts does that work once, when they are free, not at every look. A job
+// running elsewhere is not busy here: the run's own locking answers it.
+func (lk *Locker) Busy(ctx context.Context, jobID string, targets []string) (bool, error) {
+	l, err := lk.AcquireAll(ctx, jobID, targets, LockOptions{NoWait: true})
+	switch {
+	case errors.Is(err, ErrTargetBusy):
+		return true, nil
+	case errors.Is(err, ErrJobRunningElsewhere):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return false, l.Release(ctx)
 }

@@ -75,3 +75,34 @@ func TestAcquireAll(t *testing.T) {
 		}
 	}
 }
+
+// TestLockerBusy: the probe says busy while a run holds any of the
+// targets, keeps no lock itself, and says free once the run let go.
+func TestLockerBusy(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	lk := store.NewLocker(pool, 2)
+	t.Cleanup(lk.Close)
+	run, err := lk.Acquire(ctx, "deploy-1", "b-2", store.LockOptions{NoWait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := lk.Busy(ctx, "job-probe", []string{"b-1", "b-2"}); err != nil || !busy {
+		t.Fatalf("Busy with b-2 held = %v, %v; want true", busy, err)
+	}
+	if busy, err := lk.Busy(ctx, "job-probe", []string{"b-1", "b-3"}); err != nil || busy {
+		t.Fatalf("Busy of free targets = %v, %v; want false", busy, err)
+	}
+	for _, key := range []int64{store.TargetLockKey("b-1"), store.TargetLockKey("b-3"), store.JobLockKey("job-probe")} {
+		if rows := advisoryLocks(t, pool, key); len(rows) != 0 {
+			t.Fatalf("the probe kept a lock: %+v", rows)
+		}
+	}
+	if err := run.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := lk.Busy(ctx, "job-probe", []string{"b-2"}); err != nil || busy {
+		t.Fatalf("Busy after the run let go = %v, %v; want false", busy, err)
+	}
+}

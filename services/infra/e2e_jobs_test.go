@@ -35,6 +35,7 @@ type jobWorld struct {
 	*e2e
 	sshds []*testenv.SSHD
 	repo  *sourcestest.WorkRepo
+	git   *sourcestest.GitServer
 	out   string // where the test plays write (the targets are this machine)
 	env   []string
 }
@@ -56,8 +57,8 @@ func newJobWorld(t *testing.T, n int) *jobWorld {
 		f.Close()
 	}
 	w.e2e = newE2E(t, w.sshds[0])
-	git := sourcestest.NewGitServer(t, "job-token")
-	w.repo = git.NewRepo(t, "ops.git")
+	w.git = sourcestest.NewGitServer(t, "job-token")
+	w.repo = w.git.NewRepo(t, "ops.git")
 	w.out = t.TempDir()
 	w.env = []string{
 		"SOURCES_ALLOW_HTTP=true",
@@ -900,5 +901,47 @@ func TestAnsibleJobRejectedKeySaysSo(t *testing.T) {
 	jobStatus(t, r, messages.StatusUnreachable, messages.KindHostsUnreachable)
 	if !strings.Contains(r.Error.Message, "d1: ") {
 		t.Errorf("message %q does not name the host", r.Error.Message)
+	}
+}
+
+// TestAnsibleJobWaitsBeforeItsCheckout: a job whose host another job holds
+// waits (it comes back again and again) without fetching its repository;
+// it fetches once its host is free, and runs after the first.
+func TestAnsibleJobWaitsBeforeItsCheckout(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 1)
+	w.repo.Commit(t, map[string]string{"hold.yml": holdPlay})
+	p := w.start("SERVER_BUSY_RECHECK=200ms")
+	first := w.job("job-holder", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
+	first.Options.ExtraVars["hold"] = int64(8)
+	w.submit(first)
+	holds := filepath.Join(w.out, "holds.log")
+	testenv.WaitFor(t, 2*time.Minute, "the first job's task to hold the host", func() bool {
+		_, err := os.Stat(holds)
+		return err == nil
+	})
+	fetched := w.git.Authorized.Load()
+	second := w.job("job-waiter", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
+	second.Options.ExtraVars["hold"] = int64(0)
+	w.submit(second)
+	// While the first holds the host, the second looks every 200 ms.
+	testenv.WaitFor(t, time.Minute, "the second job to wait for the host", func() bool {
+		n := 0
+		for line := range strings.Lines(p.Stderr()) {
+			if strings.Contains(line, `"job_id":"job-waiter"`) && strings.Contains(line, "waiting for another run") {
+				n++
+			}
+		}
+		return n >= 3
+	})
+	if r := w.jobResults("job-holder"); len(r) == 0 {
+		if n := w.git.Authorized.Load() - fetched; n != 0 {
+			t.Errorf("the waiting job fetched its repository %d times (requests) while its host was busy, want 0", n)
+		}
+	}
+	jobStatus(t, w.waitJob("job-holder", 3*time.Minute), messages.StatusSucceeded, "")
+	jobStatus(t, w.waitJob("job-waiter", 3*time.Minute), messages.StatusSucceeded, "")
+	if recs := w.recordsIn(holds); len(recs) != 4 || recs[1][0] != "end" || recs[2][0] != "start" {
+		t.Errorf("holds.log = %v, want the first job's task, then the second's", recs)
 	}
 }

@@ -220,7 +220,17 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 	if err := aj.authorizeHosts(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
+	j.targets = aj.targets()
 	if !sourceFirst {
+		// A job whose hosts another run holds waits before its checkout
+		// (and requirements), not after: it comes back until they are
+		// free and prepares once (a probe; runLocked takes the locks).
+		at := time.Now()
+		busy, err := h.Locker.Busy(ctx, j.id, j.targets)
+		j.steps.add(stepLocks, at)
+		if err == nil && busy {
+			return j.waitBusy(strings.Join(j.targets, " "), store.ErrTargetBusy)
+		}
 		if err := aj.checkout(ctx); err != nil {
 			return aj.early(ctx, err)
 		}
@@ -228,7 +238,6 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 	if err := handOver(dir, cfg.RunAs); err != nil {
 		return j.infraError(ctx, err)
 	}
-	j.targets = aj.targets()
 	return j.runLocked(ctx, strings.Join(j.targets, " "), aj.label(), aj.run)
 }
 

@@ -140,6 +140,17 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 // error). Any other error body returns is an infrastructure failure or an
 // interruption: the run is handed over, retried or, on the last delivery,
 // failed.
+// waitBusy answers a request whose target another run holds: it waits
+// outside the handler slots, released for redelivery without counting a
+// delivery, and looks again after BusyRecheck, on whichever instance
+// claims it then.
+func (j *job) waitBusy(target string, err error) error {
+	delay := cmp.Or(j.h.cfg.BusyRecheck, time.Second)
+	j.log.Info().Str("target", target).Dur("recheck_in", delay).
+		Msg("waiting for another run on this server to finish (outside the handler slots)")
+	return stream.Later(delay, err)
+}
+
 func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) (*outcome, error)) error {
 	db := j.h.DB
 	at := time.Now()
@@ -177,10 +188,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		// on whichever instance claims it then.
 		lockSpan.SetAttributes(attribute.Bool("autoprov.target_busy", true))
 		endSpan(lockSpan, nil)
-		delay := cmp.Or(j.h.cfg.BusyRecheck, time.Second)
-		j.log.Info().Str("target", target).Dur("recheck_in", delay).
-			Msg("waiting for another run on this server to finish (outside the handler slots)")
-		return stream.Later(delay, err)
+		return j.waitBusy(target, err)
 	}
 	endSpan(lockSpan, err)
 	if errors.Is(err, store.ErrJobRunningElsewhere) {
