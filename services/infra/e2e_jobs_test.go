@@ -507,6 +507,22 @@ const holdPlay = `- name: Hold
       changed_when: true
 `
 
+// holdHost submits job id of hold.yml (holdPlay) on sshd 0, holding it
+// for seconds, waits until its task runs there and returns the path of
+// holds.log.
+func (w *jobWorld) holdHost(t *testing.T, id string, seconds int64) string {
+	t.Helper()
+	m := w.job(id, map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
+	m.Options.ExtraVars["hold"] = seconds
+	w.submit(m)
+	holds := filepath.Join(w.out, "holds.log")
+	testenv.WaitFor(t, 2*time.Minute, "the long task to run on the host", func() bool {
+		_, err := os.Stat(holds)
+		return err == nil
+	})
+	return holds
+}
+
 // TestAnsibleJobTakeoverAfterKilledReplica: a replica killed with -9 in
 // the middle of a job's long task leaves that task running on the host.
 // The next run on the host (here a second job; the first one, redelivered,
@@ -519,14 +535,7 @@ func TestAnsibleJobTakeoverAfterKilledReplica(t *testing.T) {
 	w.repo.Commit(t, map[string]string{"hold.yml": holdPlay})
 	scope := scopeOf(t, w.sshds[0].Host, w.sshds[0])
 	a := w.start()
-	m := w.job("job-killed", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
-	m.Options.ExtraVars["hold"] = int64(300)
-	w.submit(m)
-	holds := filepath.Join(w.out, "holds.log")
-	testenv.WaitFor(t, 2*time.Minute, "the long task to run on the host", func() bool {
-		_, err := os.Stat(holds)
-		return err == nil
-	})
+	holds := w.holdHost(t, "job-killed", 300)
 	a.Signal(syscall.SIGKILL)
 	a.Wait(10 * time.Second)
 	if len(markedProcesses(scope)) == 0 {
@@ -536,7 +545,7 @@ func TestAnsibleJobTakeoverAfterKilledReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := w.start()
-	m = w.job("job-next", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
+	m := w.job("job-next", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
 	m.Options.ExtraVars["hold"] = int64(1)
 	w.submit(m)
 	jobStatus(t, w.waitJob("job-next", 3*time.Minute), messages.StatusSucceeded, "")
@@ -912,14 +921,7 @@ func TestAnsibleJobWaitsBeforeItsCheckout(t *testing.T) {
 	w := newJobWorld(t, 1)
 	w.repo.Commit(t, map[string]string{"hold.yml": holdPlay})
 	p := w.start("SERVER_BUSY_RECHECK=200ms")
-	first := w.job("job-holder", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
-	first.Options.ExtraVars["hold"] = int64(8)
-	w.submit(first)
-	holds := filepath.Join(w.out, "holds.log")
-	testenv.WaitFor(t, 2*time.Minute, "the first job's task to hold the host", func() bool {
-		_, err := os.Stat(holds)
-		return err == nil
-	})
+	holds := w.holdHost(t, "job-holder", 8)
 	fetched := w.git.Authorized.Load()
 	second := w.job("job-waiter", map[string]messages.Vars{"t1": w.host(0)}, "hold.yml")
 	second.Options.ExtraVars["hold"] = int64(0)
