@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/fakeinfra"
 )
 
 // browser is a cookie-keeping HTTP client that does not follow redirects.
@@ -219,7 +221,8 @@ func TestRunPagesAndEvents(t *testing.T) {
 	}
 
 	res, page := b.get("/ui/runs/deployment/" + id)
-	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="full-log"`) || !strings.Contains(page, "succeeded") {
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="full-log"`) || !strings.Contains(page, "succeeded") ||
+		!strings.Contains(page, "Download the log") {
 		t.Fatalf("deployment page: %d\n%s", res.StatusCode, page)
 	}
 
@@ -316,5 +319,25 @@ func TestSessionCookieAndExpiry(t *testing.T) {
 				t.Fatalf("an expired session still works: %d", res.StatusCode)
 			}
 		})
+	}
+}
+
+// TestRunPageWithoutOutput: a run that stored no output says so and offers
+// no log to download (the link answered 404).
+func TestRunPageWithoutOutput(t *testing.T) {
+	t.Parallel()
+	e := deployertest.Start(t, deployertest.Options{PlanFor: func(*messages.AnsibleDeployMessage) fakeinfra.Plan {
+		return fakeinfra.Plan{} // no task, no output
+	}})
+	res, body := e.Do(http.MethodPost, "/api/v1/deployments?wait=30s", e.CI, deployertest.Request())
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("deploy: %d %s", res.StatusCode, body)
+	}
+	id := deployertest.JSON[map[string]any](t, body)["id"].(string)
+	b := newBrowser(t, e.URL)
+	b.signIn(e.CI)
+	res, page := b.get("/ui/runs/deployment/" + id)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, "No output was stored") || strings.Contains(page, "Download the log") {
+		t.Fatalf("the page of a run without output: %d\n%s", res.StatusCode, page)
 	}
 }

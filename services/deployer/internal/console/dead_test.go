@@ -59,6 +59,13 @@ func TestDeadLetters(t *testing.T) {
 		t.Fatalf("replay without admin: %d", res.StatusCode)
 	}
 
+	// Replay is offered for the plain one, not the one refused for its
+	// signature (only autoprov dead replay --resign puts it back).
+	_, page := admin.get("/ui/queues")
+	if !strings.Contains(page, `aria-label="Replay dead letter `+plain) || strings.Contains(page, `aria-label="Replay dead letter `+forged) ||
+		!strings.Contains(page, "--resign") {
+		t.Fatalf("replay buttons:\n%s", page)
+	}
 	res, _ := post(admin, csrf, "replay", plain)
 	if res.StatusCode != http.StatusSeeOther || !strings.Contains(res.Header.Get("Location"), "replayed") {
 		t.Fatalf("replay: %d %s", res.StatusCode, res.Header.Get("Location"))
@@ -93,7 +100,7 @@ func TestDeadLetters(t *testing.T) {
 	for range 59 {
 		ids = append(ids, add("handler_error"))
 	}
-	_, page := admin.get("/ui/queues")
+	_, page = admin.get("/ui/queues")
 	next := regexp.MustCompile(`href="(/ui/queues\?after=[^"]+)"`).FindStringSubmatch(page)
 	if next == nil || strings.Contains(page, ids[58]) || !strings.Contains(page, ids[48]) {
 		t.Fatalf("first page of dead letters:\n%s", page)

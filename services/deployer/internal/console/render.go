@@ -14,6 +14,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 )
 
@@ -44,6 +45,9 @@ func (c *Console) parse() error {
 		"lower":      strings.ToLower,
 		"has":        func(a *authInfo, scope string) bool { return a != nil && a.key.Has(auth.Scope(scope)) },
 		"fieldError": func(errs map[string]string, f string) string { return errs[f] },
+		// resignOnly: a dead letter refused for its signature, which only
+		// `autoprov dead replay --resign` may put back.
+		"resignOnly": messages.IsSignatureReason,
 	}
 	layout, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
