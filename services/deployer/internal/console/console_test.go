@@ -195,13 +195,7 @@ func TestSessionsAndCSRF(t *testing.T) {
 // pages with its cursor.
 func TestRunPagesAndEvents(t *testing.T) {
 	e := deployertest.Start(t, deployertest.Options{})
-	res, body := e.Do(http.MethodPost, "/api/v1/deployments?wait=30s", e.CI, deployertest.Request())
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("deploy: %d %s", res.StatusCode, body)
-	}
-	id := deployertest.JSON[map[string]any](t, body)["id"].(string)
-	b := newBrowser(t, e.URL)
-	b.signIn(e.CI)
+	id, b := deployAndSignIn(t, e)
 
 	events := func(last string) (int, string) { return b.events("/ui/runs/deployment/"+id+"/events", last) }
 	status, all := events("")
@@ -322,13 +316,10 @@ func TestSessionCookieAndExpiry(t *testing.T) {
 	}
 }
 
-// TestRunPageWithoutOutput: a run that stored no output says so and offers
-// no log to download (the link answered 404).
-func TestRunPageWithoutOutput(t *testing.T) {
-	t.Parallel()
-	e := deployertest.Start(t, deployertest.Options{PlanFor: func(*messages.AnsibleDeployMessage) fakeinfra.Plan {
-		return fakeinfra.Plan{} // no task, no output
-	}})
+// deployAndSignIn runs a deployment of the CI key to its end and returns
+// its id and a browser signed in with that key.
+func deployAndSignIn(t *testing.T, e *deployertest.Env) (string, *browser) {
+	t.Helper()
 	res, body := e.Do(http.MethodPost, "/api/v1/deployments?wait=30s", e.CI, deployertest.Request())
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("deploy: %d %s", res.StatusCode, body)
@@ -336,6 +327,17 @@ func TestRunPageWithoutOutput(t *testing.T) {
 	id := deployertest.JSON[map[string]any](t, body)["id"].(string)
 	b := newBrowser(t, e.URL)
 	b.signIn(e.CI)
+	return id, b
+}
+
+// TestRunPageWithoutOutput: a run that stored no output says so and offers
+// no log to download (the link answered 404).
+func TestRunPageWithoutOutput(t *testing.T) {
+	t.Parallel()
+	e := deployertest.Start(t, deployertest.Options{PlanFor: func(*messages.AnsibleDeployMessage) fakeinfra.Plan {
+		return fakeinfra.Plan{} // no task, no output
+	}})
+	id, b := deployAndSignIn(t, e)
 	res, page := b.get("/ui/runs/deployment/" + id)
 	if res.StatusCode != http.StatusOK || !strings.Contains(page, "No output was stored") || strings.Contains(page, "Download the log") {
 		t.Fatalf("the page of a run without output: %d\n%s", res.StatusCode, page)
