@@ -12,6 +12,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/console"
@@ -92,6 +93,13 @@ func (p *Parts) buildConsole(ctx context.Context, d service.Deps, streams deploy
 		API: p.API.Handler(), Auth: authn, Keys: keys, Forget: authn.Forget,
 		Limiter:  auth.NewLimiter(d.Redis, auth.RateKeyPrefix, p.cfg.API.RateLimit, p.cfg.API.RateBurst),
 		Sessions: console.NewSessions(d.DB), Deployments: p.Deployments, Fleet: fleet.New(d.DB, fleet.Options{}),
+		ServerAt: func(ctx context.Context, address string) (string, error) {
+			srv, err := store.FindServerByAddress(ctx, d.DB, address)
+			if err != nil {
+				return "", err
+			}
+			return srv.Handle, nil
+		},
 		Queues: stream.NewInspector(rdb), Events: p.Hub, Logs: p.Logs, Shutdown: p.API.Stopping(),
 		Ping: func(ctx context.Context) error {
 			if err := d.DB.Ping(ctx); err != nil {

@@ -96,6 +96,10 @@ type Deps struct {
 	Sessions    *Sessions
 	Deployments *deployments.Service
 	Fleet       *fleet.Store
+	// ServerAt finds the handle of the registered server at an address
+	// (a deployment's target), for keys that may read the fleet; nil, or
+	// store.ErrServerNotFound: the page shows the address alone.
+	ServerAt func(ctx context.Context, address string) (string, error)
 	// Queues reads the streams and acts on dead letters; nil hides them.
 	Queues *stream.Inspector
 	// Events follows a provisioning run's progress for its live output;

@@ -219,6 +219,21 @@ func TestRunPagesAndEvents(t *testing.T) {
 		!strings.Contains(page, "Download the log") {
 		t.Fatalf("deployment page: %d\n%s", res.StatusCode, page)
 	}
+	if strings.Contains(page, "/ui/fleet/") {
+		t.Errorf("a key without servers:read is shown the fleet's server:\n%s", page)
+	}
+	// The registered server at the deployment's address: its handle and a
+	// link, for a key that reads the fleet.
+	if _, err := e.DB.Exec(context.Background(), `INSERT INTO servers (handle, address, status, labels, source)
+		VALUES ('web-at-7', '198.51.100.7', 'READY', '{}', 'inventory')`); err != nil {
+		t.Fatal(err)
+	}
+	ab := newBrowser(t, e.URL)
+	ab.signIn(e.Admin)
+	if _, page := ab.get("/ui/runs/deployment/" + id); !strings.Contains(page, `href="/ui/fleet/web-at-7"`) ||
+		!strings.Contains(page, "Application port") {
+		t.Errorf("the deployment page for a fleet reader names no server:\n%s", page)
+	}
 
 	// Another key's project is not this key's: the API's visibility.
 	other := e.Key("other", []auth.Scope{auth.ScopeDeploymentsRead}, "22222222-3333-4444-5555-666666666666")

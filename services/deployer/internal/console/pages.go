@@ -411,6 +411,11 @@ func (c *Console) deploymentPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := map[string]any{"Title": "Deployment " + d.ID, "D": d, "Terminal": d.Status.Terminal()}
+	if c.deps.ServerAt != nil && c.key(r).Has(auth.ScopeServersRead) {
+		if handle, err := c.deps.ServerAt(r.Context(), d.Request.ServerIP); err == nil {
+			data["Handle"] = handle
+		}
+	}
 	data["Noun"], data["LogURL"], data["EventsURL"] = "deployment", Prefix+"/runs/deployment/"+d.ID+"/log", Prefix+"/runs/deployment/"+d.ID+"/events"
 	c.runDetails(r, data, base+"/webhooks", base+"/log", d.Status.Terminal())
 	c.render(w, r, http.StatusOK, "deployment", data)
