@@ -19,7 +19,8 @@ func TestRedactEscapedLineBreaks(t *testing.T) {
 	const pw = "it's \"pw\"\\x\x01\npäss\nab1"
 	crlfPEM := strings.ReplaceAll(pemSecret, "\n", "\r\n")
 	// Each case: the secret, how it is shown, and the text around it (the
-	// whole form, and nothing else, must become one Redacted).
+	// whole form, and nothing else, must become one Redacted, but for a
+	// line break that ends it).
 	cases := []struct {
 		name, secret, form, around string
 	}{
@@ -43,7 +44,15 @@ func TestRedactEscapedLineBreaks(t *testing.T) {
 			r := NewRedactor()
 			r.AddString(tc.secret)
 			in := fmt.Sprintf(tc.around, tc.form)
-			want := fmt.Sprintf(tc.around, Redacted)
+			// A break that ends the secret is no part of it: it may stay.
+			end := ""
+			for _, e := range []string{`\r\n`, `\n`, `\u000a`} {
+				if strings.HasSuffix(tc.form, e) {
+					end = e
+					break
+				}
+			}
+			want := fmt.Sprintf(tc.around, Redacted+end)
 			if out := r.RedactString(in); out != want {
 				t.Errorf("\n in   %q\n out  %q\n want %q", in, out, want)
 			}
@@ -88,3 +97,27 @@ func TestPyReprMatchesPython(t *testing.T) {
 
 // jsonBody is s JSON-encoded, without the quotes.
 func jsonBody(s string) string { return strings.Trim(mustJSON(s), `"`) }
+
+// TestRedactSecretSplitByEscapedBreak: a one-line secret a play printed in
+// two parts with an escaped line break between them (a JSON string, a
+// repr, JSON inside JSON) is masked, the break with it.
+func TestRedactSecretSplitByEscapedBreak(t *testing.T) {
+	t.Parallel()
+	const secret = "SPLITTOKEN-0123456789"
+	for _, tc := range []struct{ name, in string }{
+		{"json \\n", `{"msg": "SPLIT\nTOKEN-0123456789"}`},
+		{"json \\r\\n and an indent", `{"msg": "SPLIT\r\n    TOKEN-0123456789"}`},
+		{"json \\u000a", `{"msg": "SPLIT\u000aTOKEN-0123456789"}`},
+		{"json in json", `{"msg": "{\"out\": \"SPLIT\\nTOKEN-0123456789\"}"}`},
+		{"raw break", "SPLIT\nTOKEN-0123456789"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewRedactor()
+			r.AddString(secret)
+			out := r.RedactString(tc.in)
+			if strings.Contains(out, "TOKEN-0123456789") || !strings.Contains(out, Redacted) {
+				t.Errorf("%q redacted to %q", tc.in, out)
+			}
+		})
+	}
+}

@@ -5,10 +5,13 @@ import (
 	"sort"
 )
 
-// lineView is a text without its line breaks: every "\n" or "\r\n" and the
-// blanks (spaces, tabs) that follow it are left out, so that a secret split
-// over lines (wrapped output, an indented YAML block, a folded log line)
-// reads as one. Patterns are joined the same way (joinLines), so a
+// lineView is a text without its line breaks: every "\n" or "\r\n", their
+// escaped forms (the two bytes `\n`, `\r\n`, `\u000a`, `\u000d\u000a`,
+// as a JSON string or a Python repr shows a break, escaped once more as in
+// JSON inside JSON) and the blanks (spaces, tabs) that follow them are left
+// out, so that a secret split over lines (wrapped output, an indented YAML
+// block, a folded log line, a value a play printed in two parts) reads as
+// one. Patterns are joined the same way (joinLines), so a
 // multi-line secret matches however its lines are indented.
 type lineView struct {
 	text []byte     // the view
@@ -21,7 +24,7 @@ type lineView struct {
 type viewJump struct{ at, skip int }
 
 func newLineView(text []byte) lineView {
-	if bytes.IndexByte(text, '\n') < 0 {
+	if !mayBreak(text) {
 		return lineView{text: text, n: len(text)}
 	}
 	v := lineView{text: make([]byte, 0, len(text)), n: len(text)}
@@ -40,17 +43,44 @@ func newLineView(text []byte) lineView {
 	return v
 }
 
+// mayBreak reports whether text may hold a line break, raw or escaped.
+func mayBreak(text []byte) bool {
+	return bytes.IndexByte(text, '\n') >= 0 || bytes.IndexByte(text, '\\') >= 0
+}
+
+// escapedBreaks are the escaped line breaks a lineView leaves out, longest
+// first: CR LF before LF, each with its backslash doubled (an escape
+// escaped again) before the plain one.
+var escapedBreaks = [][]byte{
+	[]byte(`\\u000d\\u000a`), []byte(`\\u000D\\u000A`), []byte(`\u000d\u000a`), []byte(`\u000D\u000A`),
+	[]byte(`\\r\\n`), []byte(`\r\n`),
+	[]byte(`\\u000a`), []byte(`\\u000A`), []byte(`\u000a`), []byte(`\u000A`),
+	[]byte(`\\n`), []byte(`\n`),
+}
+
 // lineBreakLen returns the length of the line break at text[i] ("\n" or
-// "\r\n") with the blanks after it, or 0 when there is none.
+// "\r\n", or an escaped one) with the blanks after it, or 0 when there is
+// none.
 func lineBreakLen(text []byte, i int) int {
 	j := i
-	if text[j] == '\r' && j+1 < len(text) && text[j+1] == '\n' {
+	switch {
+	case text[j] == '\r' && j+1 < len(text) && text[j+1] == '\n':
+		j += 2
+	case text[j] == '\n':
 		j++
-	}
-	if text[j] != '\n' {
+	case text[j] == '\\':
+		for _, e := range escapedBreaks {
+			if bytes.HasPrefix(text[j:], e) {
+				j += len(e)
+				break
+			}
+		}
+		if j == i {
+			return 0
+		}
+	default:
 		return 0
 	}
-	j++
 	for j < len(text) && (text[j] == ' ' || text[j] == '\t') {
 		j++
 	}
@@ -59,7 +89,7 @@ func lineBreakLen(text []byte, i int) int {
 
 // joinLines returns p without its line breaks, as a lineView shows text.
 func joinLines(p []byte) []byte {
-	if bytes.IndexByte(p, '\n') < 0 {
+	if !mayBreak(p) {
 		return p
 	}
 	return newLineView(p).text

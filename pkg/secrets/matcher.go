@@ -212,8 +212,8 @@ func (m *matcher) step(s int32, b byte) int32 {
 // occurrences (overlapping and adjacent occurrences merged), in order. The
 // spans already in the slice are left alone.
 //
-// Line breaks ("\n" or "\r\n" and the blanks after them) are skipped as if
-// they were not there (see lineView): an occurrence split by one is found,
+// Line breaks ("\n" or "\r\n", raw or escaped, and the blanks after them)
+// are skipped as if they were not there (see lineView): an occurrence split by one is found,
 // and its range covers the break. find also returns where the end of text
 // that may be the start of an occurrence continued after text begins
 // (len(text) when no end of text can be).
@@ -227,13 +227,7 @@ func (m *matcher) find(text []byte, spans []span) ([]span, int) {
 	skip := 0            // bytes skipped so far
 	nDense, dense, out := m.nDense, m.dense, m.out
 	for i := 0; i < len(text); {
-		end := len(text)
-		if nl := bytes.IndexByte(text[i:], '\n'); nl >= 0 {
-			end = i + nl
-			if end > i && text[end-1] == '\r' {
-				end--
-			}
-		}
+		end := nextBreak(text, i)
 		for ; i < end; i++ {
 			b := text[i]
 			if s < nDense {
@@ -267,6 +261,29 @@ func (m *matcher) find(text []byte, spans []span) ([]span, int) {
 		tail = viewToText(jumps, len(text)-skip-d)
 	}
 	return spans, tail
+}
+
+// nextBreak returns the index of the first line break (see lineBreakLen)
+// at or after i in text, len(text) when there is none.
+func nextBreak(text []byte, i int) int {
+	end := len(text)
+	if nl := bytes.IndexByte(text[i:], '\n'); nl >= 0 {
+		end = i + nl
+		if end > i && text[end-1] == '\r' {
+			end--
+		}
+	}
+	for j := i; j < end; j++ {
+		k := bytes.IndexByte(text[j:end], '\\')
+		if k < 0 {
+			break
+		}
+		j += k
+		if lineBreakLen(text, j) > 0 {
+			return j
+		}
+	}
+	return end
 }
 
 // addSpan appends sp to spans, whose ends from index base on are all

@@ -15,7 +15,8 @@ import (
 // and Python (ensure_ascii too), each of these applied twice, Python's repr
 // and ascii() (also inside a JSON string), a multi-line secret with its line
 // breaks escaped whichever way (\n, \r\n, \u000a), and each line of a
-// multi-line secret; and it finds them also when line breaks split them. Secrets, lines and encoded forms shorter than [MinSecretLength] are
+// multi-line secret; and it finds them also when line breaks, raw or
+// escaped (a value printed in two parts inside a JSON string), split them. Secrets, lines and encoded forms shorter than [MinSecretLength] are
 // not registered.
 //
 // A child Redactor ([Redactor.Child]), one per run, masks its parent's
