@@ -421,7 +421,19 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#job-submit")), chromedp.WaitVisible(chromedp.CSS("#e-source\\.repository")))
 	screenshot("job-form")
 	w.check(t, "invalid job")
+	// The refusal's summary has the focus; a collection's role hides the
+	// playbook's fields, and the playbook's shows them again.
+	waitFor("the error summary focused", `document.activeElement !== null && document.activeElement.id === "error-summary"`, false)
+	sourceType := func(v string) string {
+		return `(function () { var s = document.getElementById("f-source.type"); s.value = "` + v +
+			`"; s.dispatchEvent(new Event("change")); return true; })()`
+	}
+	waitFor("a collection's role chosen", sourceType("collection_role"), false)
+	waitFor("the playbook's fields hidden", `document.getElementById("f-source.paths").offsetParent === null && document.getElementById("f-source.role").offsetParent !== null`, false)
+	waitFor("a playbook chosen", sourceType("playbook"), false)
+	waitFor("the playbook's fields shown", `document.getElementById("f-source.paths").offsetParent !== null`, false)
 	run("job", chromedp.SetValue(chromedp.CSS("#f-source\\.repository"), "https://git.example.com/org/playbooks.git"),
+		chromedp.SetValue(chromedp.CSS("#f-source\\.paths"), "site.yml"),
 		chromedp.Click(chromedp.CSS("#job-submit")), chromedp.WaitVisible(chromedp.CSS("#live-output")))
 	waitFor("job live output starts", `document.querySelector("#live-output").textContent.includes("run_started")`, false)
 	close(releaseJob)

@@ -63,6 +63,10 @@ type formField struct {
 	Name, Label, Help string
 	Type              string // "" (text), "textarea", "checkbox", "select"
 	Options           []string
+	Placeholder       string // an example shown in an empty field, never a value
+	// For lists the source types the field is for (empty: all); the
+	// console's script hides the others' fields.
+	For []string
 }
 
 // jobFields are the job form's fields, in order, grouped by the API's
@@ -78,14 +82,18 @@ var jobFields = []struct {
 	{"Source", []formField{
 		{Name: "source.type", Label: "Type", Help: "a playbook repository, a role in a repository, or a collection's role",
 			Type: "select", Options: []string{"playbook", "role", "collection_role"}},
-		{Name: "source.repository", Label: "Repository", Help: "playbook or role: the git repository's URL"},
-		{Name: "source.ref", Label: "Ref", Help: "a branch, tag or commit; empty: the default branch"},
-		{Name: "source.paths", Label: "Playbooks", Help: "playbook: paths in the repository, comma-separated, run in order"},
-		{Name: "source.role_path", Label: "Role path", Help: "role: the role's path in the repository"},
-		{Name: "source.collection", Label: "Collection", Help: "collection_role: namespace.collection"},
-		{Name: "source.role", Label: "Role", Help: "collection_role: the role's name"},
-		{Name: "source.version", Label: "Collection version", Help: "collection_role: optional"},
-		{Name: "source.git_credential", Label: "Git credential", Help: "a stored credential's name (or a secret reference)"},
+		{Name: "source.repository", Label: "Repository", Help: "the git repository's URL",
+			Placeholder: "https://git.example.com/org/playbooks.git", For: []string{"playbook", "role"}},
+		{Name: "source.ref", Label: "Ref", Help: "a branch, tag or commit; empty: the default branch", For: []string{"playbook", "role"}},
+		{Name: "source.paths", Label: "Playbooks", Help: "paths in the repository, comma-separated, run in order",
+			Placeholder: "site.yml", For: []string{"playbook"}},
+		{Name: "source.role_path", Label: "Role path", Help: "the role's path in the repository", For: []string{"role"}},
+		{Name: "source.collection", Label: "Collection", Help: "namespace.collection", Placeholder: "community.general",
+			For: []string{"collection_role"}},
+		{Name: "source.role", Label: "Role", Help: "the role's name", For: []string{"collection_role"}},
+		{Name: "source.version", Label: "Collection version", Help: "optional", For: []string{"collection_role"}},
+		{Name: "source.git_credential", Label: "Git credential", Help: "a stored credential's name (or a secret reference)",
+			For: []string{"playbook", "role"}},
 	}},
 	{"Inventory", []formField{
 		{Name: "inventory.hosts", Label: "Hosts", Type: "textarea",
@@ -134,7 +142,7 @@ func (c *Console) jobForm(w http.ResponseWriter, r *http.Request) {
 	if !c.mayRunJobs(w, r) {
 		return
 	}
-	vals := map[string]string{"source.type": "playbook", "source.paths": "site.yml"}
+	vals := map[string]string{"source.type": "playbook"}
 	if ps := c.key(r).Projects; len(ps) > 0 {
 		vals["project_id"] = ps[0]
 	}

@@ -60,6 +60,13 @@ func TestJobsInTheConsole(t *testing.T) {
 	if res.StatusCode != http.StatusOK || !strings.Contains(page, `href="/ui/job"`) || !strings.Contains(page, `id="f-inventory.hosts"`) {
 		t.Fatalf("job form: %d\n%s", res.StatusCode, page)
 	}
+	// Examples are placeholders, never values typed text would append to;
+	// each source type's fields say whose they are (the script shows only
+	// the chosen type's).
+	if strings.Contains(page, `value="site.yml"`) || !strings.Contains(page, `placeholder="site.yml"`) ||
+		!strings.Contains(page, `data-for="collection_role"`) || !strings.Contains(page, `data-for="playbook"`) {
+		t.Fatalf("job form fields:\n%s", page)
+	}
 	ci := newBrowser(t, e.URL)
 	ciCSRF := ci.signIn(e.CI)
 	if _, page := ci.get("/ui/"); strings.Contains(page, `href="/ui/job"`) {
@@ -92,6 +99,11 @@ func TestJobsInTheConsole(t *testing.T) {
 	if res.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(page, `id="e-source.repository"`) ||
 		!strings.Contains(page, `id="e-inventory.hosts"`) {
 		t.Fatalf("API errors: %d\n%s", res.StatusCode, page)
+	}
+	// A summary first, each error a link to its field.
+	if !strings.Contains(page, `id="error-summary"`) || !strings.Contains(page, `href="#f-source.repository"`) ||
+		strings.Index(page, `id="error-summary"`) > strings.Index(page, `<form class="stack"`) {
+		t.Fatalf("no error summary before the form:\n%s", page)
 	}
 	if strings.Contains(page, markup) || !strings.Contains(page, html.EscapeString(markup)) {
 		t.Fatalf("a host name is not escaped in the form:\n%s", page)

@@ -1,6 +1,7 @@
 // The console's only script: live output of a running deployment over the
 // API's events stream (EventSource resumes after a reconnect with
-// Last-Event-ID), and the time zone hint. No inline scripts: the CSP
+// Last-Event-ID), the focus on a refused form's errors, the job form's
+// fields per source type, and the time zone hint. No inline scripts: the CSP
 // allows only this file.
 (function () {
   "use strict";
@@ -37,6 +38,21 @@
     es.onerror = function () {
       if (state && es.readyState !== EventSource.CLOSED) { state.textContent = "reconnecting..."; }
     };
+  }
+  // A refused form: its error summary gets the focus, so that a screen
+  // reader or the keyboard starts there.
+  var summary = document.getElementById("error-summary");
+  if (summary) { summary.focus(); }
+  // The job form shows the fields of the chosen source type only.
+  var type = document.getElementById("f-source.type");
+  if (type) {
+    var show = function () {
+      document.querySelectorAll("[data-for]").forEach(function (el) {
+        el.hidden = el.getAttribute("data-for").split(" ").indexOf(type.value) < 0;
+      });
+    };
+    type.addEventListener("change", show);
+    show();
   }
   var reload = document.getElementById("live-reload");
   if (reload) {
