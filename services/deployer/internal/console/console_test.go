@@ -170,8 +170,16 @@ func TestSessionsAndCSRF(t *testing.T) {
 		}
 	}
 
+	// Revoking asks first: one click revokes nothing.
+	res, page = b.post("/ui/keys/"+e.CIID+"/revoke", url.Values{"csrf": {csrf}})
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="confirm-revoke"`) {
+		t.Fatalf("revoke without confirmation: %d\n%s", res.StatusCode, page)
+	}
+	if res, _ := ci.get("/ui/runs"); res.StatusCode != http.StatusOK {
+		t.Fatalf("the key's session after an unconfirmed revoke: %d", res.StatusCode)
+	}
 	// Revoking the key ends its sessions at once.
-	res, _ = b.post("/ui/keys/"+e.CIID+"/revoke", url.Values{"csrf": {csrf}})
+	res, _ = b.post("/ui/keys/"+e.CIID+"/revoke", url.Values{"csrf": {csrf}, "confirm": {"yes"}})
 	if res.StatusCode != http.StatusSeeOther {
 		t.Fatalf("revoke: %d", res.StatusCode)
 	}
@@ -229,10 +237,15 @@ func TestRunPagesAndEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	ab := newBrowser(t, e.URL)
-	ab.signIn(e.Admin)
+	abCSRF := ab.signIn(e.Admin)
 	if _, page := ab.get("/ui/runs/deployment/" + id); !strings.Contains(page, `href="/ui/fleet/web-at-7"`) ||
 		!strings.Contains(page, "Application port") {
 		t.Errorf("the deployment page for a fleet reader names no server:\n%s", page)
+	}
+	// A rebuild asks first, with the reason kept.
+	if res, page := ab.post("/ui/fleet/web-at-7/rebuild", url.Values{"csrf": {abCSRF}, "reason": {"disk died"}}); res.StatusCode != http.StatusOK ||
+		!strings.Contains(page, `id="confirm-rebuild"`) || !strings.Contains(page, `value="disk died"`) {
+		t.Errorf("rebuild without confirmation: %d\n%s", res.StatusCode, page)
 	}
 
 	// Another key's project is not this key's: the API's visibility.

@@ -85,7 +85,15 @@ func TestDeadLetters(t *testing.T) {
 		t.Fatalf("the stream holds %d entries, want 1", n)
 	}
 
-	if res, _ := post(admin, csrf, "drop", forged); res.StatusCode != http.StatusSeeOther {
+	// Dropping asks first.
+	if res, page := post(admin, csrf, "drop", forged); res.StatusCode != http.StatusOK || !strings.Contains(page, `id="confirm-drop"`) {
+		t.Fatalf("drop without confirmation: %d\n%s", res.StatusCode, page)
+	}
+	if n, _ := rdb.XLen(ctx, dead).Result(); n != 2 {
+		t.Fatalf("%d dead letters after an unconfirmed drop, want 2", n)
+	}
+	if res, _ := admin.post("/ui/queues/dead/drop", url.Values{"csrf": {csrf}, "stream": {messages.StreamProvisionerQueue},
+		"id": {forged}, "confirm": {"yes"}}); res.StatusCode != http.StatusSeeOther {
 		t.Fatalf("drop: %d", res.StatusCode)
 	}
 	if left, _ := rdb.XRange(ctx, dead, "-", "+").Result(); len(left) != 1 || left[0].ID != plain {

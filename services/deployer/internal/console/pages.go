@@ -318,6 +318,26 @@ func fingerprint(hostKey string) string {
 	return pk.Type() + " " + ssh.FingerprintSHA256(pk)
 }
 
+// confirmation is a page that asks before an action that cannot be undone:
+// its form posts the action again with confirm=yes.
+type confirmation struct {
+	Question, Warning string
+	Action            string            // where the confirmed form posts
+	Hidden            map[string]string // the action's own fields
+	Reason            bool              // ask for a reason (the history records it)
+	ReasonValue       string
+	Button, ButtonID  string
+	Cancel            string // where Cancel leads
+}
+
+// confirmed reports whether the posted form confirmed its action.
+func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "yes" }
+
+// confirm renders the confirmation page of an action.
+func (c *Console) confirm(w http.ResponseWriter, r *http.Request, cf confirmation) {
+	c.render(w, r, http.StatusOK, "confirm", map[string]any{"Title": cf.Question, "Confirm": cf})
+}
+
 func (c *Console) serverAction(w http.ResponseWriter, r *http.Request) {
 	h, op := chi.URLParam(r, "handle"), api.Operation(chi.URLParam(r, "op"))
 	if !slices.Contains(api.Operations(), op) {
@@ -325,8 +345,11 @@ func (c *Console) serverAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reason := r.PostFormValue("reason")
-	if op == api.OpRebuild && r.PostFormValue("confirm") != "yes" {
-		c.render(w, r, http.StatusOK, "confirm", map[string]any{"Title": "Rebuild " + h, "Handle": h, "Reason": reason})
+	if op == api.OpRebuild && !confirmed(r) {
+		c.confirm(w, r, confirmation{Question: "Rebuild " + h + "?",
+			Warning: "A rebuild reinstalls the server's operating system: everything on it is lost.",
+			Action:  Prefix + "/fleet/" + url.PathEscape(h) + "/rebuild", Reason: true, ReasonValue: reason,
+			Button: "Rebuild " + h, ButtonID: "confirm-rebuild", Cancel: Prefix + "/fleet/" + url.PathEscape(h)})
 		return
 	}
 	res, err := c.call(r, http.MethodPost, "/api/v1/servers/"+url.PathEscape(h)+"/"+string(op),
@@ -679,6 +702,13 @@ func (c *Console) deadAction(w http.ResponseWriter, r *http.Request) {
 		log.Info().Str("new_id", newID).Msg("dead letter replayed")
 		done = "replayed as " + newID
 	case "drop":
+		if !confirmed(r) {
+			c.confirm(w, r, confirmation{Question: "Drop dead letter " + id + "?",
+				Warning: "Dropping deletes the dead letter of " + name + " for good: it can no longer be replayed.",
+				Action:  Prefix + "/queues/dead/drop", Hidden: map[string]string{"stream": name, "id": id},
+				Button: "Drop it", ButtonID: "confirm-drop", Cancel: Prefix + "/queues"})
+			return
+		}
 		n, err := c.deps.Queues.Drop(r.Context(), name, id)
 		if err != nil {
 			log.Warn().Err(err).Msg("dead letter not dropped")
@@ -742,6 +772,13 @@ func (c *Console) createKey(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) revokeKey(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
+	if !confirmed(r) {
+		c.confirm(w, r, confirmation{Question: "Revoke key " + id + "?",
+			Warning: "A revoked key stops working at once, on every replica, and cannot be restored; its sessions end.",
+			Action:  Prefix + "/keys/" + url.PathEscape(id) + "/revoke",
+			Button:  "Revoke it", ButtonID: "confirm-revoke", Cancel: Prefix + "/keys"})
+		return
+	}
 	res, err := c.call(r, http.MethodDelete, "/api/v1/keys/"+url.PathEscape(id), nil, nil)
 	if err != nil || res.Problem != nil {
 		c.failAPI(w, r, res, err)
