@@ -181,7 +181,8 @@ func TestConsoleInBrowser(t *testing.T) {
 		Logs: runlog.NewPostgres(db, 1<<20), PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {
 			switch m.CorrelationID {
 			case "live":
-				return fakeinfra.Plan{Tasks: 3, TaskDelay: 300 * time.Millisecond, Hold: release, EventMessage: xss}
+				// The message as a play colours it: ANSI codes around markup.
+				return fakeinfra.Plan{Tasks: 3, TaskDelay: 300 * time.Millisecond, Hold: release, EventMessage: "\x1b[0;33m" + xss + "\x1b[0m"}
 			case "hold":
 				return fakeinfra.Plan{Hold: hold}
 			}
@@ -382,12 +383,22 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("deploy", chromedp.SetValue(chromedp.CSS("#f-server_ip"), "198.51.100.7"),
 		chromedp.SetValue(chromedp.CSS("#f-correlation_id"), "live"),
 		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#live-output")))
-	waitFor("live output starts", `document.querySelector("#live-output").textContent.includes("run_started")`, false)
+	waitFor("live output starts", `document.querySelector("#live-output").textContent.includes("run started")`, false)
+	// The page follows the run without a reload: status and start time.
+	waitFor("the status follows the run", `document.querySelector("#run-status").textContent === "running" && document.querySelector("#run-started").textContent.trim() !== "-"`, false)
 	close(release)
-	waitFor("live output of the tasks", `document.querySelector("#live-output").textContent.includes("host_changed")`, false)
-	waitFor("the run ends live", `document.querySelector("#live-output").textContent.includes("run_finished")`, false)
-	if got := text("#live-output"); !strings.Contains(got, xss) {
-		t.Fatalf("live output does not show the event message as text:\n%s", got)
+	waitFor("live output of the tasks", `document.querySelector("#live-output").textContent.includes("changed: [")`, false)
+	waitFor("the run ends live", `document.querySelector("#live-output").textContent.includes("run finished")`, false)
+	waitFor("the final status live", `!["running", "queued"].includes(document.querySelector("#run-status").textContent)`, false)
+	if got := text("#live-output"); !strings.Contains(got, xss) || strings.Contains(got, "[0;33m") {
+		t.Fatalf("live output does not show the event message as text, its colours rendered:\n%s", got)
+	}
+	// ANSI colours became spans; a play's header shows once, not per line.
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("#live-output span.ansi-33").length`)); n == 0 {
+		t.Error("the ANSI colour of the event messages is not rendered")
+	}
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("#live-output .ev-play").length`)); n != 1 {
+		t.Errorf("%d play headers in the live output, want 1", n)
 	}
 	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("img").length`)); n != 0 {
 		t.Fatal("the live output made an img element of an event")
@@ -407,7 +418,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SetValue(chromedp.CSS("#f-port"), "8081"),
 		chromedp.SetValue(chromedp.CSS("#f-correlation_id"), "hold"),
 		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#cancel")))
-	waitFor("it runs", `document.querySelector("#live-output").textContent.includes("run_started")`, false)
+	waitFor("it runs", `document.querySelector("#live-output").textContent.includes("run started")`, false)
 	run("cancel", chromedp.Click(chromedp.CSS("#cancel")), chromedp.WaitVisible(chromedp.CSS(".flash")))
 	waitFor("cancelled", `document.querySelector("#run-status").textContent.trim() === "cancelled"`, true)
 	w.check(t, "cancel")
@@ -435,10 +446,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("job", chromedp.SetValue(chromedp.CSS("#f-source\\.repository"), "https://git.example.com/org/playbooks.git"),
 		chromedp.SetValue(chromedp.CSS("#f-source\\.paths"), "site.yml"),
 		chromedp.Click(chromedp.CSS("#job-submit")), chromedp.WaitVisible(chromedp.CSS("#live-output")))
-	waitFor("job live output starts", `document.querySelector("#live-output").textContent.includes("run_started")`, false)
+	waitFor("job live output starts", `document.querySelector("#live-output").textContent.includes("run started")`, false)
 	close(releaseJob)
-	waitFor("the job ends live", `document.querySelector("#live-output").textContent.includes("run_finished")`, false)
-	if got := text("#live-output"); !strings.Contains(got, xss+" 2") || !strings.Contains(got, "host=db-1") {
+	waitFor("the job ends live", `document.querySelector("#live-output").textContent.includes("run finished")`, false)
+	if got := text("#live-output"); !strings.Contains(got, xss+" 2") || !strings.Contains(got, "[db-1]") {
 		t.Fatalf("job live output:\n%s", got)
 	}
 	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("img").length`)); n != 0 {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 )
 
@@ -48,6 +48,7 @@ func (c *Console) parse() error {
 		// resignOnly: a dead letter refused for its signature, which only
 		// `autoprov dead replay --resign` may put back.
 		"resignOnly": messages.IsSignatureReason,
+		"ansi":       ansiHTML,
 	}
 	layout, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {

@@ -5,28 +5,84 @@
 // allows only this file.
 (function () {
   "use strict";
+  // ansi appends text to el, its ANSI SGR colour codes (ESC[...m) turned
+  // into spans of classes ansi-<code>; everything goes in as text.
+  function ansi(el, text) {
+    var re = /\u001b\[([0-9;]*)m/g, last = 0, cls = "", m;
+    var put = function (s) {
+      if (!s) { return; }
+      if (!cls) { el.appendChild(document.createTextNode(s)); return; }
+      var span = document.createElement("span");
+      span.className = cls;
+      span.textContent = s;
+      el.appendChild(span);
+    };
+    while ((m = re.exec(text)) !== null) {
+      put(text.slice(last, m.index));
+      last = re.lastIndex;
+      var codes = m[1].split(";").filter(function (c) { return c !== "" && c !== "0"; });
+      cls = codes.map(function (c) { return "ansi-" + c.replace(/[^0-9]/g, ""); }).join(" ");
+    }
+    put(text.slice(last));
+  }
   var live = document.getElementById("live-output");
   if (live && window.EventSource) {
     var state = document.getElementById("live-state");
+    var badge = document.getElementById("run-status");
+    var started = document.getElementById("run-started");
     var es = new EventSource(live.getAttribute("data-events"));
     var types = ["run_started", "play_started", "task_started", "host_ok", "host_changed",
       "host_failed", "host_unreachable", "host_skipped", "run_finished"];
+    // The output reads like ansible-playbook's: a play's header once, a
+    // task's header once, then a line per host result.
+    var play = null, task = null;
+    var hostWords = { host_ok: "ok", host_changed: "changed", host_skipped: "skipping",
+      host_failed: "fatal", host_unreachable: "fatal" };
+    // line appends text (ANSI colours rendered as spans, never as HTML),
+    // titled with the event's time.
+    var line = function (cls, text, time) {
+      var div = document.createElement("div");
+      div.className = "ev " + cls;
+      if (time) { div.title = time; }
+      ansi(div, text);
+      live.appendChild(div);
+    };
+    var setStatus = function (s) {
+      if (!badge || !s) { return; }
+      badge.textContent = s;
+      badge.className = "badge st-" + s.replace(/[^A-Za-z_]/g, "");
+    };
     var add = function (ev) {
       var d;
       try { d = JSON.parse(ev.data); } catch (e) { return; }
-      var parts = [d.time || "", d.type || ev.type];
-      if (d.play) { parts.push("play=" + d.play); }
-      if (d.task) { parts.push("task=" + d.task); }
-      if (d.host) { parts.push("host=" + d.host); }
-      if (d.status) { parts.push("status=" + d.status); }
-      if (d.message) { parts.push(d.message); }
-      // textContent: event fields are shown as text, never parsed as HTML.
-      var line = document.createElement("div");
-      line.className = "ev ev-" + (d.type || ev.type).replace(/[^a-z_]/g, "");
-      line.textContent = parts.join("  ");
-      live.appendChild(line);
-      live.scrollTop = live.scrollHeight;
-      if ((d.type || ev.type) === "run_finished") {
+      var type = (d.type || ev.type).replace(/[^a-z_]/g, "");
+      // Follow the output only while the reader is at its end.
+      var atEnd = live.scrollHeight - live.scrollTop - live.clientHeight < 40;
+      if (d.play && d.play !== play) {
+        play = d.play;
+        task = null;
+        line("ev-play", "PLAY [" + d.play + "]", d.time);
+      }
+      if (d.task && d.task !== task) {
+        task = d.task;
+        line("ev-task", "TASK [" + d.task + "]", d.time);
+      }
+      if (hostWords[type]) {
+        var text = hostWords[type] + ": [" + (d.host || "?") + "]";
+        if (type === "host_failed") { text += ": FAILED!"; }
+        if (type === "host_unreachable") { text += ": UNREACHABLE!"; }
+        if (d.message) { text += " => " + d.message; }
+        line("ev-" + type, text, d.time);
+      } else if (type === "run_started") {
+        line("ev-run_started", "run started", d.time);
+        setStatus("running");
+        if (started && d.time) { started.textContent = d.time; }
+      } else if (type === "run_finished") {
+        line("ev-run_finished", "run finished: " + (d.status || "") + (d.message && d.message !== d.status ? " (" + d.message + ")" : ""), d.time);
+        setStatus(d.status);
+      }
+      if (atEnd) { live.scrollTop = live.scrollHeight; }
+      if (type === "run_finished") {
         es.close();
         if (state) { state.textContent = "finished: reload the page for the full log"; }
         var more = document.getElementById("live-reload");
