@@ -458,6 +458,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	screenshot("job-live")
 	w.check(t, "job live output")
 	run("job done", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#run-status")))
+	// Times in the reader's own zone, how long ago, UTC on hover.
+	waitFor("local times", `(function () { var t = document.querySelector("time[datetime]");
+		return t !== null && t.textContent.includes("ago") && t.title.endsWith(" UTC"); })()`, false)
 	waitFor("the job's log after the end", `!!document.querySelector("#full-log") && !!document.querySelector("#playbooks")`, true)
 	if got := text("main"); !strings.Contains(got, xss+" 2") || !strings.Contains(got, "db-1") {
 		t.Fatalf("job page:\n%s", got)

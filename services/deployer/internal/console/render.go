@@ -24,21 +24,8 @@ var pageNames = []string{"signin", "error", "overview", "fleet", "server", "conf
 
 func (c *Console) parse() error {
 	funcs := template.FuncMap{
-		"when": func(t any) string {
-			switch v := t.(type) {
-			case time.Time:
-				if v.IsZero() {
-					return "-"
-				}
-				return v.UTC().Format("2006-01-02 15:04:05Z")
-			case *time.Time:
-				if v == nil || v.IsZero() {
-					return "-"
-				}
-				return v.UTC().Format("2006-01-02 15:04:05Z")
-			}
-			return fmt.Sprint(t)
-		},
+		"when":       when,
+		"ms":         humanMS,
 		"iso":        func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"ago":        func(d time.Duration) string { return d.Round(time.Second).String() },
 		"join":       strings.Join,

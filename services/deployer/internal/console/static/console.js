@@ -1,7 +1,7 @@
 // The console's only script: live output of a running deployment over the
 // API's events stream (EventSource resumes after a reconnect with
 // Last-Event-ID), the focus on a refused form's errors, the job form's
-// fields per source type, and the time zone hint. No inline scripts: the CSP
+// fields per source type, and times in the reader's time zone. No inline scripts: the CSP
 // allows only this file.
 (function () {
   "use strict";
@@ -95,6 +95,17 @@
       if (state && es.readyState !== EventSource.CLOSED) { state.textContent = "reconnecting..."; }
     };
   }
+  // Times: the reader's own time zone and how long ago, UTC on hover.
+  var ago = function (ms) {
+    var s = Math.round(Math.abs(ms) / 1000), fut = ms < 0;
+    var t = s < 60 ? s + " s" : s < 3600 ? Math.round(s / 60) + " min" : s < 172800 ? Math.round(s / 3600) + " h" : Math.round(s / 86400) + " days";
+    return fut ? "in " + t : t + " ago";
+  };
+  document.querySelectorAll("time[datetime]").forEach(function (el) {
+    var d = new Date(el.getAttribute("datetime"));
+    if (isNaN(d.getTime())) { return; }
+    el.textContent = d.toLocaleString() + " (" + ago(Date.now() - d.getTime()) + ")";
+  });
   // A refused form: its error summary gets the focus, so that a screen
   // reader or the keyboard starts there.
   var summary = document.getElementById("error-summary");
