@@ -461,6 +461,17 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Times in the reader's own zone, how long ago, UTC on hover.
 	waitFor("local times", `(function () { var t = document.querySelector("time[datetime]");
 		return t !== null && t.textContent.includes("ago") && t.title.endsWith(" UTC"); })()`, false)
+	// Dark mode: the toggle, kept across pages; its screenshot; back.
+	run("dark mode", chromedp.Click(chromedp.CSS("#theme-toggle")))
+	waitFor("dark colours", `document.documentElement.getAttribute("data-theme") === "dark" &&
+		document.getElementById("theme-toggle").getAttribute("aria-pressed") === "true" &&
+		getComputedStyle(document.body).backgroundColor === "rgb(17, 20, 24)"`, false)
+	run("dark mode kept", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#run-status")))
+	waitFor("dark after a reload", `document.documentElement.getAttribute("data-theme") === "dark"`, false)
+	screenshot("job-done-dark")
+	run("light mode", chromedp.Click(chromedp.CSS("#theme-toggle")))
+	waitFor("light colours", `getComputedStyle(document.body).backgroundColor === "rgb(255, 255, 255)"`, false)
+	w.check(t, "dark mode")
 	waitFor("the job's log after the end", `!!document.querySelector("#full-log") && !!document.querySelector("#playbooks")`, true)
 	if got := text("main"); !strings.Contains(got, xss+" 2") || !strings.Contains(got, "db-1") {
 		t.Fatalf("job page:\n%s", got)

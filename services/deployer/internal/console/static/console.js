@@ -1,7 +1,8 @@
 // The console's only script: live output of a running deployment over the
 // API's events stream (EventSource resumes after a reconnect with
 // Last-Event-ID), the focus on a refused form's errors, the job form's
-// fields per source type, and times in the reader's time zone. No inline scripts: the CSP
+// fields per source type, times in the reader's time zone, and the dark
+// mode toggle. No inline scripts: the CSP
 // allows only this file.
 (function () {
   "use strict";
@@ -94,6 +95,27 @@
     es.onerror = function () {
       if (state && es.readyState !== EventSource.CLOSED) { state.textContent = "reconnecting..."; }
     };
+  }
+  // Dark mode: the system's setting, unless the toggle chose (kept in
+  // this browser).
+  var root = document.documentElement, saved = null;
+  try { saved = window.localStorage.getItem("theme"); } catch (e) { saved = null; }
+  if (saved === "dark" || saved === "light") { root.setAttribute("data-theme", saved); }
+  var toggle = document.getElementById("theme-toggle");
+  if (toggle) {
+    var isDark = function () {
+      var t = root.getAttribute("data-theme");
+      return t ? t === "dark" : window.matchMedia("(prefers-color-scheme: dark)").matches;
+    };
+    var mark = function () { toggle.setAttribute("aria-pressed", isDark() ? "true" : "false"); };
+    toggle.hidden = false;
+    mark();
+    toggle.addEventListener("click", function () {
+      var t = isDark() ? "light" : "dark";
+      root.setAttribute("data-theme", t);
+      try { window.localStorage.setItem("theme", t); } catch (e) { /* private mode: this page only */ }
+      mark();
+    });
   }
   // Times: the reader's own time zone and how long ago, UTC on hover.
   var ago = function (ms) {
