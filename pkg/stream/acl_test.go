@@ -198,7 +198,9 @@ func TestACLRolesInRealRedis(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Errorf("the deployer's observer did not see deploy-1:\n%s", log.String())
 	}
-	if xs, err := rc["deployer"].XRevRangeN(ctx, deployQueue, "+", "-", 1).Result(); err != nil || len(xs) != 1 {
+	// (The entry itself may be gone: infra's consumer trims what its group
+	// acknowledged, at its start too, which under load can come after it.)
+	if xs, err := rc["deployer"].XRevRangeN(ctx, deployQueue, "+", "-", 1).Result(); err != nil {
 		t.Errorf("deployer reads the queue's newest entry (where its observer starts): %v %v", xs, err)
 	}
 	// The requesters follow the progress of their own kind of job.
