@@ -111,7 +111,7 @@ func StartSSHD(t testing.TB, opts SSHDOptions) *SSHD {
 	s.HostKeyPath = filepath.Join(s.Dir, "ssh_host_ed25519_key")
 	s.configPath = filepath.Join(s.Dir, "sshd_config")
 
-	clientPriv, clientPub := newSSHKey(t, "ed25519")
+	clientPriv, clientPub := NewSSHKey(t, "ed25519")
 	s.ClientKey = clientPriv
 	s.ClientPublicKey = clientPub
 	writeFile(t, filepath.Join(s.Dir, "authorized_keys"), []byte(clientPub+"\n"), 0o600)
@@ -142,10 +142,7 @@ func StartSSHD(t testing.TB, opts SSHDOptions) *SSHD {
 // NewSSHKey returns a new private key of typ (ed25519, rsa or ecdsa;
 // OpenSSH PEM) and its public key line: a key no test host authorizes
 // unless told.
-func NewSSHKey(t testing.TB, typ string) (priv []byte, pub string) { return newSSHKey(t, typ) }
-
-// newSSHKey returns a private key (OpenSSH PEM) and its public key line.
-func newSSHKey(t testing.TB, typ string) (priv []byte, pub string) {
+func NewSSHKey(t testing.TB, typ string) (priv []byte, pub string) {
 	t.Helper()
 	var key crypto.Signer
 	var err error
@@ -191,7 +188,7 @@ func (s *SSHD) hostKeyFile(typ string) string {
 func (s *SSHD) writeHostKeys() {
 	s.HostKeys = nil
 	for _, typ := range append([]string{"ed25519"}, s.opts.ExtraHostKeyTypes...) {
-		priv, pub := newSSHKey(s.t, typ)
+		priv, pub := NewSSHKey(s.t, typ)
 		writeFile(s.t, s.hostKeyFile(typ), priv, 0o600)
 		s.HostKeys = append(s.HostKeys, pub)
 	}

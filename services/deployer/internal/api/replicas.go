@@ -21,12 +21,6 @@ type QueueReader interface {
 	LiveConsumers(ctx context.Context, stream string, within time.Duration) (int, error)
 }
 
-// liveReplicas counts the consumers of queue, in any group, that read it
-// within liveWithin: the infra replicas serving it.
-func liveReplicas(ctx context.Context, q QueueReader, queue string) (int, error) {
-	return q.LiveConsumers(ctx, queue, liveWithin)
-}
-
 // waiting says why queued job d has not started when no replica serves
 // its pool ("" otherwise, or when that cannot be read).
 func (a *API) waiting(ctx context.Context, d *deployments.Deployment) string {
@@ -35,7 +29,7 @@ func (a *API) waiting(ctx context.Context, d *deployments.Deployment) string {
 	}
 	pool := d.Job.Options.Pool
 	queue := a.deps.Deployments.JobQueue(pool)
-	n, err := liveReplicas(ctx, a.deps.Queues, queue)
+	n, err := a.deps.Queues.LiveConsumers(ctx, queue, liveWithin)
 	if (err != nil && !errors.Is(err, stream.ErrNotFound)) || n > 0 {
 		return ""
 	}
@@ -70,7 +64,7 @@ func (p *poolReplicas) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	for _, pool := range p.pools {
-		n, err := liveReplicas(ctx, p.q, p.queue(pool))
+		n, err := p.q.LiveConsumers(ctx, p.queue(pool), liveWithin)
 		if err != nil && !errors.Is(err, stream.ErrNotFound) {
 			continue // unknown: no sample rather than a false 0
 		}

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -126,6 +127,19 @@ type Console struct {
 	pages map[string]*template.Template
 	mux   chi.Router
 	now   func() time.Time
+
+	found discovered // the streams found in Redis, kept for discoverFor
+}
+
+// discoverFor is how long the streams found in Redis are kept: each scan
+// walks the whole keyspace, and the overview is loaded often.
+const discoverFor = 5 * time.Second
+
+// discovered holds the last discovery of streams.
+type discovered struct {
+	mu    sync.Mutex
+	at    time.Time
+	names []string
 }
 
 // New builds the console.

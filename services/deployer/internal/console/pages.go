@@ -163,11 +163,28 @@ func (c *Console) readiness(ctx context.Context) []readiness {
 
 // streams returns the streams the Queues page shows: the configured ones,
 // then those discovered (Config.Discover, and any with dead letters) in
-// name order. A failed scan leaves its streams out (logged).
+// name order, found at most discoverFor ago. A failed scan leaves its
+// streams out (logged).
 func (c *Console) streams(ctx context.Context) []string {
 	out := slices.Clone(c.cfg.Streams)
 	if c.deps.Queues == nil {
 		return out
+	}
+	for _, name := range c.discover(ctx) {
+		if !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// discover returns the streams found in Redis, scanning again once the
+// last scan is discoverFor old.
+func (c *Console) discover(ctx context.Context) []string {
+	c.found.mu.Lock()
+	defer c.found.mu.Unlock()
+	if !c.found.at.IsZero() && c.now().Sub(c.found.at) < discoverFor {
+		return c.found.names
 	}
 	var found []string
 	for _, p := range c.cfg.Discover {
@@ -183,12 +200,8 @@ func (c *Console) streams(ctx context.Context) []string {
 	}
 	found = append(found, dead...)
 	slices.Sort(found)
-	for _, name := range slices.Compact(found) {
-		if !slices.Contains(out, name) {
-			out = append(out, name)
-		}
-	}
-	return out
+	c.found.at, c.found.names = c.now(), slices.Compact(found)
+	return c.found.names
 }
 
 // discoverFailed logs a failed discovery: at debug level for a Redis user
