@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,13 +28,13 @@ func writeQuery(srv *Server) (string, []any) {
 		notified_status = NULLIF($7, ''), paused = $8, requested_action = NULLIF($9, ''),
 		requested_by = NULLIF($10, ''), requested_at = $11, pending_job_id = NULLIF($12, ''),
 		pending_action = NULLIF($13, ''), queued_at = $14, next_attempt_at = $15,
-		retries_exhausted = $16, last_recovery_at = $17, orphaned_from = NULLIF($18, '')
+		retries_exhausted = $16, last_recovery_at = $17, orphaned_from = NULLIF($18, ''), projects = $19
 		WHERE handle = $1 AND version = $2 RETURNING ` + serverColumns, []any{
 			srv.Handle, srv.Version, srv.Status, srv.LastError, srv.LastJobID, srv.Attempts,
 			srv.NotifiedStatus, srv.Paused, string(srv.RequestedAction),
 			srv.RequestedBy, nullTime(srv.RequestedAt), srv.PendingJobID,
 			string(srv.PendingAction), nullTime(srv.QueuedAt), nullTime(srv.NextAttemptAt),
-			srv.RetriesExhausted, nullTime(srv.LastRecoveryAt), srv.OrphanedFrom}
+			srv.RetriesExhausted, nullTime(srv.LastRecoveryAt), srv.OrphanedFrom, projectsOf(srv)}
 }
 
 // scanWritten reads writeQuery's answer: the server as written, or
@@ -131,7 +132,16 @@ func changed(a, b *Server) bool {
 		!a.RequestedAt.Equal(b.RequestedAt) || a.PendingJobID != b.PendingJobID ||
 		a.PendingAction != b.PendingAction || !a.QueuedAt.Equal(b.QueuedAt) ||
 		!a.NextAttemptAt.Equal(b.NextAttemptAt) || a.RetriesExhausted != b.RetriesExhausted ||
-		!a.LastRecoveryAt.Equal(b.LastRecoveryAt) || a.OrphanedFrom != b.OrphanedFrom
+		!a.LastRecoveryAt.Equal(b.LastRecoveryAt) || a.OrphanedFrom != b.OrphanedFrom ||
+		!slices.Equal(a.Projects, b.Projects)
+}
+
+// projectsOf is the server's projects for the projects column (never NULL).
+func projectsOf(srv *Server) []string {
+	if srv.Projects == nil {
+		return []string{}
+	}
+	return srv.Projects
 }
 
 func checkActor(actor string) error {

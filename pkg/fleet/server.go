@@ -195,6 +195,9 @@ type Filter struct {
 	Paused *bool
 	// Requested keeps servers with an open request.
 	Requested bool
+	// Project keeps the servers this project (a canonical project id)
+	// owns; "-" keeps fleet-only servers (owned by no project).
+	Project string
 }
 
 // MaxPageSize is the largest page List returns.
@@ -255,6 +258,13 @@ func (f Filter) where() (string, []any, error) {
 	}
 	if f.Requested {
 		conds = append(conds, "requested_action IS NOT NULL")
+	}
+	switch f.Project {
+	case "":
+	case "-":
+		conds = append(conds, "projects = '{}'")
+	default:
+		conds = append(conds, "projects @> ARRAY["+arg(f.Project)+"]::text[]")
 	}
 	if len(conds) == 0 {
 		return "TRUE", args, nil

@@ -32,6 +32,11 @@ type Detected struct {
 	// SSHKeyRef is a secret reference of the SSH key ("" keeps the
 	// server's, or the default key).
 	SSHKeyRef string
+	// Projects are the projects that own the server, as the source says
+	// (an inventory's autoprov_projects, an EC2 tag): nil when the source
+	// says nothing (an operator sets them, SetProjects), empty when it says
+	// the server belongs to no project. Project ids, any case.
+	Projects []string
 }
 
 // validHandle reports whether h matches messages.ServerHandlePattern,
@@ -65,6 +70,9 @@ func (d *Detected) Validate() error {
 	if d.SSHPort < 0 || d.SSHPort > 65535 {
 		errs = append(errs, "ssh port "+strconv.Itoa(d.SSHPort)+" not in 1..65535")
 	}
+	if _, err := CanonicalProjects(d.Projects); err != nil {
+		errs = append(errs, err.Error())
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("server %q: %s", d.Handle, strings.Join(errs, "; "))
 	}
@@ -80,6 +88,11 @@ func (d *Detected) normalize() {
 	}
 	if d.Labels == nil {
 		d.Labels = map[string]string{}
+	}
+	if d.Projects != nil {
+		if p, err := CanonicalProjects(d.Projects); err == nil {
+			d.Projects = p
+		}
 	}
 }
 
@@ -103,6 +116,13 @@ func (d *Detected) Hash() string {
 		b = append(b, k...)
 		b = append(b, '=')
 		b = append(b, d.Labels[k]...)
+	}
+	if d.Projects != nil {
+		// Only when the source says: the hashes of servers whose source
+		// says nothing stay what they were before owners existed.
+		b = append(b, 0, 0)
+		b = append(b, "projects="...)
+		b = append(b, strings.Join(d.Projects, ",")...)
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:16])
@@ -256,11 +276,16 @@ func (s *Store) Sync(ctx context.Context, req SyncRequest) (SyncStats, error) {
 			a := newDetectedArrays(changedList)
 			tag, err := tx.Exec(ctx, `UPDATE servers s SET address = x.address, ssh_port = x.port, ssh_user = x.usr,
 					labels = x.labels::jsonb, provider_id = COALESCE(NULLIF(x.provider, ''), s.provider_id),
-					ssh_key_ref = COALESCE(NULLIF(x.keyref, ''), s.ssh_key_ref), source_hash = x.hash, last_seen_at = $9
-				FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
-					AS x(handle, address, port, usr, labels, provider, keyref, hash)
+					ssh_key_ref = COALESCE(NULLIF(x.keyref, ''), s.ssh_key_ref), source_hash = x.hash, last_seen_at = $9,
+					projects = CASE WHEN x.has_projects THEN string_to_array(x.projects, ',')
+						WHEN s.projects_from_source THEN '{}' ELSE s.projects END,
+					projects_from_source = x.has_projects
+				FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+						$11::text[], $12::boolean[])
+					AS x(handle, address, port, usr, labels, provider, keyref, hash, projects, has_projects)
 				WHERE s.handle = x.handle AND s.source = $10`,
-				a.handles, a.addresses, a.ports, a.users, a.labels, a.providers, a.keyrefs, a.hashes, now, req.Source)
+				a.handles, a.addresses, a.ports, a.users, a.labels, a.providers, a.keyrefs, a.hashes, now, req.Source,
+				a.projects, a.hasProjects)
 			if err != nil {
 				return fmt.Errorf("update servers of %s: %w", req.Source, err)
 			}
@@ -313,8 +338,9 @@ func (s *Store) Sync(ctx context.Context, req SyncRequest) (SyncStats, error) {
 }
 
 type detectedArrays struct {
-	handles, addresses, users, labels, providers, keyrefs, hashes []string
-	ports                                                         []int32
+	handles, addresses, users, labels, providers, keyrefs, hashes, projects []string
+	ports                                                                   []int32
+	hasProjects                                                             []bool
 }
 
 func newDetectedArrays(list []*Detected) detectedArrays {
@@ -329,6 +355,10 @@ func newDetectedArrays(list []*Detected) detectedArrays {
 		a.providers = append(a.providers, d.ProviderID)
 		a.keyrefs = append(a.keyrefs, d.SSHKeyRef)
 		a.hashes = append(a.hashes, d.Hash())
+		// Project ids hold no comma: joined, they fit a text[] of one
+		// dimension (unnest cannot take an array of arrays).
+		a.projects = append(a.projects, strings.Join(d.Projects, ","))
+		a.hasProjects = append(a.hasProjects, d.Projects != nil)
 	}
 	return a
 }
@@ -344,18 +374,24 @@ func (s *Store) upsert(ctx context.Context, tx pgx.Tx, req SyncRequest, list []*
 		takeOver = []string{}
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO servers (handle, address, ssh_port, ssh_user, labels, provider_id, ssh_key_ref,
-			source_hash, source, last_seen_at)
-		SELECT x.handle, x.address, x.port, x.usr, x.labels::jsonb, NULLIF(x.provider, ''), NULLIF(x.keyref, ''), x.hash, $9, $10
-		FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
-			AS x(handle, address, port, usr, labels, provider, keyref, hash)
+			source_hash, source, last_seen_at, projects, projects_from_source)
+		SELECT x.handle, x.address, x.port, x.usr, x.labels::jsonb, NULLIF(x.provider, ''), NULLIF(x.keyref, ''), x.hash, $9, $10,
+			CASE WHEN x.has_projects THEN string_to_array(x.projects, ',') ELSE '{}' END, x.has_projects
+		FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+				$12::text[], $13::boolean[])
+			AS x(handle, address, port, usr, labels, provider, keyref, hash, projects, has_projects)
 		ON CONFLICT (handle) DO UPDATE SET source = EXCLUDED.source, address = EXCLUDED.address,
 			ssh_port = EXCLUDED.ssh_port, ssh_user = EXCLUDED.ssh_user, labels = EXCLUDED.labels,
 			provider_id = COALESCE(EXCLUDED.provider_id, servers.provider_id),
 			ssh_key_ref = COALESCE(EXCLUDED.ssh_key_ref, servers.ssh_key_ref),
-			source_hash = EXCLUDED.source_hash, last_seen_at = EXCLUDED.last_seen_at
+			source_hash = EXCLUDED.source_hash, last_seen_at = EXCLUDED.last_seen_at,
+			projects = CASE WHEN EXCLUDED.projects_from_source THEN EXCLUDED.projects
+				WHEN servers.projects_from_source THEN '{}' ELSE servers.projects END,
+			projects_from_source = EXCLUDED.projects_from_source
 		WHERE servers.source = ANY($11) AND servers.source <> 'manual'
 		RETURNING handle, (xmax = 0), status`,
-		a.handles, a.addresses, a.ports, a.users, a.labels, a.providers, a.keyrefs, a.hashes, req.Source, s.now(), takeOver)
+		a.handles, a.addresses, a.ports, a.users, a.labels, a.providers, a.keyrefs, a.hashes, req.Source, s.now(), takeOver,
+		a.projects, a.hasProjects)
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("insert servers of %s: %w", req.Source, err)
 	}

@@ -55,6 +55,30 @@ type Server struct {
 	// Version increases on every update; package fleet, the one writer
 	// of status, attempts and last error, compares and sets on it.
 	Version int64
+	// Projects are the projects that own the server (lower-case project
+	// ids, sorted): only their deployments and Ansible jobs may target it.
+	// Empty: a fleet-only server, owned by no project.
+	Projects []string
+	// ProjectsFromSource: the server's source sets Projects (a sync writes
+	// them, an operator cannot); else an operator does.
+	ProjectsFromSource bool
+}
+
+// OwnedBy reports whether project (a canonical project id) owns the server.
+func (s *Server) OwnedBy(project string) bool {
+	for _, p := range s.Projects {
+		if p == project {
+			return true
+		}
+	}
+	return false
+}
+
+// OwnedByOthers reports whether the server has owners and project is not
+// one of them: the case infra refuses (a fleet-only server, with no
+// owners, is left to the producers' own checks).
+func (s *Server) OwnedByOthers(project string) bool {
+	return len(s.Projects) > 0 && !s.OwnedBy(project)
 }
 
 // ServerColumns are the columns of a Server, in the order ScanServer
@@ -63,7 +87,7 @@ type Server struct {
 const ServerColumns = `handle, address, ssh_port, ssh_user, status, labels, source,
 	COALESCE(provider_id, ''), COALESCE(ssh_key_ref, ''), COALESCE(host_key, ''), host_key_pinned_at,
 	attempts, COALESCE(last_error, ''), COALESCE(last_job_id, ''), COALESCE(notified_status, ''),
-	created_at, updated_at, status_changed_at, version`
+	created_at, updated_at, status_changed_at, version, projects, projects_from_source`
 
 // ScanServer reads a row of ServerColumns into s, then the row's further
 // columns into extra (scan targets of the caller's own columns).
@@ -72,7 +96,7 @@ func ScanServer(row pgx.Row, s *Server, extra ...any) error {
 	dest := append([]any{&s.Handle, &s.Address, &s.SSHPort, &s.SSHUser, &s.Status, &s.Labels, &s.Source,
 		&s.ProviderID, &s.SSHKeyRef, &s.HostKey, &pinnedAt,
 		&s.Attempts, &s.LastError, &s.LastJobID, &s.NotifiedStatus,
-		&s.CreatedAt, &s.UpdatedAt, &s.StatusChangedAt, &s.Version}, extra...)
+		&s.CreatedAt, &s.UpdatedAt, &s.StatusChangedAt, &s.Version, &s.Projects, &s.ProjectsFromSource}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return err
 	}
@@ -81,6 +105,9 @@ func ScanServer(row pgx.Row, s *Server, extra ...any) error {
 	}
 	if s.Labels == nil {
 		s.Labels = map[string]string{}
+	}
+	if s.Projects == nil {
+		s.Projects = []string{}
 	}
 	return nil
 }
