@@ -325,6 +325,25 @@ func TestCLI(t *testing.T) {
 	if _, errOut, code = cli("show", "nope"); code != 1 || !strings.Contains(errOut, "server not found") {
 		t.Errorf("show unknown: %d %s", code, errOut)
 	}
+	// Owners: set by an operator, shown, filtered on; a bad id is refused.
+	const projA = "aaaaaaaa-0000-4000-8000-000000000001"
+	if out, errOut, code = cli("set-projects", "c-000", "--project", strings.ToUpper(projA), "--reason", "tenant A"); code != 0 ||
+		!strings.Contains(out, "c-000 is owned by "+projA+" (set by alice)") {
+		t.Errorf("set-projects: %d %s %s", code, out, errOut)
+	}
+	if out, _, code = cli("list", "--project", projA); code != 0 || !strings.Contains(out, "PROJECTS") ||
+		!strings.Contains(out, "aaaaaaaa") || strings.Contains(out, "c-001") {
+		t.Errorf("list --project: %d %s", code, out)
+	}
+	if out, _, code = cli("show", "c-000"); code != 0 || !strings.Contains(out, "projects: "+projA+" (set by an operator)") {
+		t.Errorf("show: %d %s", code, out)
+	}
+	if out, _, code = cli("show", "c-000", "--json"); code != 0 || !strings.Contains(out, `"projects": [`) {
+		t.Errorf("show --json: %d %s", code, out)
+	}
+	if _, errOut, code = cli("set-projects", "c-000", "--project", "tenant-b"); code != 1 || !strings.Contains(errOut, "not a project id") {
+		t.Errorf("set-projects with a bad id: %d %s", code, errOut)
+	}
 	if _, _, code = cli("explode", "c-000"); code != 2 {
 		t.Errorf("unknown command: exit %d, want 2", code)
 	}

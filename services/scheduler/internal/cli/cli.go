@@ -6,6 +6,7 @@
 //	scheduler servers show HANDLE [--json]
 //	scheduler servers provision|recover|rebuild HANDLE [--reason TEXT] [--by NAME]
 //	scheduler servers pause|resume HANDLE [--reason TEXT] [--by NAME]
+//	scheduler servers set-projects HANDLE [--project ID]... [--reason TEXT] [--by NAME]
 //
 // Requests are recorded durably; the scheduler's loop turns them into
 // messages (at most one job in flight per server). The network API of these
@@ -35,7 +36,7 @@ const Usage = `usage: scheduler servers COMMAND [flags]
 
 commands:
   list      list servers:  --status S[,S] --source SRC (trailing * = prefix) --label k=v (k=* exists; repeatable)
-            --search TEXT --paused --active --requested --limit N (max 1000) --after HANDLE --json
+            --search TEXT --paused --active --requested --project ID (- for fleet-only) --limit N (max 1000) --after HANDLE --json
   counts    servers per status, with the list's filters
   show      one server with its history and runs:  show HANDLE [--json]
   provision ask for a provisioning of HANDLE (setup and the rules' playbooks)
@@ -43,7 +44,9 @@ commands:
   rebuild   ask for a reinstall of HANDLE (force_reinstall) and a fresh setup
   pause     take HANDLE out of the loop and the health checks
   resume    put HANDLE back
-            (provision/recover/rebuild/pause/resume take --reason TEXT and --by NAME; default --by is $USER)
+  set-projects  set the projects that own HANDLE: --project ID (repeatable; none: fleet-only);
+            refused for a server whose source sets them (autoprov_projects, autoprov:projects)
+            (provision/recover/rebuild/pause/resume/set-projects take --reason TEXT and --by NAME; default --by is $USER)
 
 The database is DATABASE_URL. Requests are recorded; the running scheduler acts on them at its next tick.
 `
@@ -52,7 +55,7 @@ The database is DATABASE_URL. Requests are recorded; the running scheduler acts 
 const Command = "servers"
 
 // Summary is the one line `scheduler --help` shows for Command.
-const Summary = "the fleet in DATABASE_URL: list, counts, show; provision, recover, rebuild, pause, resume a server (scheduler servers --help)"
+const Summary = "the fleet in DATABASE_URL: list, counts, show; provision, recover, rebuild, pause, resume a server, set its projects (scheduler servers --help)"
 
 // Main runs `scheduler servers ARGS...` with the process's environment and
 // output, and exits: 0 on success and after --help, 2 for usage errors, 1
@@ -82,7 +85,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	var (
 		status, source, search, after, reason, by string
-		labels                                    multi
+		labels, projects                          multi
 		paused, active, requested, asJSON         bool
 		limit                                     int
 	)
@@ -93,6 +96,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.BoolVar(&paused, "paused", false, "only paused servers")
 	fs.BoolVar(&active, "active", false, "only servers not paused")
 	fs.BoolVar(&requested, "requested", false, "only servers with an open request")
+	fs.Var(&projects, "project", "list: only the servers this project owns (- for fleet-only); set-projects: an owner, repeatable")
 	fs.IntVar(&limit, "limit", 100, "page size")
 	fs.StringVar(&after, "after", "", "list after this handle (the previous page's next)")
 	fs.BoolVar(&asJSON, "json", false, "JSON output")
@@ -117,6 +121,17 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		by = cmpOr(getenv("USER"), "cli")
 	}
 	filter := fleet.Filter{Source: source, Search: search, Requested: requested}
+	if cmd != "set-projects" && len(projects) > 0 {
+		// The list's filter takes one project; set-projects, every owner.
+		p := projects[len(projects)-1]
+		if p != "-" {
+			var ok bool
+			if p, ok = canonicalProject(p); !ok {
+				return &service.UsageError{Err: fmt.Errorf("servers %s: --project %q is not a project id", cmd, projects[len(projects)-1])}
+			}
+		}
+		filter.Project = p
+	}
 	if status != "" {
 		for _, s := range strings.Split(status, ",") {
 			filter.Statuses = append(filter.Statuses, strings.ToUpper(strings.TrimSpace(s)))
@@ -202,8 +217,35 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 		return out.done(srv, fmt.Sprintf("%s %sd by %s", h, cmd, by))
+	case "set-projects":
+		h, err := needHandle()
+		if err != nil {
+			return err
+		}
+		srv, err := f.SetProjects(ctx, h, []string(projects), by, reason)
+		if err != nil {
+			return err
+		}
+		return out.done(srv, fmt.Sprintf("%s is owned by %s (set by %s)", h, ownersText(srv), by))
 	}
 	return &service.UsageError{Err: fmt.Errorf("servers: unknown command %q", cmd)}
+}
+
+// canonicalProject checks a project id (fleet.CanonicalProjects' rule).
+func canonicalProject(p string) (string, bool) {
+	list, err := fleet.CanonicalProjects([]string{p})
+	if err != nil {
+		return "", false
+	}
+	return list[0], true
+}
+
+// ownersText names a server's owners for people.
+func ownersText(s *fleet.Server) string {
+	if len(s.Projects) == 0 {
+		return "no project (fleet-only)"
+	}
+	return strings.Join(s.Projects, ", ")
 }
 
 func cmpOr(a, b string) string {
@@ -250,6 +292,10 @@ type serverJSON struct {
 	RetriesExhausted bool              `json:"retries_exhausted,omitempty"`
 	StatusChangedAt  time.Time         `json:"status_changed_at"`
 	Version          int64             `json:"version"`
+	// Projects own the server (empty: fleet-only); ProjectsFromSource: its
+	// source sets them.
+	Projects           []string `json:"projects"`
+	ProjectsFromSource bool     `json:"projects_from_source"`
 }
 
 func toJSON(s *fleet.Server) serverJSON {
@@ -257,7 +303,10 @@ func toJSON(s *fleet.Server) serverJSON {
 		Source: s.Source, Labels: s.Labels, Paused: s.Paused, Attempts: s.Attempts, LastError: s.LastError,
 		LastJobID: s.LastJobID, PendingJobID: s.PendingJobID, PendingAction: string(s.PendingAction),
 		RequestedAction: string(s.RequestedAction), RequestedBy: s.RequestedBy, RetriesExhausted: s.RetriesExhausted,
-		StatusChangedAt: s.StatusChangedAt, Version: s.Version}
+		StatusChangedAt: s.StatusChangedAt, Version: s.Version, Projects: s.Projects, ProjectsFromSource: s.ProjectsFromSource}
+	if j.Projects == nil {
+		j.Projects = []string{}
+	}
 	if !s.NextAttemptAt.IsZero() {
 		t := s.NextAttemptAt
 		j.NextAttemptAt = &t
@@ -274,9 +323,10 @@ func (o output) list(p *fleet.Page) error {
 		return o.encode(map[string]any{"servers": list, "next": p.Next})
 	}
 	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HANDLE\tSTATUS\tADDRESS\tSOURCE\tATTEMPTS\tNOTE")
+	fmt.Fprintln(tw, "HANDLE\tSTATUS\tADDRESS\tSOURCE\tPROJECTS\tATTEMPTS\tNOTE")
 	for _, s := range p.Servers {
-		fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%d\t%s\n", s.Handle, s.Status, s.Address, s.SSHPort, s.Source, s.Attempts, note(s))
+		fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%s\t%d\t%s\n", s.Handle, s.Status, s.Address, s.SSHPort, s.Source,
+			projectsCell(s), s.Attempts, note(s))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -285,6 +335,19 @@ func (o output) list(p *fleet.Page) error {
 		fmt.Fprintf(o.w, "more: --after %s\n", p.Next)
 	}
 	return nil
+}
+
+// projectsCell is the list's PROJECTS column: the owners' short ids (the
+// first 8 hex digits), "-" for a fleet-only server.
+func projectsCell(s *fleet.Server) string {
+	if len(s.Projects) == 0 {
+		return "-"
+	}
+	short := make([]string, len(s.Projects))
+	for i, p := range s.Projects {
+		short[i] = p[:8]
+	}
+	return strings.Join(short, ",")
 }
 
 func note(s *fleet.Server) string {
@@ -342,6 +405,11 @@ func (o output) show(d *fleet.Detail) error {
 	if n := note(s); n != "" {
 		fmt.Fprintf(o.w, "  %s\n", n)
 	}
+	from := "set by an operator"
+	if s.ProjectsFromSource {
+		from = "set by its source"
+	}
+	fmt.Fprintf(o.w, "  projects: %s (%s)\n", ownersText(s), from)
 	if len(s.Labels) > 0 {
 		keys := make([]string, 0, len(s.Labels))
 		for k := range s.Labels {

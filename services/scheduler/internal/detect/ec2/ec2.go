@@ -27,6 +27,13 @@ const Source = "ec2"
 // SSHUserTag is the tag that overrides the SSH user of an instance.
 const SSHUserTag = "autoprov:ssh_user"
 
+// ProjectsTag lists the projects that own an instance (project ids
+// separated by commas or spaces). An instance without it has the owners an
+// operator gives it; one whose tag holds anything but project ids is owned
+// by no project (fleet-only) until the tag is fixed: a typo never widens
+// who may reach a server.
+const ProjectsTag = "autoprov:projects"
+
 // Config configures the detector.
 type Config struct {
 	Region string
@@ -148,10 +155,19 @@ func (d *Detector) server(in types.Instance) (fleet.Detected, bool) {
 		labels["ec2:availability_zone"] = *in.Placement.AvailabilityZone
 	}
 	user := d.cfg.SSHUser
+	var projects []string
 	for _, t := range in.Tags {
 		k, v := aws.ToString(t.Key), aws.ToString(t.Value)
 		if k == SSHUserTag {
 			user = v
+			continue
+		}
+		if k == ProjectsTag {
+			p, err := fleet.ParseProjects(v)
+			if err != nil {
+				p = []string{}
+			}
+			projects = p
 			continue
 		}
 		if strings.HasPrefix(k, "aws:") {
@@ -159,7 +175,7 @@ func (d *Detector) server(in types.Instance) (fleet.Detected, bool) {
 		}
 		labels[k] = v
 	}
-	return fleet.Detected{Handle: id, Address: addr, SSHUser: user, ProviderID: id, Labels: labels}, true
+	return fleet.Detected{Handle: id, Address: addr, SSHUser: user, ProviderID: id, Labels: labels, Projects: projects}, true
 }
 
 // ParseTags parses "k=v1|v2,k2=*,k3" into a tag filter.

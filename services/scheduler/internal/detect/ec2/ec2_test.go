@@ -101,6 +101,34 @@ func TestDescribeInstancesFiltersAndPages(t *testing.T) {
 	}
 }
 
+// TestProjectsTag: autoprov:projects says which projects own an instance;
+// without it the source says nothing (an operator decides); a tag that is
+// not a list of project ids makes the instance fleet-only, never open.
+func TestProjectsTag(t *testing.T) {
+	t.Parallel()
+	const a, b = "aaaaaaaa-0000-4000-8000-000000000001", "bbbbbbbb-0000-4000-8000-000000000002"
+	d, srv := setup(t, Config{Tags: map[string][]string{"env": {"prod"}}})
+	srv.Add(
+		ec2test.Instance{ID: "i-none", PublicIP: "203.0.113.11", Tags: map[string]string{"env": "prod"}},
+		ec2test.Instance{ID: "i-two", PublicIP: "203.0.113.12", Tags: map[string]string{"env": "prod", ProjectsTag: b + " " + strings.ToUpper(a)}},
+		ec2test.Instance{ID: "i-bad", PublicIP: "203.0.113.13", Tags: map[string]string{"env": "prod", ProjectsTag: "tenant-b"}},
+	)
+	got, err := d.Detect(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{"i-none": nil, "i-two": {a, b}, "i-bad": {}}
+	for _, det := range got {
+		w := want[det.Handle]
+		if (det.Projects == nil) != (w == nil) || strings.Join(det.Projects, ",") != strings.Join(w, ",") {
+			t.Errorf("%s: projects %#v, want %#v", det.Handle, det.Projects, w)
+		}
+		if _, ok := det.Labels[ProjectsTag]; ok {
+			t.Errorf("%s: the projects tag became a label", det.Handle)
+		}
+	}
+}
+
 func TestErrors(t *testing.T) {
 	t.Parallel()
 	t.Run("wrong secret key: AuthFailure, no retry", func(t *testing.T) {

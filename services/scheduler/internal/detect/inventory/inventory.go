@@ -9,7 +9,10 @@
 // variables whose names look secret (password, secret, token, key, ...):
 // labels are not secret. ansible_host, ansible_port and ansible_user give
 // the server's address, SSH port and user; autoprov_ssh_key_ref a secret
-// reference of its SSH key.
+// reference of its SSH key; autoprov_projects the projects that own it (a
+// list of project ids, or one string of them separated by commas or
+// spaces; set on a group, it owns the group's hosts; absent: an operator
+// sets the owners).
 package inventory
 
 import (
@@ -31,6 +34,10 @@ import (
 // SSHKeyRefVar is the host variable holding a secret reference of the
 // server's SSH key.
 const SSHKeyRefVar = "autoprov_ssh_key_ref"
+
+// ProjectsVar is the host (or group) variable listing the projects that
+// own the server.
+const ProjectsVar = "autoprov_projects"
 
 // Detector reads one inventory source (a file or a directory).
 type Detector struct {
@@ -188,13 +195,20 @@ func Parse(data []byte) ([]fleet.Detected, error) {
 		if v, ok := scalar(vars[SSHKeyRefVar]); ok {
 			d.SSHKeyRef = v
 		}
+		if v, ok := vars[ProjectsVar]; ok {
+			p, err := projects(v)
+			if err != nil {
+				return nil, fmt.Errorf("host %s: %s: %w", host, ProjectsVar, err)
+			}
+			d.Projects = p
+		}
 		for g := range gs {
 			if g != "all" && g != "ungrouped" {
 				d.Labels["group:"+g] = ""
 			}
 		}
 		for k, v := range vars {
-			if strings.HasPrefix(k, "ansible_") || k == SSHKeyRefVar || secretVarRE.MatchString(k) {
+			if strings.HasPrefix(k, "ansible_") || k == SSHKeyRefVar || k == ProjectsVar || secretVarRE.MatchString(k) {
 				continue
 			}
 			if s, ok := scalar(v); ok {
@@ -205,6 +219,28 @@ func Parse(data []byte) ([]fleet.Detected, error) {
 	}
 	slices.SortFunc(out, func(a, b fleet.Detected) int { return strings.Compare(a.Handle, b.Handle) })
 	return out, nil
+}
+
+// projects reads autoprov_projects: a list of project ids, or a string of
+// them separated by commas or spaces; null or "" is no project.
+func projects(v any) ([]string, error) {
+	switch x := v.(type) {
+	case nil:
+		return []string{}, nil
+	case string:
+		return fleet.ParseProjects(x)
+	case []any:
+		list := make([]string, 0, len(x))
+		for _, e := range x {
+			s, ok := e.(string)
+			if !ok {
+				return nil, fmt.Errorf("want project ids (strings), not %v", e)
+			}
+			list = append(list, s)
+		}
+		return fleet.CanonicalProjects(list)
+	}
+	return nil, fmt.Errorf("want a list of project ids or a string of them, not %T", v)
 }
 
 // scalar renders a JSON scalar as a label value.

@@ -135,3 +135,50 @@ func TestBrokenInventoryFails(t *testing.T) {
 		})
 	}
 }
+
+// TestProjectsVariable: autoprov_projects, on a host or on a group, says
+// which projects own a server; a host without it says nothing (nil: an
+// operator sets the owners). It never becomes a label.
+func TestProjectsVariable(t *testing.T) {
+	t.Parallel()
+	const a, b = "aaaaaaaa-0000-4000-8000-000000000001", "bbbbbbbb-0000-4000-8000-000000000002"
+	dir := t.TempDir()
+	path := write(t, dir, "hosts.yml", `
+all:
+  hosts:
+    free-1: {ansible_host: 192.0.2.30}
+    none-1: {ansible_host: 192.0.2.31, autoprov_projects: ""}
+  children:
+    tenant_b:
+      vars: {autoprov_projects: [`+b+`]}
+      hosts:
+        b-1: {ansible_host: 192.0.2.32}
+        ab-1: {ansible_host: 192.0.2.33, autoprov_projects: "`+strings.ToUpper(b)+`, `+a+`"}
+`)
+	list, err := detect(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := byHandle(list)
+	for _, tt := range []struct {
+		host string
+		want []string // nil: the inventory says nothing
+	}{
+		{"free-1", nil},
+		{"none-1", []string{}},
+		{"b-1", []string{b}},
+		{"ab-1", []string{a, b}},
+	} {
+		d := got[tt.host]
+		if (d.Projects == nil) != (tt.want == nil) || strings.Join(d.Projects, ",") != strings.Join(tt.want, ",") {
+			t.Errorf("%s: projects %#v, want %#v", tt.host, d.Projects, tt.want)
+		}
+		if _, ok := d.Labels[ProjectsVar]; ok {
+			t.Errorf("%s: %s became a label", tt.host, ProjectsVar)
+		}
+	}
+	bad := write(t, dir, "bad.yml", "all:\n  hosts:\n    x-1: {ansible_host: 192.0.2.40, autoprov_projects: tenant-b}\n")
+	if _, err := detect(t, bad); err == nil || !strings.Contains(err.Error(), ProjectsVar) {
+		t.Fatalf("a bad project id: %v, want an error naming %s", err, ProjectsVar)
+	}
+}
