@@ -128,8 +128,10 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `INSERT INTO servers (handle, address, ssh_port, ssh_user) VALUES ('e2e-target', $1, $2, 'root')`,
-		tgt.Addr, tgt.Port); err != nil {
+	// The target is project A's server (issue 31): B's deployments may not
+	// reach it.
+	if _, err := conn.Exec(ctx, `INSERT INTO servers (handle, address, ssh_port, ssh_user, projects)
+		VALUES ('e2e-target', $1, $2, 'root', ARRAY[$3])`, tgt.Addr, tgt.Port, projectA); err != nil {
 		t.Fatal(err)
 	}
 
@@ -212,6 +214,11 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 		bElsewhere: requestFor(projectB, "192.0.2.10", "acme/shop", projectB),
 	})
 
+	// B's key, B's project, A's server: refused before anything is stored.
+	if code, resp := callAs(keyB, "POST", "/deployments", requestFor(projectB, tgt.Addr, "acme/shop", projectB)); code != 422 ||
+		!strings.Contains(resp, `"field":"server_ip"`) {
+		t.Fatalf("B's deployment on A's server: %d %s", code, resp)
+	}
 	code, resp := call("POST", "/deployments", body)
 	if code != 202 {
 		t.Fatalf("submit: %d %s", code, resp)

@@ -68,7 +68,13 @@ func (a *API) submitHeaders(w http.ResponseWriter, r *http.Request) (string, tim
 // or 202 (200 after a ?wait= that saw the end) with the view of it.
 func (a *API) answerSubmit(w http.ResponseWriter, r *http.Request, sub *deployments.Submission, err error, wait time.Duration, show view) {
 	var invalid *deployments.InvalidError
+	var unknownServer *deployments.UnknownServerError
 	switch {
+	case errors.As(err, &unknownServer):
+		// Another project's server answers as one that does not exist.
+		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no registered server of the project has this handle",
+			FieldProblem{Field: unknownServer.Field, Message: "no registered server of the project has this handle"})
+		return
 	case errors.Is(err, deployments.ErrForbiddenProject):
 		writeProblemValue(w, r, Problem{Type: ProbForbidden, Status: http.StatusForbidden,
 			Title:  "The API key does not act for this project",

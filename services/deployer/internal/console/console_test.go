@@ -232,8 +232,9 @@ func TestRunPagesAndEvents(t *testing.T) {
 	}
 	// The registered server at the deployment's address: its handle and a
 	// link, for a key that reads the fleet.
-	if _, err := e.DB.Exec(context.Background(), `INSERT INTO servers (handle, address, status, labels, source)
-		VALUES ('web-at-7', '198.51.100.7', 'READY', '{}', 'inventory')`); err != nil {
+	// It is the project's server, so that the project may deploy there.
+	if _, err := e.DB.Exec(context.Background(), `INSERT INTO servers (handle, address, status, labels, source, projects)
+		VALUES ('web-at-7', '198.51.100.7', 'READY', '{}', 'inventory', ARRAY[$1])`, deployertest.Project); err != nil {
 		t.Fatal(err)
 	}
 	ab := newBrowser(t, e.URL)

@@ -62,6 +62,18 @@ func (s *Service) jobMessage(ctx context.Context, r *JobRequest, v Visibility, j
 	for _, f := range s.specialHosts(r) {
 		fields = appendField(fields, f)
 	}
+	if validProject && r.Inventory.Type == string(messages.InventoryInline) {
+		// A registered server belongs to projects: another's (or the
+		// fleet's) is refused before anything is stored; one named by a
+		// handle the project cannot see answers as an unknown one.
+		owned, err := s.jobOwnership(ctx, r, v, project)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range owned {
+			fields = appendField(fields, f)
+		}
+	}
 	if validProject && r.Options.Pool != "" {
 		if err := s.cfg.Pools.Check(r.Options.Pool, project); err != nil {
 			fields = appendField(fields, FieldError{Field: "options.pool", Message: err.Error()})

@@ -181,7 +181,7 @@ var ErrIdempotencyMismatch = errors.New("this Idempotency-Key was used with a di
 // address, default branch), refuses a project outside v
 // (ErrForbiddenProject) and secret references outside the project's
 // templates, and returns the message to publish.
-func (s *Service) toMessage(r *Request, v Visibility, jobID string, at time.Time) (*messages.AnsibleDeployMessage, error) {
+func (s *Service) toMessage(ctx context.Context, r *Request, v Visibility, jobID string, at time.Time) (*messages.AnsibleDeployMessage, error) {
 	m := DeployMessage(r, jobID, at)
 	var fields []FieldError
 	data, err := messages.Encode(m)
@@ -218,6 +218,17 @@ func (s *Service) toMessage(r *Request, v Visibility, jobID string, at time.Time
 				}
 				fields = append(fields, FieldError{Field: ref.field, Message: msg})
 			}
+		}
+	}
+	if validProject && !slices.ContainsFunc(fields, func(f FieldError) bool { return f.Field == "server_ip" }) {
+		// A registered server belongs to projects: another's (or the
+		// fleet's) is refused before anything is stored.
+		f, err := s.deployOwnership(ctx, v, project, r.ServerIP)
+		if err != nil {
+			return nil, err
+		}
+		if f != nil {
+			fields = append(fields, *f)
 		}
 	}
 	if r.Options.CallbackURL != "" {
@@ -264,7 +275,7 @@ func (s *Service) Submit(ctx context.Context, keyID string, v Visibility, r Requ
 		return nil, fmt.Errorf("new deployment id: %w", err)
 	}
 	now := s.now()
-	msg, err := s.toMessage(&r, v, id.String(), now)
+	msg, err := s.toMessage(ctx, &r, v, id.String(), now)
 	if err != nil {
 		return nil, err
 	}
