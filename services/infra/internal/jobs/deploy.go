@@ -57,6 +57,10 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 	default:
 		j.server = srv
 		j.log = j.log.With().Str("server", srv.Handle).Logger()
+		if err := deployOwner(m, srv); err != nil {
+			j.log.Warn().Msg("deploy target is another project's server: refused, nothing dialed")
+			return j.reject(ctx, err)
+		}
 	}
 	if err := checkPorts(m, j.server); err != nil {
 		return j.reject(ctx, err)
@@ -70,6 +74,19 @@ func (h *Handler) handleDeploy(ctx context.Context, msg *stream.Message) error {
 	return j.runLocked(ctx, target, h.cfg.Playbooks.Deploy, func(ctx context.Context) (*outcome, error) {
 		return j.deploy(ctx, m, addr)
 	})
+}
+
+// deployOwner refuses a deploy of a project to a registered server that
+// other projects own (issue 31): the signed request carries the project,
+// and infra checks it before any connection, whoever produced it. A
+// fleet-only server (no owners) is left to the producers' checks: the
+// deployer lets only fleet-wide keys deploy there.
+func deployOwner(m *messages.AnsibleDeployMessage, srv *store.Server) error {
+	if !srv.OwnedByOthers(m.ProjectID) {
+		return nil
+	}
+	return &messages.ValidationError{Fields: []messages.FieldError{{Field: "server_ip",
+		Message: "is a registered server this project does not own (an operator sets a server's projects)"}}}
 }
 
 // deploy runs under the job's locks and returns the outcome of its play;
@@ -86,6 +103,9 @@ func (j *job) deploy(ctx context.Context, m *messages.AnsibleDeployMessage, addr
 			return nil, fmt.Errorf("read server: %w", err)
 		}
 		j.server = srv
+		if err := deployOwner(m, srv); err != nil { // its owners may have changed meanwhile
+			return nil, fail(messages.StatusRejected, messages.KindInvalidMessage, "%v", err)
+		}
 		ep.address, ep.port, ep.user = srv.Address, srv.SSHPort, srv.SSHUser
 		ep.alias = hostAlias(srv.Handle, srv.Address)
 	} else {

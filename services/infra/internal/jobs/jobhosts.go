@@ -31,8 +31,8 @@ type jobHost struct {
 	server *store.Server      // nil: not a registered server
 	target string             // lock key: the deploy path's for the same host
 	vars   map[string]any     // inventory vars but the connection ones
-	keyRef string             // SSH key reference ("": the default)
-	own    bool               // keyRef is the service's (else the project's)
+	keyRef string             // SSH key reference
+	own    bool               // keyRef is the server's own key (else the request's)
 	pinned string             // pinned host key, after the check
 	reason string             // why the check failed ("": passed)
 	kind   messages.ErrorKind // the kind of that failure
@@ -85,9 +85,17 @@ func (aj *ansibleJob) resolveHosts(ctx context.Context) error {
 // A problem with the request (for a field error) comes back as text;
 // errors are infrastructure failures.
 func (aj *ansibleJob) inlineHost(ctx context.Context, name string, vars messages.Vars) (*jobHost, string, error) {
-	given, port, user := name, 0, ""
+	given, port, user, handle := name, 0, "", ""
 	rest := map[string]any{}
 	for k, v := range vars {
+		if k == ServerVar {
+			s, ok := v.(string)
+			if !ok || !messages.ValidServerHandle(s) {
+				return nil, ServerVar + " must be a server handle", nil
+			}
+			handle = s
+			continue
+		}
 		if !slices.Contains(connectionVars, k) {
 			rest[k] = v
 			continue
@@ -113,7 +121,96 @@ func (aj *ansibleJob) inlineHost(ctx context.Context, name string, vars messages
 			user = s
 		}
 	}
+	if handle != "" {
+		if given != name || port != 0 {
+			return nil, ServerVar + " cannot be combined with ansible_host or ansible_port: the server is reached as registered", nil
+		}
+		return aj.locateServer(ctx, name, handle, rest)
+	}
 	return aj.locate(ctx, name, given, port, user, rest)
+}
+
+// ServerVar is the inline inventory variable naming a registered server by
+// its handle (the deployer checks the same name at submit).
+const ServerVar = "autoprov_server"
+
+// notOwned is the problem of a host that is a registered server of other
+// projects: refused before anything is resolved or dialed (issue 31).
+const notOwned = "is a registered server this job's project does not own (an operator sets a server's projects)"
+
+// locateServer finds inline host name, which names registered server
+// handle (autoprov_server): unknown and other projects' servers are
+// refused alike.
+func (aj *ansibleJob) locateServer(ctx context.Context, name, handle string, vars map[string]any) (*jobHost, string, error) {
+	srv, err := store.GetServer(ctx, aj.h.DB, handle)
+	if errors.Is(err, store.ErrServerNotFound) {
+		return nil, "names no registered server of the job's project", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	if srv.OwnedByOthers(aj.m.ProjectID) {
+		aj.log.Warn().Str("host", name).Str("server", srv.Handle).
+			Msg("job host is another project's server: refused, nothing dialed")
+		return nil, "names no registered server of the job's project", nil
+	}
+	h := &jobHost{name: name, given: srv.Address, vars: vars}
+	if problem, err := aj.registered(ctx, h, srv); problem != "" || err != nil {
+		return nil, problem, err
+	}
+	h.ep.alias = hostAlias(h.name, h.ep.address)
+	return h, "", nil
+}
+
+// registered makes h registered server srv, reached as registered (its
+// address, port, user, lock), with the SSH key the job may use there: the
+// server's own key when the job's project owns the server and every server
+// reached with that key (never infra's default key, which is never lent to
+// a job), else the job's credentials.ssh; without either it is refused.
+func (aj *ansibleJob) registered(ctx context.Context, h *jobHost, srv *store.Server) (string, error) {
+	h.server = srv
+	h.ep = endpoint{address: srv.Address, port: cmp.Or(srv.SSHPort, messages.DefaultSSHPort), user: cmp.Or(srv.SSHUser, aj.h.cfg.DeploySSHUser)}
+	h.target = "server:" + srv.Handle
+	ref, err := aj.lendableKey(ctx, srv)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case ref != "":
+		h.keyRef, h.own = ref, true
+	case aj.m.Credentials.SSH != "":
+		h.keyRef = aj.m.Credentials.SSH
+	default:
+		return "is a registered server without a key of the job's project: the job needs credentials.ssh to reach it (infra's own key is never lent to a job)", nil
+	}
+	return "", nil
+}
+
+// lendableKey returns the reference of srv's own SSH key when a job of
+// its project may use it: the project owns srv, the key is not infra's
+// default one, and every server that has the key is the project's too
+// (the run's agent holds the key: a playbook could reach any server that
+// accepts it). "" otherwise.
+func (aj *ansibleJob) lendableKey(ctx context.Context, srv *store.Server) (string, error) {
+	ref := srv.SSHKeyRef
+	if ref == "" || ref == aj.h.cfg.DefaultSSHKeyRef || !srv.OwnedBy(aj.m.ProjectID) {
+		return "", nil
+	}
+	if err := CheckServerKeyRef(ref, aj.h.cfg.OwnRefs); err != nil {
+		return "", fail(messages.StatusFailed, messages.KindSecretUnavailable, "%v", err)
+	}
+	var shared bool
+	err := aj.h.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM servers
+		WHERE ssh_key_ref = $1 AND NOT ($2 = ANY(projects)))`, ref, aj.m.ProjectID).Scan(&shared)
+	if err != nil {
+		return "", fmt.Errorf("servers sharing the key of %s: %w", srv.Handle, err)
+	}
+	if shared {
+		aj.log.Warn().Str("server", srv.Handle).
+			Msg("the server's SSH key also reaches servers of other projects: not lent to the job")
+		return "", nil
+	}
+	return ref, nil
 }
 
 // locate finds where host name (at given, an address or a host name) is:
@@ -131,17 +228,19 @@ func (aj *ansibleJob) locate(ctx context.Context, name, given string, port int, 
 	if err != nil {
 		return nil, "", err
 	}
-	h.server = srv
 	h.ep = endpoint{address: addr, port: cmp.Or(port, messages.DefaultSSHPort), user: cmp.Or(user, aj.h.cfg.DeploySSHUser)}
 	if srv != nil {
-		// A registered server is reached as it is registered.
-		h.ep = endpoint{address: srv.Address, port: cmp.Or(srv.SSHPort, messages.DefaultSSHPort), user: cmp.Or(srv.SSHUser, aj.h.cfg.DeploySSHUser)}
-		h.target = "server:" + srv.Handle
-		h.keyRef, h.own = cmp.Or(srv.SSHKeyRef, aj.h.cfg.DefaultSSHKeyRef), true
-		if srv.SSHKeyRef != "" {
-			if err := CheckServerKeyRef(srv.SSHKeyRef, aj.h.cfg.OwnRefs); err != nil {
-				return nil, "", fail(messages.StatusFailed, messages.KindSecretUnavailable, "%v", err)
-			}
+		// A registered server belongs to projects: another's is refused
+		// before anything is dialed (the deployer refused it at submit;
+		// this holds for every producer and for names it could not
+		// resolve). It is reached as it is registered.
+		if srv.OwnedByOthers(aj.m.ProjectID) {
+			aj.log.Warn().Str("host", name).Str("server", srv.Handle).
+				Msg("job host is another project's server: refused, nothing dialed")
+			return nil, notOwned, nil
+		}
+		if problem, err := aj.registered(ctx, h, srv); problem != "" || err != nil {
+			return nil, problem, err
 		}
 	} else {
 		// A job's playbook is the requester's code, and may use the
@@ -246,14 +345,18 @@ type jobKeys struct {
 	byRef map[string]*credentials // by reference
 }
 
-// sshKeys resolves the SSH key of every host: a registered server's own (or
-// the service's default), the request's credentials.ssh for the others (or
-// the default).
+// sshKeys resolves the SSH key of every host: a registered server's own
+// (lendableKey), the request's credentials.ssh for the others; never the
+// service's default key.
 func (aj *ansibleJob) sshKeys(ctx context.Context) (*jobKeys, error) {
 	keys := &jobKeys{byRef: map[string]*credentials{}}
 	for _, h := range aj.hosts {
 		if h.keyRef == "" {
 			return nil, fail(messages.StatusFailed, messages.KindSecretUnavailable, "host %s: %s", h.name, ErrNoSSHKey)
+		}
+		if h.own && h.keyRef == aj.h.cfg.DefaultSSHKeyRef {
+			return nil, fail(messages.StatusRejected, messages.KindInvalidMessage,
+				"host %s: infra's own SSH key is never lent to a job", h.name)
 		}
 		if _, ok := keys.byRef[h.keyRef]; ok {
 			continue
