@@ -79,6 +79,7 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 			for _, op := range Operations() {
 				r.With(a.authenticate(auth.ScopeServersWrite)).Post("/{handle}/"+string(op), a.serverOperation(op))
 			}
+			r.With(a.authenticate(auth.ScopeServersWrite)).Put("/{handle}/projects", a.setServerProjects)
 		})
 	})
 	return r

@@ -24,6 +24,7 @@ type Fleet interface {
 	RequestAction(ctx context.Context, handle string, action fleet.Action, actor, reason string) (*fleet.Server, error)
 	Pause(ctx context.Context, handle, actor, reason string) (*fleet.Server, error)
 	Resume(ctx context.Context, handle, actor, reason string) (*fleet.Server, error)
+	SetProjects(ctx context.Context, handle string, projects []string, actor, reason string) (*fleet.Server, error)
 }
 
 var _ Fleet = (*fleet.Store)(nil)
@@ -64,9 +65,13 @@ type ServerView struct {
 	PendingJobID    string            `json:"pending_job_id,omitempty"`
 	PendingAction   string            `json:"pending_action,omitempty"`
 	HostKeyPinned   bool              `json:"host_key_pinned"`
-	CreatedAt       time.Time         `json:"created_at"`
-	UpdatedAt       time.Time         `json:"updated_at"`
-	StatusChangedAt time.Time         `json:"status_changed_at"`
+	// Projects own the server: only their deployments and jobs may target
+	// it (empty: fleet-only). ProjectsFromSource: its source sets them.
+	Projects           []string  `json:"projects"`
+	ProjectsFromSource bool      `json:"projects_from_source"`
+	CreatedAt          time.Time `json:"created_at"`
+	UpdatedAt          time.Time `json:"updated_at"`
+	StatusChangedAt    time.Time `json:"status_changed_at"`
 }
 
 func viewServer(s *fleet.Server) ServerView {
@@ -80,7 +85,16 @@ func viewServer(s *fleet.Server) ServerView {
 		LastError: s.LastError, LastJobID: s.LastJobID, RequestedAction: string(s.RequestedAction),
 		RequestedBy: s.RequestedBy, PendingJobID: s.PendingJobID, PendingAction: string(s.PendingAction),
 		HostKeyPinned: s.HostKey != "", CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt, StatusChangedAt: s.StatusChangedAt,
+		Projects: projectsOrEmpty(s.Projects), ProjectsFromSource: s.ProjectsFromSource,
 	}
+}
+
+// projectsOrEmpty is a list of owners for JSON: [] rather than null.
+func projectsOrEmpty(p []string) []string {
+	if p == nil {
+		return []string{}
+	}
+	return p
 }
 
 // ServerList is a page of servers with the counts by status of all the
@@ -92,7 +106,7 @@ type ServerList struct {
 }
 
 var serverListParams = map[string]bool{"status": true, "source": true, "label": true, "search": true,
-	"paused": true, "requested": true, "limit": true, "cursor": true}
+	"paused": true, "requested": true, "project": true, "limit": true, "cursor": true}
 
 func (a *API) fleetOr503(w http.ResponseWriter, r *http.Request) bool {
 	if a.deps.Fleet == nil {
@@ -157,6 +171,17 @@ func (a *API) listServers(w http.ResponseWriter, r *http.Request) {
 			}
 			*dst = &b
 		}
+	}
+	if v := q.Get("project"); v != "" {
+		if v != "-" {
+			list, err := fleet.CanonicalProjects([]string{v})
+			if err != nil {
+				bad("project", "must be a project id, or - for the fleet-only servers")
+				return
+			}
+			v = list[0]
+		}
+		f.Project = v
 	}
 	if v := q.Get("requested"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -245,6 +270,8 @@ func (a *API) fleetError(w http.ResponseWriter, r *http.Request, what string, er
 	switch {
 	case errors.Is(err, fleet.ErrNotFound):
 		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no server has this handle")
+	case errors.Is(err, fleet.ErrNotAllowed) && what == "set projects of server":
+		writeProblem(w, r, http.StatusConflict, ProbConflict, "the server's source sets its projects (an inventory's autoprov_projects, an EC2 tag autoprov:projects): change them there")
 	case errors.Is(err, fleet.ErrNotAllowed):
 		writeProblem(w, r, http.StatusConflict, ProbConflict, "the operation does not apply to the server in its current state (for example an ORPHANED server)")
 	case errors.Is(err, fleet.ErrConflict):
@@ -326,4 +353,46 @@ func (a *API) serverOperation(op Operation) http.HandlerFunc {
 		}
 		writeJSON(w, status, viewServer(srv))
 	}
+}
+
+// projectsRequest is the body of PUT /servers/{handle}/projects.
+type projectsRequest struct {
+	Projects []string `json:"projects"`
+	Reason   string   `json:"reason,omitempty"`
+}
+
+// setServerProjects sets the projects that own a server (an operator's
+// decision, servers:write: keys with it are fleet-wide); [] makes it
+// fleet-only. A server whose source sets its owners answers 409.
+func (a *API) setServerProjects(w http.ResponseWriter, r *http.Request) {
+	if !a.fleetOr503(w, r) {
+		return
+	}
+	h, ok := a.serverHandle(w, r)
+	if !ok {
+		return
+	}
+	var req projectsRequest
+	if !decodeJSON(w, r, a.cfg.MaxBody, &req) {
+		return
+	}
+	var fields []FieldProblem
+	if req.Projects == nil {
+		fields = append(fields, FieldProblem{Field: "projects", Message: "is required: a list of project ids ([] for a fleet-only server)"})
+	} else if _, err := fleet.CanonicalProjects(req.Projects); err != nil {
+		fields = append(fields, FieldProblem{Field: "projects", Message: "must be at most " + strconv.Itoa(fleet.MaxProjects) + " project ids (UUIDs)"})
+	}
+	if len(req.Reason) > 500 {
+		fields = append(fields, FieldProblem{Field: "reason", Message: "must be at most 500 characters"})
+	}
+	if len(fields) > 0 {
+		writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, "the request is invalid: see errors", fields...)
+		return
+	}
+	srv, err := a.deps.Fleet.SetProjects(r.Context(), h, req.Projects, "api:"+authedKey(r.Context()).Name, req.Reason)
+	if err != nil {
+		a.fleetError(w, r, "set projects of server", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewServer(srv))
 }

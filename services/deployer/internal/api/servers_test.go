@@ -2,9 +2,12 @@ package api_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	dt "github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
 )
 
@@ -90,5 +93,69 @@ func TestServers(t *testing.T) {
 	// A deployments key cannot touch servers.
 	if resp, _ := e.Do("POST", "/api/v1/servers/web-1/provision", e.CI, nil); resp.StatusCode != 403 {
 		t.Errorf("provision with a deployments key: %d", resp.StatusCode)
+	}
+}
+
+// TestServerProjects: an operator's fleet-wide key sets and clears the
+// projects that own a server; every view shows them; the list filters by
+// owner; a server whose source sets them answers 409; a project's key
+// cannot touch them (403).
+func TestServerProjects(t *testing.T) {
+	t.Parallel()
+	e := dt.Start(t, dt.Options{NoInfra: true})
+	ctx := context.Background()
+	if _, err := e.DB.Exec(ctx, `INSERT INTO servers (handle, address) VALUES ('p-1', '192.0.2.10'), ('p-2', '192.0.2.11')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.DB.Exec(ctx, `INSERT INTO servers (handle, address, source, projects, projects_from_source)
+		VALUES ('inv-1', '192.0.2.12', 'static:/inv', ARRAY[$1], true)`, projectB); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := e.Do("PUT", "/api/v1/servers/p-1/projects", e.Admin,
+		map[string]any{"projects": []string{projectB, strings.ToUpper(dt.Project)}, "reason": "tenants"})
+	srv := dt.JSON[api.ServerView](t, body)
+	want := []string{dt.Project, projectB}
+	slices.Sort(want)
+	if resp.StatusCode != 200 || !slices.Equal(srv.Projects, want) || srv.ProjectsFromSource {
+		t.Fatalf("set projects: %d %s", resp.StatusCode, body)
+	}
+	dt.CheckSchema(t, "Server", body)
+	_, body = e.Do("GET", "/api/v1/servers/p-1", e.Admin, nil)
+	if d := dt.JSON[api.ServerDetail](t, body); !slices.Equal(d.Server.Projects, want) || d.History[0].Event != "projects" ||
+		d.History[0].Actor != "api:admin" || !strings.Contains(d.History[0].Reason, "tenants") {
+		t.Errorf("show: %s", body)
+	}
+	_, body = e.Do("GET", "/api/v1/servers?project="+dt.Project, e.Admin, nil)
+	if l := dt.JSON[api.ServerList](t, body); len(l.Items) != 1 || l.Items[0].Handle != "p-1" {
+		t.Errorf("servers of the project: %s", body)
+	}
+	_, body = e.Do("GET", "/api/v1/servers?project=-", e.Admin, nil)
+	if l := dt.JSON[api.ServerList](t, body); len(l.Items) != 1 || l.Items[0].Handle != "p-2" || l.Items[0].Projects == nil {
+		t.Errorf("fleet-only servers: %s", body)
+	}
+	if !strings.Contains(string(body), `"projects":[]`) {
+		t.Errorf("a fleet-only server's projects are not []: %s", body)
+	}
+	if resp, body := e.Do("PUT", "/api/v1/servers/p-1/projects", e.Admin, map[string]any{"projects": []string{}}); resp.StatusCode != 200 ||
+		len(dt.JSON[api.ServerView](t, body).Projects) != 0 {
+		t.Errorf("clear: %d %s", resp.StatusCode, body)
+	}
+	projectKey := e.Key("a-deploy", []auth.Scope{auth.ScopeDeploymentsWrite}, dt.Project)
+	for _, c := range []struct {
+		name, handle, key string
+		body              any
+		want              int
+		field             string
+	}{
+		{"a source's server", "inv-1", e.Admin, map[string]any{"projects": []string{dt.Project}}, 409, ""},
+		{"unknown server", "nope", e.Admin, map[string]any{"projects": []string{}}, 404, ""},
+		{"no list", "p-1", e.Admin, map[string]any{"reason": "x"}, 422, "projects"},
+		{"not a project id", "p-1", e.Admin, map[string]any{"projects": []string{"tenant-b"}}, 422, "projects"},
+		{"a project's key", "p-1", projectKey, map[string]any{"projects": []string{dt.Project}}, 403, ""},
+	} {
+		resp, body := e.Do("PUT", "/api/v1/servers/"+c.handle+"/projects", c.key, c.body)
+		if resp.StatusCode != c.want || (c.field != "" && !strings.Contains(string(body), `"field":"`+c.field+`"`)) {
+			t.Errorf("%s: %d %s, want %d", c.name, resp.StatusCode, body, c.want)
+		}
 	}
 }
