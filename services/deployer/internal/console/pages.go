@@ -353,6 +353,10 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request, cf confirmatio
 
 func (c *Console) serverAction(w http.ResponseWriter, r *http.Request) {
 	h, op := chi.URLParam(r, "handle"), api.Operation(chi.URLParam(r, "op"))
+	if op == "projects" {
+		c.setServerProjects(w, r, h)
+		return
+	}
 	if !slices.Contains(api.Operations(), op) {
 		c.fail(w, r, http.StatusNotFound, "There is no such operation.")
 		return
@@ -372,6 +376,25 @@ func (c *Console) serverAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, Prefix+"/fleet/"+url.PathEscape(h)+"?done="+url.QueryEscape(string(op)+" requested"), http.StatusSeeOther)
+}
+
+// setServerProjects posts the operator's form of a server's owning
+// projects (ids separated by commas, spaces or lines; empty: fleet-only)
+// to PUT /servers/{handle}/projects.
+func (c *Console) setServerProjects(w http.ResponseWriter, r *http.Request, h string) {
+	projects := strings.FieldsFunc(r.PostFormValue("projects"), func(c rune) bool {
+		return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'
+	})
+	if projects == nil {
+		projects = []string{}
+	}
+	res, err := c.call(r, http.MethodPut, "/api/v1/servers/"+url.PathEscape(h)+"/projects",
+		map[string]any{"projects": projects, "reason": r.PostFormValue("reason")}, nil)
+	if err != nil || res.Problem != nil {
+		c.failAPI(w, r, res, err)
+		return
+	}
+	http.Redirect(w, r, Prefix+"/fleet/"+url.PathEscape(h)+"?done="+url.QueryEscape("projects set"), http.StatusSeeOther)
 }
 
 // ---- Runs
