@@ -217,9 +217,10 @@ type JobInventory struct {
 // job's project and hands them to Ansible through its environment, never
 // its arguments or files.
 type JobCredentials struct {
-	// SSH private key for the hosts that are not registered servers
-	// (registered servers use their own); required when the inventory has
-	// such a host: infra never lends its own key to a job.
+	// SSH private key for the hosts without a key of the job's project
+	// (a registered server the project owns uses its own, when every
+	// server holding that key is the project's); required when the
+	// inventory has such a host: infra never lends its own key to a job.
 	SSH string `msgpack:"ssh,omitempty"`
 	// Password for become (sudo).
 	BecomePassword string `msgpack:"become_password,omitempty"`
