@@ -92,6 +92,11 @@ type JobOptions struct {
 // Spec, Playbook and Host are unused; Vars are the job's extra vars.
 type JobSpec struct {
 	Spec
+	// Dir is the job's own directory (its checkout, installed requirements
+	// and resolved inventory), handed to the user the run runs as and, in
+	// a sandbox, shown read-only; PlaybookPath, InventoryFile and Env's
+	// paths lie under it then. "": none.
+	Dir string
 	// PlaybookPath is the absolute path of the playbook (a regular file in
 	// the job's checkout).
 	PlaybookPath string
@@ -149,6 +154,23 @@ func (r *Runner) validateJob(js *JobSpec) ([]pinnedKey, error) {
 	if js.InventoryFile != "" {
 		if st, err := os.Lstat(js.InventoryFile); err != nil || !filepath.IsAbs(js.InventoryFile) || !st.Mode().IsRegular() {
 			return nil, fmt.Errorf("job spec: inventory file %s is not a regular file", filepath.Base(js.InventoryFile))
+		}
+	}
+	if js.Dir != "" {
+		if st, err := os.Lstat(js.Dir); err != nil || !filepath.IsAbs(js.Dir) || !st.IsDir() {
+			return nil, fmt.Errorf("job spec: directory %q is not an absolute path of a directory", js.Dir)
+		}
+	}
+	if r.sandbox != nil {
+		// The sandbox shows the job's directory only.
+		paths := []string{js.PlaybookPath, js.InventoryFile}
+		for _, name := range jobEnvNames {
+			paths = append(paths, filepath.SplitList(js.Env[name])...)
+		}
+		for _, p := range paths {
+			if p != "" && !within(js.Dir, p) {
+				return nil, fmt.Errorf("job spec: %s is outside the job's directory, which is all a sandboxed job sees", p)
+			}
 		}
 	}
 	if js.InventoryEnabled != "" && !pluginNameRe.MatchString(js.InventoryEnabled) {
@@ -307,7 +329,7 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 		return &Result{Outcome: OutcomeCancelled, ExitCode: -1, Hosts: map[string]Recap{}, StartedAt: now, FinishedAt: now,
 			Err: errors.New(spec.Redact(fmt.Sprintf("cancelled before start: %v", context.Cause(ctx))))}, nil
 	}
-	rd, err := r.newRunDir(spec.JobID)
+	rd, err := r.newRunDir(spec.JobID, true)
 	if err != nil {
 		return nil, err
 	}
@@ -316,6 +338,12 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 			log.Error().Err(err).Msg("remove run dir")
 		}
 	}()
+	if js.Dir != "" {
+		if err := rd.handOver(js.Dir); err != nil {
+			return nil, err
+		}
+		rd.binds = append(rd.binds, mount{path: js.Dir})
+	}
 	markers := jobMarkers(&js, keys)
 	if err := rd.writeJobInputs(&js, keys, markers); err != nil {
 		return nil, err

@@ -92,7 +92,7 @@ func TestJobInputs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := r.newRunDir("j")
+	d, err := r.newRunDir("j", false)
 	if err != nil {
 		t.Fatal(err)
 	}

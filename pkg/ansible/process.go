@@ -133,6 +133,14 @@ func (e *execution) start() error {
 	if spec.argv != nil { // a job (RunJob)
 		argv = spec.argv
 	}
+	if r.sandbox != nil {
+		wrapped, err := r.sandbox.wrap(rd, rd.binds, argv)
+		if err != nil {
+			closeAll(outR, outW, evR, evW)
+			return err
+		}
+		argv = wrapped
+	}
 	var cmd *exec.Cmd
 	var guardEnd *os.File
 	if r.guard != "" {
@@ -145,7 +153,7 @@ func (e *execution) start() error {
 		guardEnd = os.NewFile(uintptr(fds[1]), "runguard-control")
 		// umask 077: what Ansible writes in the run dir is private too.
 		args := []string{"-control-fd=4", "-pass-fd=3", "-grace=" + r.cfg.KillGrace.String(), "-umask=077"}
-		if c := r.cfg.RunAs; c != nil {
+		if c := rd.owner; c != nil {
 			args = append(args, fmt.Sprintf("-uid=%d", c.UID), fmt.Sprintf("-gid=%d", c.GID))
 		}
 		args = append(append(args, "--"), argv...)
@@ -157,7 +165,7 @@ func (e *execution) start() error {
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.ExtraFiles = []*os.File{evW} // fd 3
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		if c := r.cfg.RunAs; c != nil {
+		if c := rd.owner; c != nil {
 			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
 		}
 	}

@@ -233,7 +233,10 @@ func (r *Runner) reap(ctx context.Context, d *runDir, spec *Spec, key pinnedKey,
 	cmd.Env = []string{"PATH=" + safePath, "HOME=" + d.path, "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "SSH_AUTH_SOCK=" + d.agentSock}
 	cmd.Dir = d.tmpDir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if c := r.cfg.RunAs; c != nil {
+	// As the fleet's play user (the warm master admits only its own user),
+	// never as a job's own: that id has no account outside its sandbox,
+	// and the takeover is this service's code, not the job's.
+	if c := r.cfg.RunAs; c != nil && d.lease == nil {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
 	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

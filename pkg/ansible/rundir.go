@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,7 +42,9 @@ type runDir struct {
 	vars       string
 	knownHosts string
 	marker     *os.File    // flocked while the run lives
-	owner      *Credential // the user plays run as (Config.RunAs); nil: this process's
+	owner      *Credential // the user the play runs as (runIdentity); nil: this process's
+	lease      *uidLease   // a job's own user id (sandbox.go); nil: none
+	binds      []mount     // what the sandbox shows besides the run dir
 }
 
 // own hands path to the user plays run as (nothing without Config.RunAs).
@@ -55,10 +58,16 @@ func (d *runDir) own(path string) error {
 	return nil
 }
 
-// newRunDir creates a fresh run directory (0700) with its marker file.
-func (r *Runner) newRunDir(jobID string) (*runDir, error) {
+// newRunDir creates a fresh run directory (0700) with its marker file,
+// owned by the user the run runs as (a job's own with a sandbox).
+func (r *Runner) newRunDir(jobID string, job bool) (*runDir, error) {
+	owner, lease, err := r.runIdentity(job)
+	if err != nil {
+		return nil, err
+	}
 	path, err := os.MkdirTemp(r.cfg.RunRoot, runDirPrefix)
 	if err != nil {
+		lease.release()
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
 	d := &runDir{
@@ -69,6 +78,14 @@ func (r *Runner) newRunDir(jobID string) (*runDir, error) {
 		inventory:  filepath.Join(path, "inventory.yml"),
 		vars:       filepath.Join(path, "vars.yml"),
 		knownHosts: filepath.Join(path, "known_hosts"),
+		owner:      owner,
+		lease:      lease,
+	}
+	if r.sandbox != nil {
+		d.binds = slices.Clone(r.sandbox.shared)
+		if !job {
+			d.binds = append(d.binds, r.sandbox.fleet...)
+		}
 	}
 	fail := func(err error) (*runDir, error) {
 		d.remove()
@@ -87,7 +104,6 @@ func (r *Runner) newRunDir(jobID string) (*runDir, error) {
 			return fail(fmt.Errorf("run dir: %w", err))
 		}
 	}
-	d.owner = r.cfg.RunAs
 	for _, p := range []string{path, d.controlDir, d.tmpDir} {
 		if err := d.own(p); err != nil {
 			return fail(err)
@@ -111,6 +127,37 @@ func createMarker(dir, text string) (*os.File, error) {
 		return m, fmt.Errorf("write marker: %w", err)
 	}
 	return m, nil
+}
+
+// handOver gives dir and everything in it to the user the run runs as
+// (nothing when it runs as this process).
+func (d *runDir) handOver(dir string) error {
+	if d.owner == nil {
+		return nil
+	}
+	if err := chownTree(dir, d.owner); err != nil {
+		return fmt.Errorf("hand the job directory to the play's user: %w", err)
+	}
+	return nil
+}
+
+// chownTree gives dir and everything in it to c (symlinks themselves).
+func chownTree(dir string, c *Credential) error {
+	return filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(c.UID), int(c.GID))
+	})
+}
+
+// within tells whether path is dir or lies under it (lexically).
+func within(dir, path string) bool {
+	if dir == "" {
+		return false
+	}
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../") && !filepath.IsAbs(rel)
 }
 
 // writeFile creates name (which must not exist) with mode 0600, owned by
@@ -167,12 +214,14 @@ func (d *runDir) writeInputs(spec *Spec, key pinnedKey, m remoteMarker) error {
 	return nil
 }
 
-// remove deletes the run directory and releases its marker lock.
+// remove deletes the run directory and releases its marker lock and its
+// user id (nothing of the run is left that could hold either).
 func (d *runDir) remove() error {
 	err := os.RemoveAll(d.path)
 	if d.marker != nil {
 		_ = d.marker.Close()
 	}
+	d.lease.release()
 	if err != nil {
 		return fmt.Errorf("remove run dir %s: %w", d.path, err)
 	}
@@ -197,7 +246,7 @@ func (r *Runner) SweepLeftovers() (removed int, err error) {
 			continue
 		}
 		path := filepath.Join(r.cfg.RunRoot, e.Name())
-		ok, err := sweepOne(path)
+		ok, err := sweepOne(path, r.ownUID)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -210,12 +259,12 @@ func (r *Runner) SweepLeftovers() (removed int, err error) {
 }
 
 // sweepOne removes path if it is an abandoned run directory.
-func sweepOne(path string) (bool, error) {
+func sweepOne(path string, own func(uid uint32) bool) (bool, error) {
 	st, err := os.Lstat(path)
 	if err != nil || !st.IsDir() {
 		return false, nil // gone meanwhile, a file or a symlink: not ours
 	}
-	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || int(sys.Uid) != os.Geteuid() {
+	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || !own(sys.Uid) {
 		return false, nil
 	}
 	m, err := os.OpenFile(filepath.Join(path, markerName), os.O_RDONLY|syscall.O_NOFOLLOW, 0)

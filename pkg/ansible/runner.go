@@ -105,6 +105,9 @@ type Config struct {
 	// share one SSH connection that this process keeps open until it has
 	// gone unused this long (warm.go). Zero: every run connects afresh.
 	WarmIdle time.Duration
+	// Sandbox, when set, runs every ansible-playbook in a sandbox of its
+	// own (sandbox.go).
+	Sandbox *Sandbox
 }
 
 // Credential is a user and group id (see Config.RunAs).
@@ -133,6 +136,7 @@ type Runner struct {
 
 	warm     *warmPool // nil: warm connections off
 	warmArgs string    // ANSIBLE_SSH_ARGS of warm runs
+	sandbox  *sandbox  // nil: runs are not sandboxed
 }
 
 // hooks let tests observe internals.
@@ -195,6 +199,17 @@ func New(cfg Config, log zerolog.Logger) (*Runner, error) {
 		return nil, errors.New("ansible runner: negative WarmIdle")
 	}
 	r := &Runner{cfg: cfg, log: log}
+	if cfg.Sandbox != nil {
+		if r.sandbox, err = newSandbox(cfg); err != nil {
+			return nil, err
+		}
+		if r.sandbox.uids.Count > 0 {
+			// Job users bind their run directories from here.
+			if err := os.Chmod(cfg.RunRoot, 0o711); err != nil {
+				return nil, fmt.Errorf("ansible runner: RunRoot: %w", err)
+			}
+		}
+	}
 	if cfg.WarmIdle > 0 {
 		r.warm = &warmPool{r: r, idle: cfg.WarmIdle, conns: map[string]*warmConn{}}
 		r.warmArgs = warmSSHArgs(filepath.Join(dir, "ansible.cfg"))
@@ -273,13 +288,7 @@ func prepareRunAs(cfg Config) error {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("ansible runner: FactCacheDir: %w", err)
 	}
-	err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, int(cfg.RunAs.UID), int(cfg.RunAs.GID))
-	})
-	if err != nil {
+	if err := chownTree(dir, cfg.RunAs); err != nil {
 		return fmt.Errorf("ansible runner: FactCacheDir: %w", err)
 	}
 	// Python caches that runs as another user left among the plugins
@@ -356,7 +365,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		*d += now.Sub(mark)
 		mark = now
 	}
-	rd, err := r.newRunDir(spec.JobID)
+	rd, err := r.newRunDir(spec.JobID, false)
 	if err != nil {
 		return nil, err
 	}
@@ -383,6 +392,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if r.warm != nil {
 		if rd.warm = r.warm.acquire(spec.Host, key, ag.publicKeys(), log); rd.warm != nil {
 			defer r.warm.release(rd.warm)
+			rd.binds = append(rd.binds, mount{path: rd.warm.sockDir, writable: true})
 		}
 	}
 	lap(&steps.Agent)

@@ -49,7 +49,7 @@ func TestSweepLeftovers(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the straggler", func() bool { return len(processesReferring(left)) > 0 })
 
 	// Things the sweep must leave alone.
-	live, err := r.newRunDir("live") // locked by this process
+	live, err := r.newRunDir("live", false) // locked by this process
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -323,7 +323,7 @@ func TestKnownHostsAndInventory(t *testing.T) {
 	}
 	// The inventory goes through Ansible's own parser.
 	r, _ := newTestRunner(t, nil)
-	d, err := r.newRunDir("j")
+	d, err := r.newRunDir("j", false)
 	if err != nil {
 		t.Fatal(err)
 	}
