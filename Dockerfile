@@ -85,7 +85,12 @@ ENV ADMIN_ADDR=0.0.0.0:9102 ADMIN_ALLOW_REMOTE=true LOG_FORMAT=json \
     PLAYBOOK_BIN=/usr/bin/ansible-playbook \
     PLAYBOOK_RUN_ROOT=/var/lib/autoprov/runs \
     PLAYBOOK_FACT_CACHE=/var/lib/autoprov/facts \
-    PLAYBOOK_GUARD=/usr/local/bin/runguard
+    PLAYBOOK_GUARD=/usr/local/bin/runguard \
+    PLAYBOOK_SANDBOX=off
+# PLAYBOOK_SANDBOX=off: bubblewrap inside an unprivileged container needs user
+# namespaces and an unmasked /proc that runtimes do not give by default; this
+# image serves no Ansible jobs of untrusted projects until it does
+# (docs/security.md, "The sandbox on each deployment form").
 USER 10001:10001
 EXPOSE 9102
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \

@@ -28,8 +28,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PACKAGES=(redis-server redis-sentinel redis-tools postgresql postgresql-client openssh-server openssh-client
 	ansible-core ansible ansible-lint python3-ansible-runner git iproute2 debootstrap
 	tinyproxy nftables procps curl ca-certificates jq openssl python3-redis python3-msgpack
-	prometheus chromium) # promtool checks the alert rules (deploy/observability); redis-sentinel: failover tests;
+	prometheus chromium bubblewrap) # promtool checks the alert rules (deploy/observability); redis-sentinel: failover tests;
 # chromium: the deployer's web console is tested in it, headless (chromedp)
+# bubblewrap: every play runs in a sandbox of its own (docs/security.md)
 
 profile_ports() {
 	case "$1" in

@@ -62,7 +62,8 @@ func newJobWorld(t *testing.T, n int) *jobWorld {
 	w.out = t.TempDir()
 	w.env = []string{
 		"SOURCES_ALLOW_HTTP=true",
-		"JOB_WORK_DIR=" + filepath.Join(t.TempDir(), "jobs"),
+		// Next to the run root: traversable by the sandbox's job users.
+		"JOB_WORK_DIR=" + filepath.Join(filepath.Dir(w.e2e.runRoot), "jobs"),
 		"SOURCES_CACHE_DIR=" + filepath.Join(t.TempDir(), "sources"),
 		"DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
 		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_",

@@ -99,7 +99,15 @@ func newE2E(t testing.TB, sshd *testenv.SSHD) *e2e {
 // the project's own (same speed and safety settings, real callback plugin).
 func (e *e2e) makeAnsibleDir() string {
 	t := e.t
-	dir := t.TempDir()
+	// Readable to the sandbox's job users, as an operator's would be.
+	dir, err := os.MkdirTemp("", "ansible-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, sub := range []string{"playbooks", "control", "out"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			t.Fatal(err)
@@ -162,6 +170,8 @@ func (e *e2e) infra(extra ...string) *infraProc {
 		"PLAYBOOK_DIR=" + e.ansibleDir,
 		"PLAYBOOK_RUN_ROOT=" + e.runRoot,
 		"PLAYBOOK_FACT_CACHE=" + e.factCache,
+		// The test playbooks leave what they did in out/.
+		"PLAYBOOK_SANDBOX_WRITABLE=" + filepath.Join(e.ansibleDir, "out"),
 		"PLAYBOOK_KILL_GRACE=2s",
 		"STREAM_LEASE=2s",
 		"STREAM_RETRY_BACKOFF=200ms",

@@ -18,10 +18,16 @@ import (
 
 // serveAnsibleJobs sets the handler up for the Ansible job pools of
 // JOB_POOLS and returns their streams ("none": no pool, no streams).
-func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, runAs *ansible.Credential, log zerolog.Logger) ([]string, error) {
+func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, runner *ansible.Runner, log zerolog.Logger) ([]string, error) {
 	pools := slices.DeleteFunc(slices.Clone(cfg.Jobs.Pools), func(p string) bool { return p == "" || p == "none" })
 	if len(pools) == 0 {
 		return nil, nil
+	}
+	if !runner.Sandboxed() {
+		log.Warn().Str("setting", "PLAYBOOK_SANDBOX=off").
+			Msg("SERVING ANSIBLE JOBS WITHOUT A SANDBOX: every job runs as one user (PLAYBOOK_USER or infra's own) and can read " +
+				"the other jobs running at the same time (their environment, agent, control sockets and checkouts); " +
+				"use PLAYBOOK_SANDBOX=bwrap unless every project is trusted (docs/security.md)")
 	}
 	base := filepath.Dir(cfg.Playbook.RunRoot)
 	sourceGuard := guard
@@ -79,7 +85,7 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 		Sources:       jobs.CacheSources{Cache: cache},
 		Inventories:   inventories,
 		Galaxy:        galaxy,
-		RunAs:         runAs,
+		OtherUsers:    runner.RunsAsOthers(),
 		GalaxyServers: servers,
 	})
 	if err != nil {

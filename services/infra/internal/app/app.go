@@ -60,6 +60,10 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
+	sandbox, err := cfg.Playbook.SandboxConfig()
+	if err != nil {
+		return nil, err
+	}
 	runner, err := ansible.New(ansible.Config{
 		AnsibleDir:   cfg.Playbook.Dir,
 		PlaybookBin:  cfg.Playbook.Bin,
@@ -72,6 +76,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		RunAs:        runAs,
 		Clean:        cleanScopes(cfg.Playbook.TakeoverAlways, d.DB),
 		WarmIdle:     cfg.SSH.WarmIdleOrOff(),
+		Sandbox:      sandbox,
 	}, log)
 	if err != nil {
 		return nil, err
@@ -168,7 +173,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	if err != nil {
 		return nil, err
 	}
-	jobStreams, err := serveAnsibleJobs(cfg, handler, authorizer.Guard(), runner.Config().RunAs, log)
+	jobStreams, err := serveAnsibleJobs(cfg, handler, authorizer.Guard(), runner, log)
 	if err != nil {
 		return nil, err
 	}

@@ -74,17 +74,21 @@ type StreamConfig struct {
 
 // PlaybookConfig configures the playbook runs.
 type PlaybookConfig struct {
-	Dir         string            `env:"DIR" envDefault:"ansible" desc:"the ansible directory (ansible.cfg, playbooks/, roles/, plugins/); relative to the working directory"`
-	Bin         string            `env:"BIN" envDefault:"/usr/bin/ansible-playbook" desc:"the ansible-playbook command"`
-	RunRoot     string            `env:"RUN_ROOT" envDefault:"/tmp/autoprov-runs" desc:"parent of the private per-run directories (keep it short: it holds unix sockets)"`
-	FactCache   string            `env:"FACT_CACHE" desc:"directory of Ansible's fact cache (default: next to PLAYBOOK_RUN_ROOT)"`
-	Guard       string            `env:"GUARD" desc:"the runguard binary, which kills a play whose infra process died (default: runguard next to this binary)"`
-	Timeout     time.Duration     `env:"TIMEOUT" envDefault:"1h" desc:"wall-clock limit of a playbook run"`
-	IdleTimeout time.Duration     `env:"IDLE_TIMEOUT" envDefault:"10m" desc:"limit of a run printing nothing (stuck)"`
-	KillGrace   time.Duration     `env:"KILL_GRACE" envDefault:"10s" desc:"time between SIGTERM and SIGKILL when a run is stopped"`
-	Timeouts    map[string]string `env:"TIMEOUTS" desc:"per-playbook limits, e.g. deploy_project.yml:20m/5m,recovery.yml:15m/3m (wall/idle)"`
-	User        string            `env:"USER" desc:"unprivileged user the playbooks run as (infra must run as root), e.g. autoprov-play; plays then cannot read infra's files, memory or environment (empty: infra's own user)"`
-	VarsFile    string            `env:"VARS_FILE" desc:"JSON object of site-wide extra vars for every run (role defaults, e.g. docker_install_source); never secrets; a run's own vars win"`
+	Dir             string            `env:"DIR" envDefault:"ansible" desc:"the ansible directory (ansible.cfg, playbooks/, roles/, plugins/); relative to the working directory"`
+	Bin             string            `env:"BIN" envDefault:"/usr/bin/ansible-playbook" desc:"the ansible-playbook command"`
+	RunRoot         string            `env:"RUN_ROOT" envDefault:"/tmp/autoprov-runs" desc:"parent of the private per-run directories (keep it short: it holds unix sockets)"`
+	FactCache       string            `env:"FACT_CACHE" desc:"directory of Ansible's fact cache (default: next to PLAYBOOK_RUN_ROOT)"`
+	Guard           string            `env:"GUARD" desc:"the runguard binary, which kills a play whose infra process died (default: runguard next to this binary)"`
+	Timeout         time.Duration     `env:"TIMEOUT" envDefault:"1h" desc:"wall-clock limit of a playbook run"`
+	IdleTimeout     time.Duration     `env:"IDLE_TIMEOUT" envDefault:"10m" desc:"limit of a run printing nothing (stuck)"`
+	KillGrace       time.Duration     `env:"KILL_GRACE" envDefault:"10s" desc:"time between SIGTERM and SIGKILL when a run is stopped"`
+	Timeouts        map[string]string `env:"TIMEOUTS" desc:"per-playbook limits, e.g. deploy_project.yml:20m/5m,recovery.yml:15m/3m (wall/idle)"`
+	User            string            `env:"USER" desc:"unprivileged user the playbooks run as (infra must run as root), e.g. autoprov-play; plays then cannot read infra's files, memory or environment (empty: infra's own user)"`
+	Sandbox         string            `env:"SANDBOX" envDefault:"bwrap" desc:"bwrap: every run (provisioning, deploy, Ansible job) runs in a bubblewrap sandbox of its own (docs/security.md); off: no sandbox, only PLAYBOOK_USER (unsafe with Ansible jobs of several projects)"`
+	SandboxBwrap    string            `env:"SANDBOX_BWRAP" envDefault:"/usr/bin/bwrap" desc:"the bubblewrap binary (Debian's bubblewrap package)"`
+	SandboxUIDs     string            `env:"SANDBOX_UIDS" envDefault:"40000-40999" desc:"user ids of Ansible job runs in the sandbox, one per concurrent run on this machine (infra as root); no account may use one"`
+	SandboxWritable []string          `env:"SANDBOX_WRITABLE" envSeparator:"," desc:"directories of this machine the fleet's own runs (provisioning, deploys; never jobs) may write to in the sandbox"`
+	VarsFile        string            `env:"VARS_FILE" desc:"JSON object of site-wide extra vars for every run (role defaults, e.g. docker_install_source); never secrets; a run's own vars win"`
 	// TakeoverAlways turns the clean marks off (see ansible.CleanScopes).
 	TakeoverAlways bool `env:"TAKEOVER_ALWAYS" envDefault:"false" desc:"take over the target (stop earlier runs' remote tasks over SSH) before every play, even when its last run succeeded; set it while replicas of a version older than the clean marks still run"`
 }
@@ -174,6 +178,11 @@ func (c *Config) Validate() error {
 	} else if err := c.Playbook.checkPlayUserReads(); err != nil {
 		errs = append(errs, err)
 	}
+	if sb, err := c.Playbook.SandboxConfig(); err != nil {
+		errs = append(errs, err)
+	} else if err := c.Playbook.checkJobUsersRead(sb); err != nil {
+		errs = append(errs, err)
+	}
 	if _, err := c.Playbook.Limits(); err != nil {
 		errs = append(errs, &service.FieldError{Var: "PLAYBOOK_TIMEOUTS", Err: err})
 	}
@@ -248,6 +257,27 @@ func (p PlaybookConfig) RunAs() (*ansible.Credential, error) {
 		return nil, service.Invalid("PLAYBOOK_USER", "%s is root: name an unprivileged user", p.User)
 	}
 	return &ansible.Credential{UID: uint32(uid), GID: uint32(gid)}, nil
+}
+
+// SandboxConfig is the runner's Sandbox (nil with PLAYBOOK_SANDBOX=off).
+// Without root, runs keep infra's user: the uid range is not used.
+func (p PlaybookConfig) SandboxConfig() (*ansible.Sandbox, error) {
+	switch p.Sandbox {
+	case "off":
+		return nil, nil
+	case "bwrap":
+	default:
+		return nil, service.Invalid("PLAYBOOK_SANDBOX", "must be bwrap or off, got %q", p.Sandbox)
+	}
+	sb := &ansible.Sandbox{Bwrap: p.SandboxBwrap, Writable: p.SandboxWritable}
+	if os.Geteuid() == 0 {
+		uids, err := ansible.ParseUIDRange(p.SandboxUIDs)
+		if err != nil {
+			return nil, &service.FieldError{Var: "PLAYBOOK_SANDBOX_UIDS", Err: err}
+		}
+		sb.UIDs = uids
+	}
+	return sb, nil
 }
 
 // SiteVars reads PLAYBOOK_VARS_FILE (nil when unset).

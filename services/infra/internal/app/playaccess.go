@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/service"
 )
 
@@ -34,15 +35,29 @@ func (p PlaybookConfig) checkPlayUserReads() error {
 			gids = append(gids, g)
 		}
 	}
+	return p.checkReads(p.User+" (PLAYBOOK_USER", uid, gids)
+}
+
+// checkJobUsersRead is checkPlayUserReads for the sandbox's job users
+// (PLAYBOOK_SANDBOX_UIDS), which belong to no group: their sandboxes
+// show PLAYBOOK_DIR (ansible.cfg and its plugins) from its own path.
+func (p PlaybookConfig) checkJobUsersRead(sb *ansible.Sandbox) error {
+	if sb == nil || sb.UIDs.Count == 0 {
+		return nil
+	}
+	return p.checkReads("of Ansible jobs (PLAYBOOK_SANDBOX_UIDS", uint64(sb.UIDs.First), nil)
+}
+
+func (p PlaybookConfig) checkReads(who string, uid uint64, gids []uint64) error {
 	dir, err := filepath.Abs(p.Dir)
 	if err != nil {
 		return &service.FieldError{Var: "PLAYBOOK_DIR", Err: err}
 	}
 	fail := func(path, why string) error {
-		return service.Invalid("PLAYBOOK_DIR", "the play user %s (PLAYBOOK_USER, uid %d) cannot read %s: %s, so every play would fail "+
+		return service.Invalid("PLAYBOOK_DIR", "the play user %s, uid %d) cannot read %s: %s, so every play would fail "+
 			"(\"the playbook ... could not be found\"); put the Ansible content where that user can read it (a clone outside a "+
 			"private home such as /root, e.g. under /srv or /opt, or a copy of ansible/ there), or open the directory on the way "+
-			"(chmod o+x %s)", p.User, uid, dir, why, path)
+			"(chmod o+x %s)", who, uid, dir, why, path)
 	}
 	// The ancestors need search (x) permission, the directory and its
 	// playbooks/ read and search.

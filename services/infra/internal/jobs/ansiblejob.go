@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -100,10 +99,10 @@ type AnsibleJobsConfig struct {
 	GalaxyServers []GalaxyServer
 	// SSHChecks is how many hosts of a job are checked at once (0: 8).
 	SSHChecks int
-	// RunAs is the user plays run as (the runner's Config.RunAs); nil:
-	// this process's. A job's directory is then handed to that user
-	// before its run, and WorkDir is traversable (0711), not listable.
-	RunAs *ansible.Credential
+	// OtherUsers: plays run as other users than this process (the
+	// runner's RunsAsOthers); WorkDir is then traversable (0711), not
+	// listable. The runner hands each job's directory to its run's user.
+	OtherUsers bool
 }
 
 // GalaxyServer is an allowed Galaxy server, by name and URL.
@@ -144,7 +143,7 @@ func (h *Handler) ServeAnsibleJobs(cfg AnsibleJobsConfig) ([]string, error) {
 		return nil, fmt.Errorf("jobs: work dir: %w", err)
 	}
 	mode := os.FileMode(0o700)
-	if cfg.RunAs != nil {
+	if cfg.OtherUsers {
 		mode = 0o711
 	}
 	if err := os.Chmod(cfg.WorkDir, mode); err != nil {
@@ -235,28 +234,7 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 			return aj.early(ctx, err)
 		}
 	}
-	if err := handOver(dir, cfg.RunAs); err != nil {
-		return j.infraError(ctx, err)
-	}
 	return j.runLocked(ctx, strings.Join(j.targets, " "), aj.label(), aj.run)
-}
-
-// handOver gives the job's directory to the user plays run as (nothing
-// when they run as this process).
-func handOver(dir string, to *ansible.Credential) error {
-	if to == nil {
-		return nil
-	}
-	err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, int(to.UID), int(to.GID))
-	})
-	if err != nil {
-		return fmt.Errorf("hand the job directory to the play user: %w", err)
-	}
-	return nil
 }
 
 // ansibleJob is one Ansible job being handled.
@@ -485,6 +463,7 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 				}
 			},
 		},
+		Dir:              aj.dir,
 		Hosts:            aj.jobHosts(),
 		Groups:           aj.groups,
 		InventoryFile:    aj.invFile,
