@@ -1,14 +1,17 @@
 package ansible
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -330,4 +333,46 @@ func (s *sandbox) wrap(rd *runDir, binds []mount, argv []string) ([]string, erro
 	}
 	out = append(out, "--chdir", rd.tmpDir, "--")
 	return append(out, argv...), nil
+}
+
+// JobCommand is argv (an absolute program, e.g. ansible-inventory) made to
+// run as a job's play would: with a sandbox, as a user id of its own in a
+// sandbox of its own that shows dir (the job's directory, writable, handed
+// to that user) besides what every run sees; without one, as RunAs (or
+// this process's user). env is the command's whole environment; the
+// caller sets Stdout, Stderr and Dir (dir's own path) and runs it, then
+// calls done, which removes what the command's sandbox needed.
+func (r *Runner) JobCommand(ctx context.Context, dir string, argv, env []string) (*exec.Cmd, func(), error) {
+	if len(argv) == 0 || !filepath.IsAbs(argv[0]) {
+		return nil, nil, errors.New("job command: want an absolute program")
+	}
+	rd, err := r.newRunDir("command", true)
+	if err != nil {
+		return nil, nil, err
+	}
+	done := func() {
+		if err := rd.remove(); err != nil {
+			r.log.Error().Err(err).Msg("remove run dir")
+		}
+	}
+	if err := rd.handOver(dir); err != nil {
+		done()
+		return nil, nil, err
+	}
+	if r.sandbox != nil {
+		rd.binds = append(rd.binds, mount{path: dir, writable: true})
+		if argv, err = r.sandbox.wrap(rd, rd.binds, argv); err != nil {
+			done()
+			return nil, nil, err
+		}
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = env
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if c := rd.owner; c != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
+	}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	return cmd, done, nil
 }

@@ -807,6 +807,11 @@ options:
     type: list
     elements: dict
     default: []
+  probe:
+    description: paths whose presence the plugin reports (the sandbox test)
+    type: list
+    elements: str
+    default: []
 '''
 
 
@@ -829,6 +834,11 @@ class InventoryModule(BaseInventoryPlugin):
             self.inventory.set_variable(h['name'], 'ansible_user', h['user'])
             for k, v in h.get('vars', {}).items():
                 self.inventory.set_variable(h['name'], k, v)
+            # What the plugin (the job's code, run by ansible-inventory on
+            # infra's machine) is and sees.
+            self.inventory.set_variable(h['name'], 'plugin_uid', os.getuid())
+            self.inventory.set_variable(h['name'], 'plugin_procs', len([p for p in os.listdir('/proc') if p.isdigit()]))
+            self.inventory.set_variable(h['name'], 'plugin_sees', [p for p in self.get_option('probe') if os.path.exists(p)])
 `
 
 // TestAnsibleJobDynamicInventory: a dynamic inventory plugin from a
@@ -869,6 +879,27 @@ func TestAnsibleJobDynamicInventory(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(w.out, "vm1.greeting")); err != nil || string(got) != "{{ not templated }}" {
 		t.Errorf("the plugin's host variable in the play: %q %v", got, err)
 	}
+	// The plugin is the job's code: it runs in the job's sandbox, as a
+	// job user, seeing no process of infra's and none of its files.
+	spy := "- name: Spy\n  hosts: all\n  gather_facts: false\n  tasks:\n    - name: Report\n      ansible.builtin.copy:\n" +
+		"        content: \"{{ plugin_uid | int }} {{ plugin_procs | int }} [{{ plugin_sees | join(',') }}]\"\n        dest: \"{{ out }}/{{ inventory_hostname }}.spy\"\n        mode: \"0644\"\n"
+	w.repo.Commit(t, map[string]string{"spy.yml": spy})
+	m = w.job("job-dynamic-spy", nil, "spy.yml")
+	m.Inventory, m.Credentials.Cloud = job.Inventory, job.Credentials.Cloud
+	cacheDir := w.env[2][len("SOURCES_CACHE_DIR="):]
+	m.Inventory.Config = messages.Vars{"hosts": job.Inventory.Config["hosts"], "probe": []any{cacheDir, w.e2e.factCache, "/etc/shadow", "/root"}}
+	w.submit(m)
+	jobStatus(t, w.waitJob("job-dynamic-spy", 3*time.Minute), messages.StatusSucceeded, "")
+	got, err := os.ReadFile(filepath.Join(w.out, "vm1.spy"))
+	var uid, procs int
+	var sees string
+	if _, serr := fmt.Sscanf(string(got), "%d %d %s", &uid, &procs, &sees); err != nil || serr != nil {
+		t.Fatalf("the plugin's report: %q %v %v", got, err, serr)
+	}
+	if uid < 40000 || uid > 40999 || procs > 10 || sees != "[]" {
+		t.Errorf("the inventory plugin ran as uid %d seeing %d processes and %s; want a job user (40000-40999), its own few processes, none of infra's paths", uid, procs, sees)
+	}
+
 	m = w.job("job-dynamic-conn", nil, "greet.yml")
 	m.Inventory, m.Credentials.Cloud = job.Inventory, job.Credentials.Cloud
 	m.Inventory.Config = messages.Vars{"hosts": []any{map[string]any{"name": "vm1", "address": s.Host, "port": int64(s.Port), "user": s.User,

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -127,6 +128,14 @@ type Run struct {
 	// CollectionsPath holds the job's installed collections (inventory
 	// plugins of a dynamic inventory come from there); may be empty.
 	CollectionsPath string
+	// Sandbox runs ansible-inventory as the job's play would run (its
+	// plugins are the job's code); nil: as this process.
+	Sandbox Sandbox
+}
+
+// Sandbox makes a command of a job's (ansible.Runner.JobCommand).
+type Sandbox interface {
+	JobCommand(ctx context.Context, dir string, argv, env []string) (*exec.Cmd, func(), error)
 }
 
 // Resolver resolves inventories. It is safe for concurrent use.

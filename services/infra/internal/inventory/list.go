@@ -55,11 +55,25 @@ func (r *Resolver) list(ctx context.Context, spec Spec, run Run, file string) ([
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ansible-inventory", "-i", file, "--list")
-	cmd.Env = env
-	cmd.Dir = run.Dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var cmd *exec.Cmd
+	if run.Sandbox != nil {
+		bin, err := exec.LookPath("ansible-inventory")
+		if err != nil {
+			return nil, fmt.Errorf("inventory: %w", err)
+		}
+		c, done, err := run.Sandbox.JobCommand(ctx, run.Dir, []string{bin, "-i", file, "--list"}, env)
+		if err != nil {
+			return nil, fmt.Errorf("inventory: %w", err)
+		}
+		defer done()
+		cmd = c
+	} else {
+		cmd = exec.CommandContext(ctx, "ansible-inventory", "-i", file, "--list")
+		cmd.Env = env
+		cmd.Dir = run.Dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	}
 	cmd.WaitDelay = 5 * time.Second
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &capped{b: &stdout, n: maxListing}

@@ -62,7 +62,7 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 		}
 		spec.Env = cloudEnv(cloud)
 	}
-	file, hosts, commit, err := aj.cfg.Inventories.Resolve(ctx, spec, inventory.Run{Dir: aj.dir, CollectionsPath: aj.env["ANSIBLE_COLLECTIONS_PATH"]})
+	file, hosts, commit, err := aj.cfg.Inventories.Resolve(ctx, spec, aj.inventoryRun())
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -178,4 +178,14 @@ func cloudEnv(cred string) map[string]string {
 		env[name] = value
 	}
 	return env
+}
+
+// inventoryRun is where and how the job's inventory is resolved: in the
+// job's directory, sandboxed like its play when the runner can.
+func (aj *ansibleJob) inventoryRun() inventory.Run {
+	run := inventory.Run{Dir: aj.dir, CollectionsPath: aj.env["ANSIBLE_COLLECTIONS_PATH"]}
+	if sb, ok := aj.runner.(inventory.Sandbox); ok {
+		run.Sandbox = sb
+	}
+	return run
 }
