@@ -117,4 +117,18 @@ func TestServerOwnershipAttack(t *testing.T) {
 	if resp, b := e.Do("POST", "/api/v1/deployments", e.Admin, deploy("198.51.100.22")); resp.StatusCode != http.StatusAccepted {
 		t.Errorf("a fleet-wide key's deployment on a fleet-only server: %d %s", resp.StatusCode, b)
 	}
+	// But not onto another project's server: infra, which sees only the
+	// project, would refuse it after the fact; the API says so at once.
+	s0, q0 := stored(), queued()
+	if resp, b := e.Do("POST", "/api/v1/deployments", e.Admin, deploy("198.51.100.20")); resp.StatusCode != http.StatusUnprocessableEntity ||
+		!strings.Contains(string(b), `"field":"server_ip"`) {
+		t.Errorf("a fleet-wide key's deployment of A onto B's server: %d %s, want 422 server_ip", resp.StatusCode, b)
+	}
+	if resp, b := e.Do("POST", "/api/v1/jobs", e.Admin, job(map[string]any{"h": map[string]any{"autoprov_server": "b-web"}})); resp.StatusCode != http.StatusUnprocessableEntity ||
+		!strings.Contains(string(b), `"field":"inventory.hosts[h][autoprov_server]"`) {
+		t.Errorf("a fleet-wide key's job of A on B's server by handle: %d %s, want 422", resp.StatusCode, b)
+	}
+	if s, q := stored(), queued(); s != s0 || q != q0 {
+		t.Errorf("stored %d -> %d, queued %d -> %d: a refused request left a trace", s0, s, q0, q)
+	}
 }

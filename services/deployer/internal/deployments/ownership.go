@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -48,14 +49,13 @@ func (s *Service) owners(ctx context.Context, address string, port int) ([][]str
 	return out, nil
 }
 
-// ownsAll reports whether project owns every server of lists.
-func ownsAll(lists [][]string, project string) bool {
+// reaches reports whether a request of project may target every server
+// of lists: servers the project owns, and, for a fleet-wide key, the
+// fleet's own (no project). Another project's server is never reached:
+// infra refuses it whoever asked (the message carries the project only).
+func reaches(lists [][]string, project string, fleetWide bool) bool {
 	for _, l := range lists {
-		owned := false
-		for _, p := range l {
-			owned = owned || p == project
-		}
-		if !owned {
+		if !slices.Contains(l, project) && !(fleetWide && len(l) == 0) {
 			return false
 		}
 	}
@@ -64,9 +64,10 @@ func ownsAll(lists [][]string, project string) bool {
 
 // deployOwnership refuses a deployment of project to a registered server
 // (infra finds it by address alone) that project does not own, unless v is
-// fleet-wide: the problem of server_ip, or nil.
+// fleet-wide and the server is the fleet's: the problem of server_ip, or
+// nil.
 func (s *Service) deployOwnership(ctx context.Context, v Visibility, project, serverIP string) (*FieldError, error) {
-	if v.All || s.db == nil {
+	if s.db == nil {
 		return nil, nil
 	}
 	addr, err := store.CanonicalAddress(serverIP)
@@ -77,19 +78,20 @@ func (s *Service) deployOwnership(ctx context.Context, v Visibility, project, se
 	if err != nil {
 		return nil, err
 	}
-	if !ownsAll(lists, project) {
+	if !reaches(lists, project, v.All) {
 		return &FieldError{Field: "server_ip", Message: notOwned}, nil
 	}
 	return nil, nil
 }
 
 // jobOwnership refuses a job of project whose inline hosts target a
-// registered server that project does not own, unless v is fleet-wide: by
+// registered server that project does not own (for a fleet-wide v: that
+// another project owns): by
 // handle (autoprov_server: *UnknownServerError, a 404), by address
 // literal and SSH port (the problems of the hosts' fields). A host named
 // by a DNS name is infra's to check, after it resolved it.
 func (s *Service) jobOwnership(ctx context.Context, r *JobRequest, v Visibility, project string) ([]FieldError, error) {
-	if v.All || s.db == nil {
+	if s.db == nil {
 		return nil, nil
 	}
 	var out []FieldError
@@ -103,8 +105,10 @@ func (s *Service) jobOwnership(ctx context.Context, r *JobRequest, v Visibility,
 				return nil, &UnknownServerError{Field: field + "[" + ServerVar + "]"}
 			case err != nil:
 				return nil, err
-			case !srv.OwnedBy(project):
+			case !reaches([][]string{srv.Projects}, project, v.All) && !v.All:
 				return nil, &UnknownServerError{Field: field + "[" + ServerVar + "]"}
+			case !reaches([][]string{srv.Projects}, project, v.All):
+				out = append(out, FieldError{Field: field + "[" + ServerVar + "]", Message: notOwned})
 			}
 			continue
 		}
@@ -124,7 +128,7 @@ func (s *Service) jobOwnership(ctx context.Context, r *JobRequest, v Visibility,
 		if err != nil {
 			return nil, err
 		}
-		if !ownsAll(lists, project) {
+		if !reaches(lists, project, v.All) {
 			out = append(out, FieldError{Field: field, Message: notOwned})
 		}
 	}
