@@ -23,6 +23,11 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 	if len(pools) == 0 {
 		return nil, nil
 	}
+	if sb, err := cfg.Playbook.SandboxConfig(); err == nil {
+		if err := cfg.Playbook.checkJobUsersRead(sb); err != nil {
+			log.Error().Err(err).Msg("Ansible jobs will fail: the sandbox's job users cannot reach PLAYBOOK_DIR")
+		}
+	}
 	if !runner.Sandboxed() {
 		log.Warn().Str("setting", "PLAYBOOK_SANDBOX=off").
 			Msg("SERVING ANSIBLE JOBS WITHOUT A SANDBOX: every job runs as one user (PLAYBOOK_USER or infra's own) and can read " +

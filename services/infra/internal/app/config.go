@@ -178,9 +178,7 @@ func (c *Config) Validate() error {
 	} else if err := c.Playbook.checkPlayUserReads(); err != nil {
 		errs = append(errs, err)
 	}
-	if sb, err := c.Playbook.SandboxConfig(); err != nil {
-		errs = append(errs, err)
-	} else if err := c.Playbook.checkJobUsersRead(sb); err != nil {
+	if _, err := c.Playbook.SandboxConfig(); err != nil {
 		errs = append(errs, err)
 	}
 	if _, err := c.Playbook.Limits(); err != nil {

@@ -41,6 +41,8 @@ func (p PlaybookConfig) checkPlayUserReads() error {
 // checkJobUsersRead is checkPlayUserReads for the sandbox's job users
 // (PLAYBOOK_SANDBOX_UIDS), which belong to no group: their sandboxes
 // show PLAYBOOK_DIR (ansible.cfg and its plugins) from its own path.
+// Infra logs its failure as an error when it serves jobs (the fleet's own
+// runs do not need it).
 func (p PlaybookConfig) checkJobUsersRead(sb *ansible.Sandbox) error {
 	if sb == nil || sb.UIDs.Count == 0 {
 		return nil
