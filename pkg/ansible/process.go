@@ -133,19 +133,13 @@ func (e *execution) start() error {
 	if spec.argv != nil { // a job (RunJob)
 		argv = spec.argv
 	}
-	var binds []*os.File // the sandbox's descriptors, after the guard's
 	if r.sandbox != nil {
-		first := 4 // fd 3 is the event pipe
-		if r.guard != "" {
-			first = 5 // fd 4 is runguard's control socket
-		}
-		w, err := r.sandbox.wrap(rd, rd.binds, argv, first)
+		wrapped, err := r.sandbox.wrap(rd, rd.binds, argv)
 		if err != nil {
 			closeAll(outR, outW, evR, evW)
 			return err
 		}
-		defer w.close() // the child has its own copies once started
-		argv, binds = w.argv, w.files
+		argv = wrapped
 	}
 	var cmd *exec.Cmd
 	var guardEnd *os.File
@@ -158,22 +152,18 @@ func (e *execution) start() error {
 		e.ctrl = os.NewFile(uintptr(fds[0]), "runguard-control")
 		guardEnd = os.NewFile(uintptr(fds[1]), "runguard-control")
 		// umask 077: what Ansible writes in the run dir is private too.
-		pass := "3"
-		for i := range binds {
-			pass += "," + strconv.Itoa(5+i)
-		}
-		args := []string{"-control-fd=4", "-pass-fd=" + pass, "-grace=" + r.cfg.KillGrace.String(), "-umask=077"}
+		args := []string{"-control-fd=4", "-pass-fd=3", "-grace=" + r.cfg.KillGrace.String(), "-umask=077"}
 		if c := rd.owner; c != nil {
 			args = append(args, fmt.Sprintf("-uid=%d", c.UID), fmt.Sprintf("-gid=%d", c.GID))
 		}
 		args = append(append(args, "--"), argv...)
 		cmd = exec.Command(r.guard, args...)
-		cmd.ExtraFiles = append([]*os.File{evW, guardEnd}, binds...) // fd 3, fd 4, the sandbox's
+		cmd.ExtraFiles = []*os.File{evW, guardEnd} // fd 3, fd 4
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		e.guarded = true
 	} else {
 		cmd = exec.Command(argv[0], argv[1:]...)
-		cmd.ExtraFiles = append([]*os.File{evW}, binds...) // fd 3, the sandbox's
+		cmd.ExtraFiles = []*os.File{evW} // fd 3
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		if c := rd.owner; c != nil {
 			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}

@@ -256,33 +256,15 @@ func (r *Runner) ownUID(uid uint32) bool {
 	return false
 }
 
-// mount is one bind of a run's sandbox: path, shown at its own path
-// (or at at).
+// mount is one bind of a run's sandbox.
 type mount struct {
 	path     string
-	at       string
 	writable bool
 }
 
-// wrapped is a command line run in a sandbox and the descriptors it
-// needs: the child gets files[i] as descriptor firstFD+i.
-type wrapped struct {
-	argv  []string
-	files []*os.File
-}
-
-func (w *wrapped) close() {
-	for _, f := range w.files {
-		f.Close()
-	}
-}
-
 // wrap returns argv run in the sandbox of rd with the given binds besides
-// the run directory (at their own paths). The run directory, the binds and
-// the account files are handed to bubblewrap as descriptors this process
-// opened (numbered from firstFD in the child), so that a user id of no
-// group sees them whatever their parent directories allow.
-func (s *sandbox) wrap(rd *runDir, binds []mount, argv []string, firstFD int) (*wrapped, error) {
+// the run directory (at their own paths).
+func (s *sandbox) wrap(rd *runDir, binds []mount, argv []string) ([]string, error) {
 	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
 	if rd.owner != nil {
 		uid, gid = rd.owner.UID, rd.owner.GID
@@ -310,16 +292,6 @@ func (s *sandbox) wrap(rd *runDir, binds []mount, argv []string, firstFD int) (*
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}
-	w := &wrapped{}
-	// bindFD opens path (O_PATH) for the child and returns its number there.
-	bindFD := func(path string) (string, error) {
-		fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return "", fmt.Errorf("sandbox: open %s: %w", path, err)
-		}
-		w.files = append(w.files, os.NewFile(uintptr(fd), path))
-		return strconv.Itoa(firstFD + len(w.files) - 1), nil
-	}
 	// The host name stays: ssh's ControlPath (%C) hashes it, and the
 	// fleet's runs find their warm master by it.
 	out := []string{s.bwrap,
@@ -345,36 +317,22 @@ func (s *sandbox) wrap(rd *runDir, binds []mount, argv []string, firstFD int) (*
 			out = append(out, "--ro-bind", p, p)
 		}
 	}
-	all := append([]mount{{path: rd.path, writable: true}}, binds...)
-	all = append(all, mount{path: passwd, at: "/etc/passwd"}, mount{path: group, at: "/etc/group"})
-	var seen []string
-	for _, m := range all {
-		at := cmpOr(m.at, m.path)
-		if m.path == "" || slices.Contains(seen, at) {
+	out = append(out, "--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group")
+	seen := []string{rd.path}
+	out = append(out, "--bind", rd.path, rd.path)
+	for _, m := range binds {
+		if m.path == "" || slices.Contains(seen, m.path) {
 			continue
 		}
-		seen = append(seen, at)
-		fd, err := bindFD(m.path)
-		if err != nil {
-			w.close()
-			return nil, err
-		}
+		seen = append(seen, m.path)
 		if m.writable {
-			out = append(out, "--bind-fd", fd, at)
+			out = append(out, "--bind", m.path, m.path)
 		} else {
-			out = append(out, "--ro-bind-fd", fd, at)
+			out = append(out, "--ro-bind", m.path, m.path)
 		}
 	}
 	out = append(out, "--chdir", rd.tmpDir, "--")
-	w.argv = append(out, argv...)
-	return w, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return append(out, argv...), nil
 }
 
 // JobCommand is argv (an absolute program, e.g. ansible-inventory) made to
@@ -401,20 +359,14 @@ func (r *Runner) JobCommand(ctx context.Context, dir string, argv, env []string)
 		done()
 		return nil, nil, err
 	}
-	var files []*os.File
 	if r.sandbox != nil {
 		rd.binds = append(rd.binds, mount{path: dir, writable: true})
-		w, err := r.sandbox.wrap(rd, rd.binds, argv, 3)
-		if err != nil {
+		if argv, err = r.sandbox.wrap(rd, rd.binds, argv); err != nil {
 			done()
 			return nil, nil, err
 		}
-		argv, files = w.argv, w.files
-		release := done
-		done = func() { w.close(); release() }
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.ExtraFiles = files
 	cmd.Env = env
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -1,12 +1,12 @@
 // Command runguard runs one program (ansible-playbook) for the infra service
 // so that nothing of it outlives the service.
 //
-//	runguard [-control-fd 4] [-pass-fd 3[,5,...]] [-grace 1s] [-umask 077] [-uid N -gid N] -- /usr/bin/ansible-playbook ARGS...
+//	runguard [-control-fd 4] [-pass-fd 3] [-grace 1s] [-umask 077] [-uid N -gid N] -- /usr/bin/ansible-playbook ARGS...
 //
 // The infra service starts runguard as the leader of a new process group
 // (Setpgid); runguard starts the program in that group with the same
-// environment, stdin/stdout/stderr and the -pass-fd descriptors (the event
-// pipe, a sandbox's binds) as the same fd numbers, and exits with the program's status (128+N
+// environment, stdin/stdout/stderr and the -pass-fd descriptor (the event
+// pipe) as the same fd number, and exits with the program's status (128+N
 // when signal N killed it).
 //
 // The -control-fd descriptor is one end of a unix socket pair whose other end
@@ -58,7 +58,7 @@ func monoNow() int64 {
 func run() int {
 	started := monoNow()
 	controlFD := flag.Int("control-fd", -1, "unix socket to the service (status out, EOF = service gone); -1: none")
-	passFDs := flag.String("pass-fd", "", "descriptors handed to the program under the same numbers (comma-separated); none by default")
+	passFD := flag.Int("pass-fd", -1, "descriptor handed to the program under the same number; -1: none")
 	grace := flag.Duration("grace", time.Second, "SIGTERM -> SIGKILL grace for processes left after the program exited")
 	umask := flag.String("umask", "", "octal umask for the program (default: unchanged)")
 	uid := flag.Int("uid", -1, "user id the program runs as (with -gid; default: runguard's)")
@@ -114,26 +114,16 @@ func run() int {
 	}
 
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
-	var passed []*os.File
-	for _, f := range strings.Split(*passFDs, ",") {
-		n, err := strconv.Atoi(f)
-		if f == "" || err != nil || n < 3 {
-			if f != "" {
-				fmt.Fprintf(os.Stderr, "runguard: bad -pass-fd %q\n", *passFDs)
-				return 2
-			}
-			continue
-		}
+	var passed *os.File
+	if *passFD >= 0 {
 		var st syscall.Stat_t
-		if err := syscall.Fstat(n, &st); err != nil {
-			continue
+		if err := syscall.Fstat(*passFD, &st); err == nil {
+			passed = os.NewFile(uintptr(*passFD), "passed")
+			for len(files) < *passFD {
+				files = append(files, nil)
+			}
+			files = append(files, passed)
 		}
-		p := os.NewFile(uintptr(n), "passed")
-		passed = append(passed, p)
-		for len(files) <= n {
-			files = append(files, nil)
-		}
-		files[n] = p
 	}
 	attr := &os.ProcAttr{Env: os.Environ(), Files: files}
 	if *uid >= 0 || *gid >= 0 {
@@ -151,8 +141,8 @@ func run() int {
 		return 127
 	}
 	childStarted := monoNow()
-	for _, p := range passed {
-		_ = p.Close()
+	if passed != nil {
+		_ = passed.Close()
 	}
 	child := proc.Pid
 	report("start %d %d %d", child, started, childStarted)
