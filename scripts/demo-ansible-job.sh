@@ -13,7 +13,7 @@
 # (No callback_url: the local receiver verifies the demo deployment key's
 # webhooks, which try-next.sh checks last.)
 #
-#   scripts/demo-ansible-job.sh API_ADDR RUN_DIR TARGET_ADDR HOST_ADDR GIT_PORT TARGET_ROOT
+#   scripts/demo-ansible-job.sh API_ADDR RUN_DIR TARGET_ADDR HOST_ADDR GIT_PORT TARGET_ROOT PROJECT
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
@@ -50,7 +50,8 @@ YAML
 	git clone -q --bare . "$RUN/git/acme/playbooks.git"
 )
 
-PROJECT=$(/usr/bin/python3 -c 'import uuid; print(uuid.uuid4())')
+# The project that owns local-target (run.sh's inventory says so).
+PROJECT=${7:?the project that owns the target}
 step "an API key with jobs:write for project $PROJECT (printed once)"
 KEY=$(bin/deployer keys create --name "jobs-demo-$(date +%s)" --scopes jobs:write --project "$PROJECT" --json | jq -r .key)
 printf '\n  API key: %s\n\n' "$KEY"

@@ -12,12 +12,15 @@
 # again): run.sh stops it with the services (its pid in RUN_DIR/gitserve.pid).
 #
 #   WEBHOOK_URL=http://127.0.0.1:9197/hooks/deploy \
-#   scripts/demo-deploy.sh API_ADDR RUN_DIR TARGET_ADDR HOST_ADDR GIT_PORT TARGET_ROOT
+#   scripts/demo-deploy.sh API_ADDR RUN_DIR TARGET_ADDR HOST_ADDR GIT_PORT TARGET_ROOT PROJECT
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
 cd "$ROOT"
 API=$1 RUN=$2 TARGET_ADDR=$3 HOST_ADDR=$4 GIT_PORT=$5 TARGET_ROOT=$6
+# The project that owns local-target (run.sh's inventory says so): infra
+# deploys a project only to servers it owns or that belong to no project.
+PROJECT=${7:?the project that owns the target}
 BASE="http://$API/api/v1"
 
 # The demo project: a compose file and a page, in a bare repository served
@@ -62,7 +65,7 @@ step "POST $BASE/deployments (deploy acme/demo to local-target, $TARGET_ADDR)"
 # port is the application's port (the demo stack publishes on it); SSH goes to
 # local-target's registered ssh_port, which the request does not carry.
 body=$(printf '{"project_id":"%s","repo_full_name":"acme/demo","branch":"main","server_ip":"%s","port":8080,"modules":["web"],"options":{"timeout_seconds":900,"callback_url":"%s"}}' \
-	"$(/usr/bin/python3 -c 'import uuid; print(uuid.uuid4())')" "$TARGET_ADDR" "$WEBHOOK_URL")
+	"$PROJECT" "$TARGET_ADDR" "$WEBHOOK_URL")
 echo "  $body"
 resp=$(curl -sS --fail-with-body "${AUTH[@]}" -H 'Content-Type: application/json' -H "Idempotency-Key: demo-$(date +%s%N)" \
 	-d "$body" "$BASE/deployments") || die "submit failed: $resp"

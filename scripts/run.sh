@@ -189,7 +189,6 @@ JSON
 		# created: they cannot read infra's files, memory or environment.
 		"PLAYBOOK_USER=autoprov-play"
 		"PLAYBOOK_VARS_FILE=$RUN/site-vars.json"
-		"SSH_KEY_REF=file:ssh/local-target.key"
 	)
 	# The Ansible job demo's repository is on this host's end of the
 	# target's veth: an address of this host, which infra refuses for a
@@ -197,6 +196,11 @@ JSON
 	INFRA_ENV+=("SOURCES_ALLOW_NETWORKS=$host_addr/32")
 	# The scheduler's source: a static inventory (a fresh target each time,
 	# so the server is registered anew: no pinned host key, root login).
+	# The server belongs to the demo's project (servers of no project are
+	# reachable to fleet-wide keys only: docs/security.md), with a key of
+	# its own, which a job of that project may use (infra's SSH_KEY_REF is
+	# never lent to a job).
+	DEMO_PROJECT=5eed0000-0000-4000-8000-000000000031
 	cat >"$RUN/inventory.yml" <<YAML
 all:
   children:
@@ -206,6 +210,8 @@ all:
           ansible_host: $addr
           ansible_port: $port
           env: local
+          autoprov_projects: $DEMO_PROJECT
+          autoprov_ssh_key_ref: file:ssh/local-target.key
 YAML
 	# The scheduler's rules: servers of the group "local" get an extra
 	# playbook after setup_server.yml (ProvisionerMessage.playbooks).
@@ -300,7 +306,7 @@ if [ -n "$demo" ]; then
 fi
 
 if [ -n "$demo" ] && [ "$status" -eq 0 ]; then
-	WEBHOOK_URL=$WEBHOOK_URL scripts/demo-deploy.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
+	WEBHOOK_URL=$WEBHOOK_URL scripts/demo-deploy.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" "$DEMO_PROJECT" || status=$?
 	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m the demo deployment did not succeed (exit %s); see run/dev/logs/\n' "$status" >&2
 fi
 
@@ -308,7 +314,7 @@ fi
 # local-target, through POST /api/v1/jobs (skipped when infra has no job
 # consumer).
 if [ -n "$demo" ] && [ "$status" -eq 0 ]; then
-	scripts/demo-ansible-job.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" || status=$?
+	scripts/demo-ansible-job.sh "$API" "$RUN" "$addr" "$host_addr" "$git_port" "$target_root" "$DEMO_PROJECT" || status=$?
 	[ "$status" -eq 0 ] || printf '\033[1;31merror:\033[0m the demo Ansible job did not succeed (exit %s); see run/dev/logs/\n' "$status" >&2
 fi
 

@@ -108,7 +108,7 @@ func startJobStack(tb testing.TB, gitToken string, sshKey []byte, infraExtra ...
 		"SECRETS_FILE_ROOT="+secretDir, "SSH_KEY_REF=env:AUTOPROV_SECRET_SSH_KEY", "AUTOPROV_SECRET_SSH_KEY="+string(sshKey),
 		"SSH_BASE_DELAY=200ms", "SSH_ATTEMPT_TIMEOUT=3s",
 		"DEPLOY_ALLOW_NETWORKS=127.0.0.0/8",
-		"SOURCES_ALLOW_HTTP=true", "JOB_WORK_DIR="+filepath.Join(tb.TempDir(), "jobs"),
+		"SOURCES_ALLOW_HTTP=true", "JOB_WORK_DIR="+filepath.Join(filepath.Dir(runRoot), "jobs"), // reachable to the sandbox's job users
 		"SOURCES_CACHE_DIR="+filepath.Join(tb.TempDir(), "sources"),
 		"PROJECT_SECRETS_ENV_PREFIX=PROJ_SECRET_", "PROJ_SECRET_GIT="+gitToken,
 		// The targets are not registered servers: a job brings its own

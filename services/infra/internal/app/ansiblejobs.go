@@ -27,6 +27,9 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 		if err := cfg.Playbook.checkJobUsersRead(sb); err != nil {
 			log.Error().Err(err).Msg("Ansible jobs will fail: the sandbox's job users cannot reach PLAYBOOK_DIR")
 		}
+		if err := checkJobUsersReach(sb, "PLAYBOOK_RUN_ROOT", cfg.Playbook.RunRoot); err != nil {
+			log.Error().Err(err).Msg("Ansible jobs will fail: the sandbox's job users cannot reach their run directories")
+		}
 	}
 	if !runner.Sandboxed() {
 		log.Warn().Str("setting", "PLAYBOOK_SANDBOX=off").
@@ -80,6 +83,11 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 		if p != jobs.DefaultPool && !access.Granted(p) {
 			log.Warn().Str("pool", p).Str("setting", authz.PoolsSetting).
 				Msg("no project may use this pool: its jobs are rejected until the operator grants it")
+		}
+	}
+	if sb, err := cfg.Playbook.SandboxConfig(); err == nil {
+		if err := checkJobUsersReach(sb, "JOB_WORK_DIR", workDir); err != nil {
+			log.Error().Err(err).Msg("Ansible jobs will fail: the sandbox's job users cannot reach their directories")
 		}
 	}
 	streams, err := handler.ServeAnsibleJobs(jobs.AnsibleJobsConfig{

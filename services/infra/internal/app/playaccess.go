@@ -50,6 +50,27 @@ func (p PlaybookConfig) checkJobUsersRead(sb *ansible.Sandbox) error {
 	return p.checkReads("of Ansible jobs (PLAYBOOK_SANDBOX_UIDS", uint64(sb.UIDs.First), nil)
 }
 
+// checkJobUsersReach checks that the sandbox's job users can traverse to
+// dir (a job's directory is under JOB_WORK_DIR, its run directory under
+// PLAYBOOK_RUN_ROOT): bubblewrap, as the job's user, binds them by path.
+func checkJobUsersReach(sb *ansible.Sandbox, setting, dir string) error {
+	if sb == nil || sb.UIDs.Count == 0 {
+		return nil
+	}
+	uid := uint32(sb.UIDs.First)
+	for d := filepath.Dir(filepath.Clean(dir)); ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			if ok, why := allowed(d, uid, nil, 0o1); !ok {
+				return service.Invalid(setting, "the sandbox's job users (PLAYBOOK_SANDBOX_UIDS) cannot reach %s: %s, so every Ansible job "+
+					"would fail (bwrap: Permission denied); pick a directory whose parents others may traverse, or chmod o+x %s", dir, why, d)
+			}
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}
+
 func (p PlaybookConfig) checkReads(who string, uid uint64, gids []uint64) error {
 	dir, err := filepath.Abs(p.Dir)
 	if err != nil {
