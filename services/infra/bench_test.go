@@ -458,7 +458,9 @@ func jobLines(logs, prefix string) string {
 }
 
 // BenchmarkServiceVsBare compares infra with a bare ansible-playbook loop
-// (same ansible.cfg) on 4 loopback targets: BENCH_VS_BARE_RUNS (default 12)
+// (same ansible.cfg) and with itself without its sandbox
+// (PLAYBOOK_SANDBOX=off, the "/unsandboxed" column; BENCH_VS_BARE_SANDBOX=0
+// skips it) on 4 loopback targets: BENCH_VS_BARE_RUNS (default 12)
 // trivial plays and as many plays of a 10-task role, at concurrency 1 and
 // 4, the bare loop and infra alternated in one run, in BENCH_VS_BARE_ROUNDS
 // (default 3) rounds whose order rotates; it prints each ratio
@@ -499,7 +501,15 @@ func BenchmarkServiceVsBare(b *testing.B) {
 			handles = append(handles, fmt.Sprintf("bench-%d", i))
 			e.addServer(handles[i], s)
 		}
-		p := e.infra(append([]string{"STREAM_CONCURRENCY=4", "LOG_LEVEL=info"}, extra...)...)
+		base := append([]string{"STREAM_CONCURRENCY=4", "LOG_LEVEL=info"}, extra...)
+		p := e.infra(base...)
+		// The fourth side: infra without its sandbox (PLAYBOOK_SANDBOX=off),
+		// a replica swapped in for the round (BENCH_VS_BARE_SANDBOX=0: none).
+		sides := 3
+		if os.Getenv("BENCH_VS_BARE_SANDBOX") != "0" && !slices.Contains(extra, "PLAYBOOK_SANDBOX=off") {
+			sides = 4
+		}
+		var earlier strings.Builder // the logs of replaced replicas
 		time.Sleep(2 * time.Second) // settle: idle
 		rss := vmRSS(b, p.Pid())    // reported below: ResetTimer drops metrics
 		// Warm both (fact cache, page cache, first pins).
@@ -511,7 +521,7 @@ func BenchmarkServiceVsBare(b *testing.B) {
 		b.ReportMetric(float64(rss)/1024, "idle-rss-MB")
 		var report strings.Builder
 		fmt.Fprintf(&report, "infra's idle RSS: %.1f MB\n", float64(rss)/1024)
-		fmt.Fprintf(&report, "%-10s %5s %5s %10s %10s %10s %7s %7s\n", "workload", "conc", "runs", "bare s", "cold s", "infra s", "ratio", "/cold")
+		fmt.Fprintf(&report, "%-10s %5s %5s %10s %10s %10s %7s %7s %12s\n", "workload", "conc", "runs", "bare s", "cold s", "infra s", "ratio", "/cold", "/unsandboxed")
 		workloads := os.Getenv("BENCH_VS_BARE_WORKLOADS") // "": all
 		for _, w := range []struct{ name, book string }{{"trivial", trivialPlaybook}, {"role10", roleBook}} {
 			if workloads != "" && !slices.Contains(strings.Fields(workloads), w.name) {
@@ -522,11 +532,11 @@ func BenchmarkServiceVsBare(b *testing.B) {
 				prefix := fmt.Sprintf("%s-c%d", w.name, conc)
 				// rounds of the three sides, each round in another order, so
 				// that a drift of the machine's speed weighs on all three.
-				var bare, infra, cold, cpuBare, cpuInfra, cpuCold, own time.Duration
+				var bare, infra, cold, open, cpuBare, cpuInfra, cpuCold, own time.Duration
 				for r := range rounds {
-					for k := range 3 {
+					for k := range sides {
 						cpu0, own0 := testenv.MachineCPU(b), testenv.ProcessCPU(b, p.Pid())
-						switch (r + k) % 3 {
+						switch (r + k) % sides {
 						case 0:
 							bare += runBare(b, e, invs[:4], n, conc, false)
 							cpuBare += testenv.MachineCPU(b) - cpu0
@@ -534,16 +544,30 @@ func BenchmarkServiceVsBare(b *testing.B) {
 							infra += runInfra(b, e, results, handles[:4], fmt.Sprintf("%s-r%d", prefix, r), n, conc)
 							cpuInfra += testenv.MachineCPU(b) - cpu0
 							own += testenv.ProcessCPU(b, p.Pid()) - own0
-						default:
+						case 2:
 							cold += runBare(b, e, invs[:4], n, conc, true)
 							cpuCold += testenv.MachineCPU(b) - cpu0
+						default: // the same replica without its sandbox
+							earlier.WriteString(p.Stderr())
+							p.Signal(syscall.SIGTERM)
+							p.Wait(time.Minute)
+							q := e.infra(append(slices.Clone(base), "PLAYBOOK_SANDBOX=off")...)
+							open += runInfra(b, e, results, handles[:4], fmt.Sprintf("off-%s-r%d", prefix, r), n, conc)
+							q.Signal(syscall.SIGTERM)
+							q.Wait(time.Minute)
+							p = e.infra(base...)
 						}
 					}
 				}
 				ratio := infra.Seconds() / bare.Seconds()
 				perRun := func(d time.Duration) float64 { return float64(d.Milliseconds()) / float64(n*rounds) }
-				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f   cpu ms/run: bare %.0f cold %.0f infra %.0f (its own process %.0f)\n", w.name, conc, n*rounds,
-					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds(),
+				unsandboxed := "-"
+				if open > 0 {
+					unsandboxed = fmt.Sprintf("%.3f", infra.Seconds()/open.Seconds())
+					b.ReportMetric(infra.Seconds()/open.Seconds(), prefix+"-infra/unsandboxed")
+				}
+				fmt.Fprintf(&report, "%-10s %5d %5d %10.2f %10.2f %10.2f %7.3f %7.3f %12s   cpu ms/run: bare %.0f cold %.0f infra %.0f (its own process %.0f)\n", w.name, conc, n*rounds,
+					bare.Seconds(), cold.Seconds(), infra.Seconds(), ratio, infra.Seconds()/cold.Seconds(), unsandboxed,
 					perRun(cpuBare), perRun(cpuCold), perRun(cpuInfra), perRun(own))
 				if os.Getenv("BENCH_BARE_MITOGEN") != "" {
 					// Debian's ansible-mitogen: the bare loop with its strategy.
@@ -553,7 +577,7 @@ func BenchmarkServiceVsBare(b *testing.B) {
 				}
 				b.ReportMetric(ratio, prefix+"-infra/bare")
 				b.ReportMetric(infra.Seconds()/cold.Seconds(), prefix+"-infra/cold")
-				qs := overheadQuantiles(b, jobLines(p.Stderr(), prefix))
+				qs := overheadQuantiles(b, jobLines(earlier.String()+p.Stderr(), prefix))
 				printSteps(b, fmt.Sprintf("%s, concurrency %d: infra's steps", w.name, conc), qs)
 			}
 		}
