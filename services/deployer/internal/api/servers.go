@@ -315,6 +315,15 @@ type operationRequest struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// reasonProblem is the problem of an operator's reason, if any: it goes
+// into the server's history, at most 500 characters.
+func reasonProblem(reason string) (FieldProblem, bool) {
+	if len(reason) > 500 {
+		return FieldProblem{Field: "reason", Message: "must be at most 500 characters"}, true
+	}
+	return FieldProblem{}, false
+}
+
 func (a *API) serverOperation(op Operation) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !a.fleetOr503(w, r) {
@@ -328,9 +337,8 @@ func (a *API) serverOperation(op Operation) http.HandlerFunc {
 		if r.ContentLength != 0 && !decodeJSON(w, r, a.cfg.MaxBody, &req) {
 			return
 		}
-		if len(req.Reason) > 500 {
-			writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, "the reason is too long",
-				FieldProblem{Field: "reason", Message: "must be at most 500 characters"})
+		if p, bad := reasonProblem(req.Reason); bad {
+			writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, "the reason is too long", p)
 			return
 		}
 		actor := "api:" + authedKey(r.Context()).Name
@@ -382,8 +390,8 @@ func (a *API) setServerProjects(w http.ResponseWriter, r *http.Request) {
 	} else if _, err := fleet.CanonicalProjects(req.Projects); err != nil {
 		fields = append(fields, FieldProblem{Field: "projects", Message: "must be at most " + strconv.Itoa(fleet.MaxProjects) + " project ids (UUIDs)"})
 	}
-	if len(req.Reason) > 500 {
-		fields = append(fields, FieldProblem{Field: "reason", Message: "must be at most 500 characters"})
+	if p, bad := reasonProblem(req.Reason); bad {
+		fields = append(fields, p)
 	}
 	if len(fields) > 0 {
 		writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, "the request is invalid: see errors", fields...)
