@@ -209,6 +209,9 @@ func New(cfg Config, log zerolog.Logger) (*Runner, error) {
 				return nil, fmt.Errorf("ansible runner: RunRoot: %w", err)
 			}
 		}
+		if err := r.probeSandbox(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.WarmIdle > 0 {
 		r.warm = &warmPool{r: r, idle: cfg.WarmIdle, conns: map[string]*warmConn{}}

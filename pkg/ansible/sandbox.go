@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -375,4 +376,35 @@ func (r *Runner) JobCommand(ctx context.Context, dir string, argv, env []string)
 	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	return cmd, done, nil
+}
+
+// probeSandbox makes one job's sandbox and runs true in it, so that a
+// machine or container where bubblewrap cannot work (no user namespaces, a
+// masked /proc) stops the service at start with bubblewrap's own words
+// rather than failing every run.
+func (r *Runner) probeSandbox() error {
+	rd, err := r.newRunDir("sandbox-probe", true)
+	if err != nil {
+		return fmt.Errorf("ansible runner: sandbox probe: %w", err)
+	}
+	defer rd.remove()
+	argv, err := r.sandbox.wrap(rd, rd.binds, []string{"/usr/bin/true"})
+	if err != nil {
+		return fmt.Errorf("ansible runner: sandbox probe: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if c := rd.owner; c != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ansible runner: bubblewrap cannot make a sandbox here (%v: %s); "+
+			"in a container, run infra with --security-opt systempaths=unconfined (and seccomp=unconfined on Docker), "+
+			"see docs/security.md, or set PLAYBOOK_SANDBOX=off for trusted projects only",
+			err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
+	"github.com/rs/zerolog"
 )
 
 // testUIDs are the job user ids of the sandbox tests (no account uses them).
@@ -216,4 +217,55 @@ func hasPlaybook(pids []string) bool {
 		}
 	}
 	return false
+}
+
+// TestSandboxProbeStopsStart: where bubblewrap cannot make a sandbox (here
+// a stand-in that fails as bwrap does in a container with a masked /proc),
+// New fails with bubblewrap's words and the way out, instead of a runner
+// whose every run fails.
+func TestSandboxProbeStopsStart(t *testing.T) {
+	requirePlaybook(t)
+	// Run as a job's user id: the stand-in lies where that user reaches it.
+	standin := shortTempDir(t, "apb")
+	if err := os.Chmod(standin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bwrap := filepath.Join(standin, "bwrap")
+	script := "#!/bin/sh\necho 'bwrap: Can'\\''t mount proc on /newroot/proc: Operation not permitted' >&2\nexit 1\n"
+	if err := os.WriteFile(bwrap, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		bwrap string
+		ok    bool
+	}{
+		{"bubblewrap works", "/usr/bin/bwrap", true},
+		{"bubblewrap refused", bwrap, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{AnsibleDir: testAnsibleDir(t), PlaybookBin: playbookBin, RunRoot: filepath.Join(shortTempDir(t, "app"), "r"),
+				GuardPath: guardBin, FactCacheDir: t.TempDir(), Sandbox: &Sandbox{Bwrap: tc.bwrap},
+				KillGrace: 3 * time.Second, Timeout: time.Hour, IdleTimeout: time.Minute}
+			if os.Geteuid() == 0 {
+				cfg.Sandbox.UIDs = testUIDs
+				if err := os.Chmod(filepath.Dir(cfg.RunRoot), 0o711); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := New(cfg, zerolog.Nop())
+			switch {
+			case tc.ok && err != nil:
+				t.Fatalf("New: %v", err)
+			case !tc.ok && err == nil:
+				t.Fatal("New accepted a sandbox bubblewrap cannot make")
+			case !tc.ok:
+				for _, want := range []string{"cannot make a sandbox", "Can't mount proc", "systempaths=unconfined", "PLAYBOOK_SANDBOX=off"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("New's error %q does not say %q", err, want)
+					}
+				}
+			}
+		})
+	}
 }
