@@ -61,7 +61,11 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 	if err != nil {
 		return nil, err
 	}
-	galaxy, err := sources.NewGalaxy(cfg.Galaxy, log)
+	galaxyCfg := cfg.Galaxy
+	if galaxyCfg.CacheDir == "" {
+		galaxyCfg.CacheDir = filepath.Join(base, "autoprov-galaxy")
+	}
+	galaxy, err := sources.NewGalaxy(galaxyCfg, log)
 	if err != nil {
 		return nil, err
 	}

@@ -318,7 +318,7 @@ func TestDynamic(t *testing.T) {
 		t.Fatal(err)
 	}
 	rd := run(t)
-	inst, err := g.InstallCollection(context.Background(), rd.Dir, "acme.cloud", "", "", nil)
+	inst, err := g.InstallCollection(context.Background(), rd.Dir, "", "acme.cloud", "", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

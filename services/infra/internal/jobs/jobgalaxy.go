@@ -15,8 +15,8 @@ import (
 // JobGalaxy installs collections and roles from the operator's Galaxy
 // servers into a job's own directories (package sources).
 type JobGalaxy interface {
-	Install(ctx context.Context, runDir, reqFile string, tokens map[string]string) (sources.Installed, error)
-	InstallCollection(ctx context.Context, runDir, collection, version, server string, tokens map[string]string) (sources.Installed, error)
+	Install(ctx context.Context, runDir, scope, reqFile string, tokens map[string]string) (sources.Installed, error)
+	InstallCollection(ctx context.Context, runDir, scope, collection, version, server string, tokens map[string]string) (sources.Installed, error)
 }
 
 // requirementFiles are where a repository lists what its plays need, as
@@ -40,7 +40,8 @@ func (aj *ansibleJob) galaxyTokens(ctx context.Context, server string) (map[stri
 }
 
 // installRequirements installs the checkout's requirements files, and the
-// collection of a collection_role job, into the job's own paths; it returns
+// collection of a collection_role job, into the job's own paths (from the
+// project's cache of installs when the same set was installed lately); it returns
 // the environment that points Ansible at them (never at the service's own
 // roles).
 func (aj *ansibleJob) installRequirements(ctx context.Context, src string) (map[string]string, error) {
@@ -75,7 +76,7 @@ func (aj *ansibleJob) installRequirements(ctx context.Context, src string) (map[
 		if err != nil {
 			return nil, err
 		}
-		if _, err := aj.cfg.Galaxy.Install(ctx, aj.dir, req, tokens); err != nil {
+		if _, err := aj.cfg.Galaxy.Install(ctx, aj.dir, aj.m.ProjectID, req, tokens); err != nil {
 			return nil, aj.galaxyError(ctx, "source.repository", err)
 		}
 	}
@@ -84,7 +85,7 @@ func (aj *ansibleJob) installRequirements(ctx context.Context, src string) (map[
 		if err != nil {
 			return nil, err
 		}
-		if _, err := aj.cfg.Galaxy.InstallCollection(ctx, aj.dir, s.Collection, s.Version, s.GalaxyServer, tokens); err != nil {
+		if _, err := aj.cfg.Galaxy.InstallCollection(ctx, aj.dir, aj.m.ProjectID, s.Collection, s.Version, s.GalaxyServer, tokens); err != nil {
 			return nil, aj.galaxyError(ctx, "source.collection", err)
 		}
 	}

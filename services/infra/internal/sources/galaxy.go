@@ -36,6 +36,11 @@ type GalaxyConfig struct {
 	Timeout time.Duration `env:"TIMEOUT" envDefault:"5m" desc:"time limit of one ansible-galaxy install"`
 	// AllowHTTP lets http:// server URLs through (tests on loopback).
 	AllowHTTP bool `env:"ALLOW_HTTP" desc:"allow plain http:// Galaxy servers (development only)"`
+	// CacheDir keeps installed requirements per project and content, so
+	// that jobs of one project with the same requirements download them
+	// once (galaxycache.go).
+	CacheDir string        `env:"CACHE_DIR" desc:"directory of installed Galaxy requirements kept per project and requirements set (default: autoprov-galaxy next to PLAYBOOK_RUN_ROOT)"`
+	CacheTTL time.Duration `env:"CACHE_TTL" envDefault:"1h" desc:"how long an installed requirements set is reused before it is installed again (version ranges resolved anew); 0: no cache"`
 }
 
 // galaxyServer is one allowed server.
@@ -48,6 +53,7 @@ type Galaxy struct {
 	servers []galaxyServer
 	timeout time.Duration
 	log     zerolog.Logger
+	cache   *installCache // nil: every install downloads
 	// onExec, when set (tests), sees every command line.
 	onExec func(argv []string)
 }
@@ -92,6 +98,13 @@ func NewGalaxy(cfg GalaxyConfig, log zerolog.Logger) (*Galaxy, error) {
 	}
 	if len(g.servers) == 0 {
 		return nil, errors.New("galaxy: no server allowed")
+	}
+	if cfg.CacheDir != "" && cfg.CacheTTL > 0 {
+		c, err := newInstallCache(cfg.CacheDir, cfg.CacheTTL)
+		if err != nil {
+			return nil, err
+		}
+		g.cache = c
 	}
 	return g, nil
 }
@@ -266,8 +279,9 @@ func (g *Galaxy) role(e any) (roleReq, error) {
 // refused with ErrGalaxy before ansible-galaxy runs, and ansible-galaxy
 // reads only a sanitized copy of the file. tokens maps server names to
 // their tokens (the job's Galaxy credentials), handed to ansible-galaxy in
-// its environment only.
-func (g *Galaxy) Install(ctx context.Context, runDir, reqFile string, tokens map[string]string) (Installed, error) {
+// its environment only. scope is whose install it is (the job's project):
+// an install is reused from the cache only within its scope ("": never).
+func (g *Galaxy) Install(ctx context.Context, runDir, scope, reqFile string, tokens map[string]string) (Installed, error) {
 	data, err := os.ReadFile(reqFile)
 	if err != nil {
 		return Installed{}, fmt.Errorf("requirements file: %w", err)
@@ -279,22 +293,22 @@ func (g *Galaxy) Install(ctx context.Context, runDir, reqFile string, tokens map
 	if err != nil {
 		return Installed{}, err
 	}
-	return g.install(ctx, runDir, cs, rs, tokens)
+	return g.install(ctx, runDir, scope, cs, rs, tokens)
 }
 
 // InstallCollection installs one collection (namespace.name) at version
 // (a constraint such as ">=1.0.0", or empty for the latest) from server
 // (an allowed server's name or URL; empty: the default) into runDir's own
-// paths, as Install does; for a collection_role source.
-func (g *Galaxy) InstallCollection(ctx context.Context, runDir, collection, version, server string, tokens map[string]string) (Installed, error) {
+// paths, as Install does (scope too); for a collection_role source.
+func (g *Galaxy) InstallCollection(ctx context.Context, runDir, scope, collection, version, server string, tokens map[string]string) (Installed, error) {
 	c, err := g.collection(map[string]any{"name": collection, "version": version, "source": server})
 	if err != nil {
 		return Installed{}, err
 	}
-	return g.install(ctx, runDir, []collectionReq{c}, nil, tokens)
+	return g.install(ctx, runDir, scope, []collectionReq{c}, nil, tokens)
 }
 
-func (g *Galaxy) install(ctx context.Context, runDir string, cs []collectionReq, rs []roleReq, tokens map[string]string) (Installed, error) {
+func (g *Galaxy) install(ctx context.Context, runDir, scope string, cs []collectionReq, rs []roleReq, tokens map[string]string) (Installed, error) {
 	inst := Installed{CollectionsPath: filepath.Join(runDir, "collections"), RolesPath: filepath.Join(runDir, "roles")}
 	for _, d := range []string{inst.CollectionsPath, inst.RolesPath, filepath.Join(runDir, "galaxy-tmp")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -306,29 +320,65 @@ func (g *Galaxy) install(ctx context.Context, runDir string, cs []collectionReq,
 			return Installed{}, fmt.Errorf("%w: a token for server %q, which is not allowed", ErrGalaxy, name)
 		}
 	}
+	if g.cache == nil || scope == "" {
+		return inst, g.download(ctx, runDir, inst, cs, rs, tokens)
+	}
+	// One install per scope and requirements set at a time: a second job
+	// with the same requirements waits for the first and copies its result.
+	key := g.cacheKey(scope, cs, rs)
+	unlock := g.cache.lock(key)
+	defer unlock()
+	hit, err := g.cache.get(key, inst)
+	if err != nil || hit {
+		if hit {
+			g.log.Debug().Str("galaxy_cache", key[:12]).Msg("galaxy requirements from the cache")
+		}
+		return inst, err
+	}
+	// Installed apart first, so that the entry holds this set only (a run
+	// may install several into its paths), then merged into the run's.
+	stage, err := os.MkdirTemp(filepath.Join(runDir, "galaxy-tmp"), "stage-")
+	if err != nil {
+		return Installed{}, fmt.Errorf("galaxy: %w", err)
+	}
+	staged := Installed{CollectionsPath: filepath.Join(stage, "collections"), RolesPath: filepath.Join(stage, "roles")}
+	if err := g.download(ctx, runDir, staged, cs, rs, tokens); err != nil {
+		return Installed{}, err
+	}
+	if err := g.cache.put(key, staged); err != nil {
+		g.log.Warn().Err(err).Msg("galaxy requirements not cached (the next job installs them again)")
+	}
+	if err := staged.copyInto(inst); err != nil {
+		return Installed{}, fmt.Errorf("galaxy: %w", err)
+	}
+	return inst, os.RemoveAll(stage)
+}
+
+// download runs ansible-galaxy for the collections and roles into inst.
+func (g *Galaxy) download(ctx context.Context, runDir string, inst Installed, cs []collectionReq, rs []roleReq, tokens map[string]string) error {
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	if len(cs) > 0 {
 		file, err := writeRequirements(runDir, "collections", cs)
 		if err != nil {
-			return Installed{}, err
+			return err
 		}
 		if err := g.run(ctx, runDir, tokens, "collection", "install", "--requirements-file", file,
 			"--collections-path", inst.CollectionsPath, "--timeout", strconv.Itoa(int(g.timeout.Seconds()))); err != nil {
-			return Installed{}, err
+			return err
 		}
 	}
 	if len(rs) > 0 {
 		file, err := writeRequirements(runDir, "roles", rs)
 		if err != nil {
-			return Installed{}, err
+			return err
 		}
 		if err := g.run(ctx, runDir, tokens, "role", "install", "--role-file", file,
 			"--roles-path", inst.RolesPath, "--timeout", strconv.Itoa(int(g.timeout.Seconds()))); err != nil {
-			return Installed{}, err
+			return err
 		}
 	}
-	return inst, nil
+	return nil
 }
 
 // writeRequirements writes the sanitized requirements (JSON, which YAML

@@ -9,7 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
@@ -59,7 +61,7 @@ func TestGalaxyCollectionRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	devNull := watchAttrib(t, "/dev/null")
-	inst, err := g.InstallCollection(context.Background(), runDir, "acme.tools", "<1.1.0", "hub", map[string]string{"hub": canary})
+	inst, err := g.InstallCollection(context.Background(), runDir, "", "acme.tools", "<1.1.0", "hub", map[string]string{"hub": canary})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +93,7 @@ func TestGalaxyCollectionRole(t *testing.T) {
 		t.Errorf("downloads = %d, want 1", hub.Downloads())
 	}
 	// Without the token the server refuses: the token did the work.
-	if _, err := g.InstallCollection(context.Background(), t.TempDir(), "acme.tools", "", "hub", nil); err == nil {
+	if _, err := g.InstallCollection(context.Background(), t.TempDir(), "", "acme.tools", "", "hub", nil); err == nil {
 		t.Error("install without the Galaxy token succeeded")
 	}
 }
@@ -146,7 +148,7 @@ func TestGalaxyRequirementsFile(t *testing.T) {
 		return p
 	}
 	runDir := t.TempDir()
-	inst, err := g.Install(context.Background(), runDir, write("collections:\n  - acme.tools\n  - name: acme.more\n    source: "+hub.URL+"\n    version: '>=2.0.0'\n"), nil)
+	inst, err := g.Install(context.Background(), runDir, "", write("collections:\n  - acme.tools\n  - name: acme.more\n    source: "+hub.URL+"\n    version: '>=2.0.0'\n"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,12 +172,12 @@ func TestGalaxyRequirementsFile(t *testing.T) {
 		"bad yaml":          "collections: [\n",
 	}
 	for name, content := range refused {
-		_, err := g.Install(context.Background(), t.TempDir(), write(content), nil)
+		_, err := g.Install(context.Background(), t.TempDir(), "", write(content), nil)
 		if !errors.Is(err, ErrGalaxy) {
 			t.Errorf("%s: err = %v, want ErrGalaxy", name, err)
 		}
 	}
-	if _, err := g.InstallCollection(context.Background(), t.TempDir(), "acme.tools", "", "", map[string]string{"evil": "x"}); !errors.Is(err, ErrGalaxy) {
+	if _, err := g.InstallCollection(context.Background(), t.TempDir(), "", "acme.tools", "", "", map[string]string{"evil": "x"}); !errors.Is(err, ErrGalaxy) {
 		t.Errorf("token for a server not allowed: err = %v", err)
 	}
 	if ran != 0 {
@@ -223,5 +225,126 @@ func TestRolePlay(t *testing.T) {
 	}
 	if err := RolePlay(filepath.Join(t.TempDir(), "p.yml"), roleDir, map[string]any{"bad-name": 1}, PlayOptions{}); err == nil {
 		t.Error("a role var with a bad name was accepted")
+	}
+}
+
+// TestGalaxyCacheOncePerProjectAndSet installs the same requirements for
+// several jobs: a project downloads a set once within the cache's time,
+// another project (or another set, or an expired entry) downloads again,
+// and every run gets the whole set, usable, in its own paths.
+func TestGalaxyCacheOncePerProjectAndSet(t *testing.T) {
+	hub := sourcestest.NewGalaxyServer(t, "")
+	hub.Add(t, sourcestest.BuildCollection(t, "acme", "tools", "1.0.0", map[string]string{"roles/hello/tasks/main.yml": helloRole}))
+	hub.Add(t, sourcestest.BuildCollection(t, "acme", "more", "2.0.0", map[string]string{"roles/x/tasks/main.yml": "- debug: {msg: x}\n"}))
+	cacheDir := filepath.Join(t.TempDir(), "galaxy-cache")
+	g, err := NewGalaxy(GalaxyConfig{Servers: []string{"hub=" + hub.URL}, AllowHTTP: true, CacheDir: cacheDir, CacheTTL: time.Hour}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := filepath.Join(t.TempDir(), "requirements.yml")
+	if err := os.WriteFile(reqs, []byte("collections:\n  - acme.tools\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const projectA, projectB = "7d0f3f4e-5b0a-4c7e-9a51-0c8f4a2b1e01", "7d0f3f4e-5b0a-4c7e-9a51-0c8f4a2b1e02"
+	manifest := func(inst Installed, c string) bool {
+		_, err := os.Stat(filepath.Join(inst.CollectionsPath, "ansible_collections", c, "MANIFEST.json"))
+		return err == nil
+	}
+	steps := []struct {
+		name      string
+		install   func(runDir string) (Installed, error)
+		downloads int // the hub's count after the step
+		has, not  []string
+	}{
+		{"project A, first job", func(d string) (Installed, error) { return g.Install(context.Background(), d, projectA, reqs, nil) },
+			1, []string{"acme/tools"}, []string{"acme/more"}},
+		{"project A, same set: from the cache", func(d string) (Installed, error) { return g.Install(context.Background(), d, projectA, reqs, nil) },
+			1, []string{"acme/tools"}, []string{"acme/more"}},
+		{"project A, the same set as a collection_role: another set", func(d string) (Installed, error) {
+			return g.InstallCollection(context.Background(), d, projectA, "acme.more", "", "", nil)
+		}, 2, []string{"acme/more"}, []string{"acme/tools"}},
+		{"project A, that one again: cached too", func(d string) (Installed, error) {
+			return g.InstallCollection(context.Background(), d, projectA, "acme.more", "", "", nil)
+		}, 2, []string{"acme/more"}, []string{"acme/tools"}},
+		{"project B, the same set: never A's install", func(d string) (Installed, error) { return g.Install(context.Background(), d, projectB, reqs, nil) },
+			3, []string{"acme/tools"}, []string{"acme/more"}},
+		{"no scope: no cache", func(d string) (Installed, error) { return g.Install(context.Background(), d, "", reqs, nil) },
+			4, []string{"acme/tools"}, nil},
+		{"project A, after the entry expired", func(d string) (Installed, error) {
+			old := time.Now().Add(-2 * time.Hour)
+			entries, _ := filepath.Glob(filepath.Join(cacheDir, "*", installedMark))
+			for _, e := range entries {
+				if err := os.Chtimes(e, old, old); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return g.Install(context.Background(), d, projectA, reqs, nil)
+		}, 5, []string{"acme/tools"}, nil},
+	}
+	for _, s := range steps {
+		runDir := t.TempDir()
+		inst, err := s.install(runDir)
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := hub.Downloads(); got != s.downloads {
+			t.Errorf("%s: the hub served %d downloads in all, want %d", s.name, got, s.downloads)
+		}
+		for _, c := range s.has {
+			if !manifest(inst, c) {
+				t.Errorf("%s: %s not in the run's collections", s.name, c)
+			}
+		}
+		for _, c := range s.not {
+			if manifest(inst, c) {
+				t.Errorf("%s: %s in the run's collections, which did not ask for it", s.name, c)
+			}
+		}
+	}
+
+	// Jobs of one project with the same set at once: one download, the
+	// others wait for it and copy.
+	const projectC = "7d0f3f4e-5b0a-4c7e-9a51-0c8f4a2b1e03"
+	before := hub.Downloads()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	insts := make([]Installed, 4)
+	for i := range errs {
+		wg.Go(func() { insts[i], errs[i] = g.Install(context.Background(), t.TempDir(), projectC, reqs, nil) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil || !manifest(insts[i], "acme/tools") {
+			t.Errorf("concurrent install %d: %v (installed: %v)", i, err, manifest(insts[i], "acme/tools"))
+		}
+	}
+	if got := hub.Downloads() - before; got != 1 {
+		t.Errorf("4 jobs at once downloaded %d times, want once", got)
+	}
+
+	// A run from the cache plays the collection's role.
+	runDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(runDir, "galaxy.cfg"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before = hub.Downloads()
+	if _, err := g.Install(context.Background(), runDir, projectA, reqs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if hub.Downloads() != before {
+		t.Errorf("the last install downloaded again")
+	}
+	out := filepath.Join(runDir, "greeting.txt")
+	play := filepath.Join(runDir, "play.yml")
+	if err := CollectionRolePlay(play, "acme.tools.hello", map[string]any{"greeting": "from the cache", "out": out}, PlayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runPlay(t, runDir, play)
+	if got := readFile(t, out); got != "from the cache" {
+		t.Errorf("greeting = %q", got)
+	}
+	// Entries are the cache's own: nobody else may read them.
+	if st, err := os.Stat(cacheDir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("cache directory: %v %v, want 0700", st.Mode(), err)
 	}
 }
