@@ -784,6 +784,22 @@ func TestAnsibleJobRoles(t *testing.T) {
 	if hub.Downloads() != 1 {
 		t.Errorf("%d downloads from the Galaxy stand-in, want 1", hub.Downloads())
 	}
+
+	// The same collection again for the project: installed from infra's
+	// cache of the project's installs, nothing downloaded.
+	if err := os.Remove(filepath.Join(w.out, "t1.collection")); err != nil {
+		t.Fatal(err)
+	}
+	again := w.job("job-collection-again", map[string]messages.Vars{"t1": w.host(0)})
+	again.Source, again.Credentials = m.Source, m.Credentials
+	w.submit(again)
+	jobStatus(t, w.waitJob("job-collection-again", 3*time.Minute), messages.StatusSucceeded, "")
+	if got, err := os.ReadFile(filepath.Join(w.out, "t1.collection")); err != nil || string(got) != "hi" {
+		t.Errorf("collection role output of the second job %q %v", got, err)
+	}
+	if hub.Downloads() != 1 {
+		t.Errorf("%d downloads from the Galaxy stand-in after a second job with the same collection, want 1", hub.Downloads())
+	}
 }
 
 // cloudPlugin is a dynamic inventory plugin (acme.cloud.static) that adds
