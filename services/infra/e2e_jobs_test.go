@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -761,7 +762,7 @@ func TestAnsibleJobRoles(t *testing.T) {
 	w.repo.Commit(t, map[string]string{"roles/greet/tasks/main.yml": role})
 	hub := sourcestest.NewGalaxyServer(t, "galaxy-token")
 	hub.Add(t, sourcestest.BuildCollection(t, "acme", "web", "1.2.0", map[string]string{"roles/greet/tasks/main.yml": role}))
-	w.start("GALAXY_SERVERS=hub="+hub.URL, "GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_GALAXY=galaxy-token")
+	infra := w.start("GALAXY_SERVERS=hub="+hub.URL, "GALAXY_ALLOW_HTTP=true", "PROJ_SECRET_GALAXY=galaxy-token")
 
 	m := w.job("job-role", map[string]messages.Vars{"t1": w.host(0)})
 	m.Source = messages.JobSource{Type: messages.SourceRole, Repository: w.repo.URL, RolePath: "roles/greet",
@@ -799,6 +800,14 @@ func TestAnsibleJobRoles(t *testing.T) {
 	}
 	if hub.Downloads() != 1 {
 		t.Errorf("%d downloads from the Galaxy stand-in after a second job with the same collection, want 1", hub.Downloads())
+	}
+	// The job-only steps are in the step breakdown, once per job.
+	metrics := infra.metrics(t)
+	for _, step := range []string{"inventory", "checkout", "requirements", "authorization"} {
+		m := regexp.MustCompile(`autoprov_infra_job_step_seconds_count\{step="` + step + `"\} (\d+)`).FindStringSubmatch(metrics)
+		if m == nil || m[1] != "3" {
+			t.Errorf("step %s observed %v times, want 3 (one per job)", step, m)
+		}
 	}
 }
 

@@ -195,9 +195,11 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 	}
 
 	aj := &ansibleJob{job: j, m: m, cfg: cfg, runner: runner, result: res}
+	at := j.steps.add(stepDecode, began)
 	if err := aj.checkRefs(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
+	j.steps.add(stepAuthorization, at)
 	dir, err := os.MkdirTemp(cfg.WorkDir, "job-")
 	if err != nil {
 		return j.infraError(ctx, fmt.Errorf("job dir: %w", err))
@@ -213,12 +215,15 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 			return aj.early(ctx, err)
 		}
 	}
+	at = time.Now()
 	if err := aj.resolveHosts(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
+	at = j.steps.add(stepInventory, at)
 	if err := aj.authorizeHosts(ctx); err != nil {
 		return aj.early(ctx, err)
 	}
+	j.steps.add(stepAuthorization, at)
 	j.targets = aj.targets()
 	if !sourceFirst {
 		// A job whose hosts another run holds waits before its checkout
@@ -353,6 +358,7 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 		aj.vars[k] = v
 	}
 	src := ""
+	at := time.Now()
 	if s.Type != messages.SourceCollectionRole {
 		token, err := aj.secret(ctx, "source.git_credential", s.GitCredential)
 		if err != nil {
@@ -373,10 +379,12 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 		aj.result.Commit = commit
 		aj.log = aj.log.With().Str("commit", commit).Logger()
 	}
+	at = aj.steps.add(stepCheckout, at)
 	env, err := aj.installRequirements(ctx, src)
 	if err != nil {
 		return err
 	}
+	aj.steps.add(stepRequirements, at)
 	aj.env = env
 	switch s.Type {
 	case messages.SourceRole:

@@ -18,8 +18,11 @@ const (
 	stepPickup        step = iota // a slot free and the entry in its stream, the handler not started yet (stream.Message.Pickup): the idle time between runs
 	stepDecode                    // decoding and validating the request
 	stepServerLookup              // reading the server (or finding it by address)
+	stepInventory                 // an Ansible job's hosts: its inventory resolved, each host found
 	stepAuthorization             // the target and the secret references (package authz)
 	stepLocks                     // taking the job's and the server's locks
+	stepCheckout                  // an Ansible job's source fetched and checked out
+	stepRequirements              // an Ansible job's Galaxy requirements installed (or copied from the cache)
 	stepRunRecord                 // the run row and the server's transition before the play
 	stepSecrets                   // resolving the SSH key and the request's secrets
 	stepSSHCheck                  // the SSH check (0 when a recent one was reused)
@@ -37,8 +40,11 @@ var stepNames = [numSteps]string{
 	stepPickup:        "pickup",
 	stepDecode:        "decode",
 	stepServerLookup:  "server_lookup",
+	stepInventory:     "inventory",
 	stepAuthorization: "authorization",
 	stepLocks:         "locks",
+	stepCheckout:      "checkout",
+	stepRequirements:  "requirements",
 	stepRunRecord:     "run_record",
 	stepSecrets:       "secrets",
 	stepSSHCheck:      "ssh_check",
