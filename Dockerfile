@@ -66,10 +66,11 @@ ENTRYPOINT ["/usr/local/bin/deployer"]
 
 # ---- infra: Go binary + ansible-core, openssh-client and runguard ----------
 # ansible-core (2.14, Debian 12) carries ansible.builtin, the only collection
-# the roles use (deploy/dockerfile_test.go checks that against ansible/).
+# the roles use (deploy/dockerfile_test.go checks that against ansible/);
+# git fetches Ansible jobs' repositories, bubblewrap is the runs' sandbox.
 FROM ${DEBIAN_IMAGE} AS infra
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ansible-core openssh-client ca-certificates \
+ && apt-get install -y --no-install-recommends ansible-core openssh-client ca-certificates bubblewrap git \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 autoprov \
  && useradd --system --uid 10001 --gid autoprov --create-home --home-dir /home/autoprov --shell /usr/sbin/nologin autoprov \
@@ -86,11 +87,15 @@ ENV ADMIN_ADDR=0.0.0.0:9102 ADMIN_ALLOW_REMOTE=true LOG_FORMAT=json \
     PLAYBOOK_RUN_ROOT=/var/lib/autoprov/runs \
     PLAYBOOK_FACT_CACHE=/var/lib/autoprov/facts \
     PLAYBOOK_GUARD=/usr/local/bin/runguard \
-    PLAYBOOK_SANDBOX=off
-# PLAYBOOK_SANDBOX=off: bubblewrap inside an unprivileged container needs user
-# namespaces and an unmasked /proc that runtimes do not give by default; this
-# image serves no Ansible jobs of untrusted projects until it does
-# (docs/security.md, "The sandbox on each deployment form").
+    PLAYBOOK_SANDBOX=bwrap
+# Every run in a bubblewrap sandbox of its own (PLAYBOOK_SANDBOX=bwrap, the
+# default, said here so the image states it). As uid 10001 with no
+# capabilities, bubblewrap needs a user namespace and an unmasked /proc from
+# the runtime: run the image with --security-opt systempaths=unconfined (and,
+# on Docker, whose default seccomp profile refuses user namespaces,
+# seccomp=unconfined); docker-compose.yml and deploy/k8s say how and why
+# (docs/security.md, "The sandbox on each deployment form"). Infra refuses to
+# start when the sandbox cannot be made.
 USER 10001:10001
 EXPOSE 9102
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \

@@ -105,6 +105,12 @@ func (s *stack) runArgs(svc types.ServiceConfig, name, envFile string) []string 
 	for _, c := range svc.CapAdd {
 		args = append(args, "--cap-add", c)
 	}
+	for _, c := range svc.CapDrop {
+		args = append(args, "--cap-drop", c)
+	}
+	for _, o := range svc.SecurityOpt {
+		args = append(args, "--security-opt", o)
+	}
 	if hc := svc.HealthCheck; hc != nil && len(hc.Test) > 0 {
 		args = append(args, "--health-cmd", healthCmd(hc.Test))
 		if hc.Interval != nil {
