@@ -63,7 +63,7 @@ func TestContainers(t *testing.T) {
 				" && ansible-playbook --version >/dev/null && test -x \"$PLAYBOOK_BIN\" && test -x \"$PLAYBOOK_GUARD\"" +
 				" && test -r \"$PLAYBOOK_DIR/playbooks/setup_server.yml\" && test -r \"$PLAYBOOK_DIR/ansible.cfg\"" +
 				" && test -r \"$PLAYBOOK_DIR/plugins/callback/autoprov_events.py\" && test -d \"$PLAYBOOK_DIR/roles\"" +
-				" && touch /var/lib/autoprov/w && ssh -V 2>/dev/null",
+				" && touch /var/lib/autoprov/w && ssh -V 2>/dev/null && bwrap --version >/dev/null && git --version >/dev/null",
 			"demo": "python3 -c 'import msgpack, redis' && command -v psql >/dev/null && test -r /usr/local/bin/demo-job.py",
 		}
 		for img, check := range checks {
@@ -105,6 +105,20 @@ func TestContainers(t *testing.T) {
 	infra.Environment["STREAM_LEASE"] = &lease
 	infra.Volumes = append(infra.Volumes, types.ServiceVolumeConfig{Type: types.VolumeTypeVolume, Source: "demo-keys", Target: "/keys", ReadOnly: true})
 	delete(infra.DependsOn, "vault-init")
+	// Ansible jobs' own secrets (their credentials' file: references) are
+	// read apart from infra's: a host directory the test writes a
+	// project's SSH key into.
+	projectKeys := filepath.Join(t.TempDir(), "project-keys")
+	if err := os.Mkdir(projectKeys, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	infra.Environment["PROJECT_SECRETS_FILE_ROOT"] = ptr("/project-keys")
+	secretRefs := "vault:secret/projects/{project_id}/**,file:projects/{project_id}/**"
+	infra.Environment["DEPLOY_SECRET_REFS"] = &secretRefs
+	deployer := project.Services["deployer"]
+	deployer.Environment["DEPLOY_SECRET_REFS"] = &secretRefs
+	project.Services["deployer"] = deployer
+	infra.Volumes = append(infra.Volumes, types.ServiceVolumeConfig{Type: types.VolumeTypeBind, Source: projectKeys, Target: "/project-keys", ReadOnly: true})
 	project.Services["infra"] = infra
 
 	s := newStack(ctx, t, project)
@@ -140,6 +154,9 @@ func TestContainers(t *testing.T) {
 			infra.Volumes[i].Source = siteVars
 		}
 	}
+	// Jobs' repositories are served over plain HTTP on the gateway.
+	infra.Environment["SOURCES_ALLOW_HTTP"] = ptr("true")
+	infra.Environment["SOURCES_ALLOW_NETWORKS"] = ptr(gateway + "/32")
 	project.Services["infra"] = infra
 	for _, svc := range []string{"postgres", "scheduler", "deployer", "infra", "demo-keys", "target"} {
 		s.Start(ctx, svc)
@@ -225,6 +242,12 @@ func TestContainers(t *testing.T) {
 			t.Errorf("the deployed project is not served on the target: %q %v", page, err)
 		}
 		step("deployment %s succeeded", dep.ID)
+	})
+
+	ok = ok && t.Run("a job's code sees nothing of infra's", func(t *testing.T) {
+		jobCannotReachInfra(ctx, t, s, jobAttack{api: fmt.Sprintf("http://127.0.0.1:%d/api/v1", apiPort),
+			repo: gitURL + "/acme/demo.git", keys: projectKeys, dir: dir, psql: psql})
+		step("an Ansible job ran sandboxed: infra's key, cache and environment out of its reach")
 	})
 
 	_ = ok && t.Run("infra scaled to 3, the replica running the job killed", func(t *testing.T) {
@@ -394,6 +417,7 @@ func serveDemoProject(ctx context.Context, t *testing.T, dir, addr string) strin
 	files := map[string]string{
 		"compose.yml": "services:\n  web:\n    image: nginx\n    ports: [\"${PORT}:80\"]\n    profiles: [web]\n",
 		"index.html":  "<h1>demo deployed by autoprovisioner</h1>\n",
+		"attack.yml":  attackPlaybook,
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(work, name), []byte(content), 0o644); err != nil {
@@ -442,7 +466,8 @@ func serveDemoProject(ctx context.Context, t *testing.T, dir, addr string) strin
 }
 
 // apiCall sends a request to the deployer's API with the key and decodes
-// the JSON answer into out; it returns the status code.
+// the JSON answer into out (a *string: the body as it is); it returns the
+// status code.
 func apiCall(ctx context.Context, t *testing.T, method, url, key, body string, out any) int {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
@@ -460,6 +485,10 @@ func apiCall(ctx context.Context, t *testing.T, method, url, key, body string, o
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
+	if text, ok := out.(*string); ok {
+		*text = string(data)
+		return resp.StatusCode
+	}
 	if err := json.Unmarshal(data, out); err != nil {
 		t.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, data, err)
 	}
