@@ -141,12 +141,24 @@ type eventState struct {
 	derived   map[string]Recap // counted from host_* events
 	failed    *FailedTask      // first non-ignored failure
 	unreached *FailedTask      // first unreachable host
+	// answered are the hosts with a result for the task running last
+	// (emptied at each task's start): the others were still on it.
+	answered map[string]bool
 }
 
 func (s *eventState) add(ev Event) {
 	s.count++
 	if s.derived == nil {
 		s.derived = map[string]Recap{}
+	}
+	switch ev.Type {
+	case EventTaskStart, EventHandlerStart:
+		clear(s.answered)
+	case EventHostOK, EventHostSkipped, EventHostFailed, EventHostUnreachable:
+		if s.answered == nil {
+			s.answered = map[string]bool{}
+		}
+		s.answered[ev.Host] = true
 	}
 	rc := s.derived[ev.Host]
 	switch ev.Type {

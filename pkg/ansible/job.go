@@ -395,6 +395,7 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 	res.Takeover = takeover
 	switch res.Outcome {
 	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
+		stoppedRecap(res, &js, &e.events)
 		// The play was stopped: so are its tasks on its hosts.
 		res.Cleanup = r.cleanupJob(ctx, rd, &js, keys, markers, log)
 	case OutcomeSucceeded:
@@ -642,4 +643,34 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// stoppedRecap completes the result of a job's play that was stopped
+// (cancelled, timed out): every host the play was for has a recap, those
+// that had done nothing yet with zeros, and the task that was running
+// names the hosts still on it (those without a result for it that had not
+// left the play), not "a host of the job". With a limit the play's hosts
+// are not known: only hosts seen in events count then.
+func stoppedRecap(res *Result, js *JobSpec, ev *eventState) {
+	var running []string
+	for _, h := range js.Hosts {
+		name := h.Alias
+		rc, seen := res.Hosts[name]
+		if h.Blocked || (!seen && js.Options.Limit != "") {
+			continue
+		}
+		if !seen {
+			res.Hosts[name] = Recap{}
+		}
+		if !ev.answered[name] && rc.Failed == 0 && rc.Unreachable == 0 {
+			running = append(running, name)
+		}
+	}
+	if ft := res.FailedTask; ft != nil && ft.Host == "" && len(running) > 0 {
+		const shown = 5
+		ft.Host = strings.Join(running[:min(len(running), shown)], ", ")
+		if len(running) > shown {
+			ft.Host += fmt.Sprintf(" and %d more", len(running)-shown)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -175,6 +176,64 @@ func TestClassifyJobNamesTheHost(t *testing.T) {
 		_, _, err := v.classify()
 		if err == nil || err.Error() != tt.want {
 			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
+		}
+	}
+}
+
+// TestStoppedRecap: a stopped job's play has a recap of every host it
+// was for, and its running task names the hosts still on it, from the
+// events as they came.
+func TestStoppedRecap(t *testing.T) {
+	t.Parallel()
+	hosts := func(names ...string) []JobHost {
+		var out []JobHost
+		for _, n := range names {
+			out = append(out, JobHost{Host: Host{Alias: n}, Blocked: n == "down"})
+		}
+		return out
+	}
+	host := func(typ, name string) Event { return Event{Type: typ, Host: name, Task: "t"} }
+	task := Event{Type: EventTaskStart, Task: "Sleep"}
+	for _, tt := range []struct {
+		name     string
+		hosts    []JobHost
+		limit    string
+		events   []Event
+		wantHost string
+		recap    []string // hosts in the recap
+	}{
+		{"timed out on the first task: every host on it", hosts("a", "b"), "", []Event{task}, "a, b", []string{"a", "b"}},
+		{"one host answered the running task", hosts("a", "b"), "", []Event{task, host(EventHostOK, "a")}, "b", []string{"a", "b"}},
+		{"a task done by all, the next one running", hosts("a", "b"), "",
+			[]Event{task, host(EventHostOK, "a"), host(EventHostOK, "b"), task, host(EventHostOK, "b")}, "a", []string{"a", "b"}},
+		{"a failed host left the play", hosts("a", "b"), "",
+			[]Event{task, host(EventHostFailed, "a"), host(EventHostOK, "b"), task}, "b", []string{"a", "b"}},
+		{"a blocked host is not in it", hosts("a", "down"), "", []Event{task}, "a", []string{"a"}},
+		{"with a limit, only hosts seen", hosts("a", "b", "c"), "a:b",
+			[]Event{task, host(EventHostOK, "a"), task}, "a", []string{"a"}},
+		{"many hosts", hosts("h1", "h2", "h3", "h4", "h5", "h6", "h7"), "", []Event{task}, "h1, h2, h3, h4, h5 and 2 more",
+			[]string{"h1", "h2", "h3", "h4", "h5", "h6", "h7"}},
+	} {
+		ev := &eventState{}
+		for _, e := range tt.events {
+			ev.add(e)
+		}
+		res := &Result{Hosts: ev.hosts(), FailedTask: &FailedTask{Name: "Sleep", Message: "run exceeded its time limit"}}
+		if res.Hosts == nil {
+			res.Hosts = map[string]Recap{}
+		}
+		js := &JobSpec{Hosts: tt.hosts, Options: JobOptions{Limit: tt.limit}}
+		stoppedRecap(res, js, ev)
+		if res.FailedTask.Host != tt.wantHost {
+			t.Errorf("%s: failed task host %q, want %q", tt.name, res.FailedTask.Host, tt.wantHost)
+		}
+		var got []string
+		for h := range res.Hosts {
+			got = append(got, h)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tt.recap) {
+			t.Errorf("%s: recap of %v, want %v", tt.name, got, tt.recap)
 		}
 	}
 }

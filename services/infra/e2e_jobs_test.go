@@ -639,6 +639,14 @@ func TestAnsibleJobCancel(t *testing.T) {
 	if d := time.Since(began); d > 30*time.Second {
 		t.Errorf("a 3 s limit stopped the job after %s", d)
 	}
+	// Stopped on its first task: the recap still has its host, and the
+	// running task names it.
+	if _, ok := r.Hosts["t1"]; !ok {
+		t.Errorf("the timed-out job's recap %v has no t1", r.Hosts)
+	}
+	if r.FailedTask == nil || r.FailedTask.Host != "t1" || r.FailedTask.Name != "Hold the host" {
+		t.Errorf("the timed-out job's failed task %+v, want Hold the host on t1", r.FailedTask)
+	}
 }
 
 // TestAnsibleJobPools: each pool is its own stream, served by the replicas
