@@ -523,6 +523,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("keys", chromedp.Navigate(base+"/ui/keys"), chromedp.WaitVisible(chromedp.CSS("#keys")))
 	screenshot("keys")
 	w.check(t, "keys")
+	run("credentials", chromedp.Navigate(base+"/ui/credentials"), chromedp.WaitVisible(chromedp.CSS("#credentials")))
+	screenshot("credentials")
+	w.check(t, "credentials")
 
 	// Sign out: the session is gone.
 	run("sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#key")))

@@ -119,6 +119,7 @@ func BenchmarkConsolePages(b *testing.B) {
 		{"deploy-form", "/ui/deploy"},
 		{"queues", "/ui/queues"},
 		{"keys", "/ui/keys"},
+		{"credentials", "/ui/credentials"},
 	} {
 		b.Run(p.name, func(b *testing.B) {
 			var worst time.Duration

@@ -67,6 +67,10 @@ type formField struct {
 	// For lists the source types the field is for (empty: all); the
 	// console's script hides the others' fields.
 	For []string
+	// Credential: the field names a stored credential; the form offers
+	// the project's credentials' names (a datalist: typing a reference
+	// still works).
+	Credential bool
 }
 
 // jobFields are the job form's fields, in order, grouped by the API's
@@ -93,16 +97,16 @@ var jobFields = []struct {
 		{Name: "source.role", Label: "Role", Help: "the role's name", For: []string{"collection_role"}},
 		{Name: "source.version", Label: "Collection version", Help: "optional", For: []string{"collection_role"}},
 		{Name: "source.git_credential", Label: "Git credential", Help: "a stored credential's name (or a secret reference)",
-			For: []string{"playbook", "role"}},
+			For: []string{"playbook", "role"}, Credential: true},
 	}},
 	{"Inventory", []formField{
 		{Name: "inventory.hosts", Label: "Hosts", Type: "textarea",
 			Help: "YAML or JSON: host names with their variables ({web-1: {ansible_host: 192.0.2.10}}), or a list of names"},
 	}},
 	{"Credentials", []formField{
-		{Name: "credentials.ssh", Label: "SSH key", Help: "a stored credential's name (or a secret reference)"},
-		{Name: "credentials.become_password", Label: "Become password", Help: "optional: a stored credential's name"},
-		{Name: "credentials.vault_password", Label: "Vault password", Help: "optional: a stored credential's name"},
+		{Name: "credentials.ssh", Label: "SSH key", Help: "a stored credential's name (or a secret reference)", Credential: true},
+		{Name: "credentials.become_password", Label: "Become password", Help: "optional: a stored credential's name", Credential: true},
+		{Name: "credentials.vault_password", Label: "Vault password", Help: "optional: a stored credential's name", Credential: true},
 	}},
 	{"Options", []formField{
 		{Name: "options.tags", Label: "Tags", Help: "comma-separated"},
@@ -151,7 +155,8 @@ func (c *Console) jobForm(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) renderJob(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general string) {
 	c.render(w, r, status, "jobform", map[string]any{"Title": "New job", "Groups": jobFields,
-		"Values": vals, "Errors": errs, "General": general, "Projects": c.key(r).Projects})
+		"Values": vals, "Errors": errs, "General": general, "Projects": c.key(r).Projects,
+		"CredentialNames": c.credentialNames(r)})
 }
 
 // jobRequest builds the API's request from the form; errs gets what the

@@ -20,7 +20,7 @@ import (
 
 // pageNames are the pages, each templates/<name>.html with the layout.
 var pageNames = []string{"signin", "error", "overview", "fleet", "server", "confirm", "runs", "deployment",
-	"provision", "deploy", "job", "jobform", "queues", "keys"}
+	"provision", "deploy", "job", "jobform", "queues", "keys", "credentials"}
 
 func (c *Console) parse() error {
 	funcs := template.FuncMap{
