@@ -321,7 +321,7 @@ fi
 # A command the shipped Redis ACL refuses is a bug (a role missing a key
 # pattern, or a service using a key it should not): say so.
 for svc in scheduler infra deployer; do
-	if tail -n "+${LOG_START[$svc]}" "$LOGS/$svc.log" | grep -q NOPERM; then
+	if tail -n "+${LOG_START[$svc]}" "$LOGS/$svc.log" | grep -c NOPERM >/dev/null; then # -c reads it all (pipefail)
 		printf '\033[1;31merror:\033[0m %s ran a Redis command its ACL user may not (NOPERM in run/dev/logs/%s.log)\n' "$svc" "$svc" >&2
 		status=1
 	fi
