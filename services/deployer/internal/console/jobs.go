@@ -150,7 +150,85 @@ func (c *Console) jobForm(w http.ResponseWriter, r *http.Request) {
 	if ps := c.key(r).Projects; len(ps) > 0 {
 		vals["project_id"] = ps[0]
 	}
-	c.renderJob(w, r, http.StatusOK, vals, nil, "")
+	note := ""
+	if from := r.URL.Query().Get("from"); from != "" {
+		// Run again: the form filled in with that job's request, as the
+		// API gives it to this key (another project's job: 404).
+		var j jobView
+		res, err := c.call(r, http.MethodGet, "/api/v1/jobs/"+url.PathEscape(from), nil, &j)
+		if err != nil || res.Problem != nil {
+			c.failAPI(w, r, res, err)
+			return
+		}
+		vals, note = jobFormValues(&j.Request)
+		if note == "" {
+			note = "Filled in from job " + j.ID + "."
+		}
+	}
+	c.renderJobNote(w, r, vals, note)
+}
+
+// renderJobNote shows the form filled in with vals and a note above it.
+func (c *Console) renderJobNote(w http.ResponseWriter, r *http.Request, vals map[string]string, note string) {
+	c.render(w, r, http.StatusOK, "jobform", map[string]any{"Title": "New job", "Groups": jobFields,
+		"Values": vals, "Note": note, "Projects": c.key(r).Projects, "CredentialNames": c.credentialNames(r)})
+}
+
+// jobFormValues are the job form's values of req (jobRequest's reverse,
+// for "Run again"), and a note on what the form cannot hold (it was left
+// out), or "".
+func jobFormValues(req *deployments.JobRequest) (map[string]string, string) {
+	s, o, cr := req.Source, req.Options, req.Credentials
+	vals := map[string]string{"project_id": req.ProjectID, "source.type": s.Type, "source.repository": s.Repository,
+		"source.ref": s.Ref, "source.paths": strings.Join(s.Paths, ", "), "source.git_credential": s.GitCredential,
+		"source.role_path": s.RolePath, "source.collection": s.Collection, "source.role": s.Role, "source.version": s.Version,
+		"credentials.ssh": cr.SSH, "credentials.become_password": cr.BecomePassword, "credentials.vault_password": cr.VaultPassword,
+		"options.tags": strings.Join(o.Tags, ", "), "options.skip_tags": strings.Join(o.SkipTags, ", "), "options.limit": o.Limit,
+		"options.callback_url": o.CallbackURL}
+	for name, on := range map[string]bool{"options.check": o.Check, "options.diff": o.Diff} {
+		if on {
+			vals[name] = "on"
+		}
+	}
+	for name, n := range map[string]int{"options.verbosity": o.Verbosity, "options.timeout": o.Timeout} {
+		if n > 0 {
+			vals[name] = strconv.Itoa(n)
+		}
+	}
+	asYAML := func(name string, v any) {
+		if b, err := yaml.Marshal(v); err == nil {
+			vals[name] = string(b)
+		}
+	}
+	if len(req.Inventory.Hosts) > 0 {
+		asYAML("inventory.hosts", req.Inventory.Hosts)
+	}
+	if len(o.ExtraVars) > 0 {
+		asYAML("options.extra_vars", o.ExtraVars)
+	}
+	var left []string
+	if req.Inventory.Type != "inline" {
+		left = append(left, "its "+req.Inventory.Type+" inventory (the form takes inline hosts)")
+	}
+	if len(req.Inventory.Groups) > 0 {
+		left = append(left, "its inventory groups")
+	}
+	if len(s.RoleVars) > 0 {
+		left = append(left, "its role variables")
+	}
+	if s.GalaxyServer != "" {
+		left = append(left, "its Galaxy server")
+	}
+	if cr.Cloud != "" || cr.Galaxy != "" {
+		left = append(left, "its cloud and Galaxy credentials")
+	}
+	if o.Forks > 0 || o.Pool != "" {
+		left = append(left, "its forks and pool")
+	}
+	if len(left) == 0 {
+		return vals, ""
+	}
+	return vals, "Filled in from the job; the form cannot hold " + strings.Join(left, ", ") + ": check the fields before you run it."
 }
 
 func (c *Console) renderJob(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general string) {

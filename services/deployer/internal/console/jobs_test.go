@@ -263,3 +263,85 @@ func TestJobsInTheConsole(t *testing.T) {
 		return strings.Contains(page, `id="run-status">cancelled<`)
 	})
 }
+
+// TestJobRunAgain: a finished job's page offers Run again, the form
+// filled in with its request, which, sent as it is, makes a new job with
+// the same request; another project's key cannot fill it from that job.
+func TestJobRunAgain(t *testing.T) {
+	t.Parallel()
+	e := deployertest.Start(t, deployertest.Options{JobPlanFor: func(m *messages.AnsibleJobMessage) fakeinfra.Plan {
+		return fakeinfra.Plan{Tasks: 1, Status: messages.StatusFailed}
+	}})
+	jobsKey := e.Key("jobs", []auth.Scope{auth.ScopeJobsWrite}, deployertest.Project)
+	b := newBrowser(t, e.URL)
+	csrf := b.signIn(jobsKey)
+	res, _ := b.post("/ui/job", jobForm(csrf, "first"))
+	failed := strings.TrimPrefix(res.Header.Get("Location"), "/ui/runs/job/")
+	if _, body := e.Do(http.MethodGet, "/api/v1/jobs/"+failed+"?wait=30s", jobsKey, nil); !strings.Contains(string(body), `"status":"failed"`) {
+		t.Fatalf("the first job: %s", body)
+	}
+	_, page := b.get("/ui/runs/job/" + failed)
+	// Run again: the form filled in with its request, which, sent as it
+	// is, makes a new job with the same request.
+	if !strings.Contains(page, `href="/ui/job?from=`+failed+`" id="run-again"`) {
+		t.Fatalf("a finished job's page offers no Run again:\n%s", page)
+	}
+	res, page = b.get("/ui/job?from=" + failed)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="job-note"`) {
+		t.Fatalf("run again: %d\n%s", res.StatusCode, page)
+	}
+	again := formValues(t, page)
+	for name, want := range map[string]string{"source.repository": "https://git.example.com/org/playbooks.git",
+		"source.ref": "v1.4.0", "source.paths": "site.yml, db.yml", "options.tags": "deploy, web", "options.check": "on",
+		"options.verbosity": "2", "correlation_id": ""} {
+		if got := again.Get(name); got != want {
+			t.Errorf("run again: %s is %q, want %q", name, got, want)
+		}
+	}
+	jobsBefore := len(e.Infra.Jobs())
+	res, _ = b.post("/ui/job", again)
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("run again, submitted: %d", res.StatusCode)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the job run again reaches infra", func() bool { return len(e.Infra.Jobs()) == jobsBefore+1 })
+	ran := e.Infra.Jobs()[jobsBefore]
+	if ran.JobID == failed || ran.Source.Ref != "v1.4.0" || strings.Join(ran.Source.Paths, ",") != "site.yml,db.yml" ||
+		len(ran.Inventory.Hosts) != 2 || ran.Inventory.Hosts["web-1"]["ansible_host"] != "198.51.100.7" ||
+		!ran.Options.Check || ran.Options.Verbosity != 2 || strings.Join(ran.Options.Tags, ",") != "deploy,web" ||
+		ran.Options.ExtraVars["release"] != "1.4" {
+		t.Fatalf("the job run again is not the first one's request: %+v", ran)
+	}
+	// Another project's key cannot fill the form from this job.
+	stranger := newBrowser(t, e.URL)
+	stranger.signIn(e.Key("jobs-other", []auth.Scope{auth.ScopeJobsWrite}, "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b"))
+	if res, page := stranger.get("/ui/job?from=" + failed); res.StatusCode != http.StatusNotFound || strings.Contains(page, "playbooks.git") {
+		t.Errorf("another project's key runs this job again: %d\n%s", res.StatusCode, page)
+	}
+}
+
+var (
+	inputRE    = regexp.MustCompile(`<input id="f-[^"]*" name="([^"]+)" value="([^"]*)"`)
+	checkRE    = regexp.MustCompile(`<input type="checkbox" id="f-[^"]*" name="([^"]+)" checked`)
+	textareaRE = regexp.MustCompile(`(?s)<textarea id="f-[^"]*" name="([^"]+)"[^>]*>(.*?)</textarea>`)
+	selectRE   = regexp.MustCompile(`(?s)<select id="f-[^"]*" name="([^"]+)".*?<option value="([^"]*)" selected>`)
+)
+
+// formValues reads the job form's values from its page, as a browser
+// would send them (with the page's CSRF token).
+func formValues(t *testing.T, page string) url.Values {
+	t.Helper()
+	v := url.Values{"csrf": {csrfOf(t, page)}}
+	for _, m := range inputRE.FindAllStringSubmatch(page, -1) {
+		v.Set(m[1], html.UnescapeString(m[2]))
+	}
+	for _, m := range checkRE.FindAllStringSubmatch(page, -1) {
+		v.Set(m[1], "on")
+	}
+	for _, m := range textareaRE.FindAllStringSubmatch(page, -1) {
+		v.Set(m[1], html.UnescapeString(m[2]))
+	}
+	for _, m := range selectRE.FindAllStringSubmatch(page, -1) {
+		v.Set(m[1], m[2])
+	}
+	return v
+}
