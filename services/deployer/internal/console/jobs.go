@@ -73,12 +73,15 @@ type formField struct {
 	Credential bool
 }
 
-// jobFields are the job form's fields, in order, grouped by the API's
-// request keys.
-var jobFields = []struct {
+// fieldGroup is a fieldset of a form.
+type fieldGroup struct {
 	Legend string
 	Fields []formField
-}{
+}
+
+// jobFields are the job form's fields, in order, grouped by the API's
+// request keys.
+var jobFields = []fieldGroup{
 	{"Job", []formField{
 		{Name: "project_id", Label: "Project", Help: "the project (a UUID) the job belongs to"},
 		{Name: "correlation_id", Label: "Correlation id", Help: "optional"},
@@ -170,7 +173,7 @@ func (c *Console) jobForm(w http.ResponseWriter, r *http.Request) {
 
 // renderJobNote shows the form filled in with vals and a note above it.
 func (c *Console) renderJobNote(w http.ResponseWriter, r *http.Request, vals map[string]string, note string) {
-	c.render(w, r, http.StatusOK, "jobform", map[string]any{"Title": "New job", "Groups": jobFields,
+	c.render(w, r, http.StatusOK, "jobform", map[string]any{"Title": "New job", "Groups": jobGroups(c.key(r).Projects),
 		"Values": vals, "Note": note, "Projects": c.key(r).Projects, "CredentialNames": c.credentialNames(r)})
 }
 
@@ -232,9 +235,28 @@ func jobFormValues(req *deployments.JobRequest) (map[string]string, string) {
 }
 
 func (c *Console) renderJob(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general string) {
-	c.render(w, r, status, "jobform", map[string]any{"Title": "New job", "Groups": jobFields,
+	c.render(w, r, status, "jobform", map[string]any{"Title": "New job", "Groups": jobGroups(c.key(r).Projects),
 		"Values": vals, "Errors": errs, "General": general, "Projects": c.key(r).Projects,
 		"CredentialNames": c.credentialNames(r)})
+}
+
+// jobGroups are the job form's fields for a key of projects: with several,
+// the project is picked from them.
+func jobGroups(projects []string) []fieldGroup {
+	if len(projects) < 2 {
+		return jobFields
+	}
+	groups := slices.Clone(jobFields)
+	for i, g := range groups {
+		for j, f := range g.Fields {
+			if f.Name == "project_id" {
+				fields := slices.Clone(g.Fields)
+				fields[j].Type, fields[j].Options, fields[j].Help = "select", projects, "one of this key's projects"
+				groups[i].Fields = fields
+			}
+		}
+	}
+	return groups
 }
 
 // jobRequest builds the API's request from the form; errs gets what the

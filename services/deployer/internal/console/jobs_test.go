@@ -345,3 +345,41 @@ func formValues(t *testing.T, page string) url.Values {
 	}
 	return v
 }
+
+// TestJobFormProjectPicker: a key of several projects picks the job's
+// project from them; a key of one gets it filled in.
+func TestJobFormProjectPicker(t *testing.T) {
+	t.Parallel()
+	e := deployertest.Start(t, deployertest.Options{})
+	const second = "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b"
+	b := newBrowser(t, e.URL)
+	csrf := b.signIn(e.Key("two", []auth.Scope{auth.ScopeJobsWrite}, deployertest.Project, second))
+	_, page := b.get("/ui/job")
+	if !strings.Contains(page, `<select id="f-project_id" name="project_id"`) || !strings.Contains(page, `<option value="`+second+`"`) {
+		t.Fatalf("a key of two projects gets no project picker:\n%s", page)
+	}
+	pick := deployertest.Project // the one the picker does not start at
+	switch start := formValues(t, page).Get("project_id"); start {
+	case deployertest.Project:
+		pick = second
+	case second:
+	default:
+		t.Fatalf("the picker starts at %q, not at one of the key's projects", start)
+	}
+	form := jobForm(csrf, "")
+	form.Set("project_id", pick)
+	res, _ := b.post("/ui/job", form)
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("submit for the picked project: %d", res.StatusCode)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the job reaches infra", func() bool { return len(e.Infra.Jobs()) == 1 })
+	if got := e.Infra.Jobs()[0].ProjectID; got != pick {
+		t.Errorf("the job's project is %q, want the picked %s", got, pick)
+	}
+
+	one := newBrowser(t, e.URL)
+	one.signIn(e.Key("one", []auth.Scope{auth.ScopeJobsWrite}, deployertest.Project))
+	if _, page := one.get("/ui/job"); strings.Contains(page, `<select id="f-project_id"`) || !strings.Contains(page, `value="`+deployertest.Project+`"`) {
+		t.Errorf("a key of one project: no filled-in project field:\n%s", page)
+	}
+}
