@@ -114,6 +114,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		data["Servers"], data["ServersTotal"] = counts, total
 	}
 	data["Chart"] = hourlyChart(since, hours)
+	data["Attention"] = needsAttention(counts, ready, queues, hours, c.now())
 	if key.Has(auth.ScopeServersRead) {
 		data["Queues"], data["Ready"] = queues, ready
 	}
