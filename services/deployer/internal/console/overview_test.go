@@ -18,9 +18,11 @@ func TestOverviewNeedsAttention(t *testing.T) {
 	if _, page := b.get("/ui/"); !strings.Contains(page, `id="all-well"`) {
 		t.Errorf("an empty fleet's overview does not say all is well:\n%s", page)
 	}
-	if _, err := e.DB.Exec(context.Background(), `INSERT INTO servers (handle, address, source, status)
-		VALUES ('bad-1', '192.0.2.20', 'manual', 'FAILED'), ('bad-2', '192.0.2.21', 'manual', 'FAILED'),
-		       ('gone-1', '192.0.2.22', 'manual', 'UNREACHABLE'), ('ok-1', '192.0.2.23', 'manual', 'READY')`); err != nil {
+	if _, err := e.DB.Exec(context.Background(), `INSERT INTO servers (handle, address, source, status, attempts, last_error)
+		VALUES ('bad-1', '192.0.2.20', 'manual', 'FAILED', 3, 'setup_server.yml: failed on bad-1 in task "Install docker": '
+		           || repeat('x', 100)),
+		       ('bad-2', '192.0.2.21', 'manual', 'FAILED', 1, NULL),
+		       ('gone-1', '192.0.2.22', 'manual', 'UNREACHABLE', 0, NULL), ('ok-1', '192.0.2.23', 'manual', 'READY', 0, NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	_, page := b.get("/ui/")
@@ -37,5 +39,15 @@ func TestOverviewNeedsAttention(t *testing.T) {
 	}
 	if strings.Index(page, `id="attention"`) > strings.Index(page, `id="server-counts"`) {
 		t.Error("needs attention is not first on the overview")
+	}
+
+	// The fleet list says why and how often: attempts and the last error,
+	// cut short with the whole in its title.
+	_, page = b.get("/ui/fleet?status=FAILED")
+	for _, want := range []string{`<th>Attempts</th>`, `<td data-label="Attempts" class="num">3</td>`,
+		`title="setup_server.yml: failed on bad-1 in task &#34;Install docker&#34;: xxx`, `xxx…</span>`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the fleet list lacks %s:\n%s", want, page)
+		}
 	}
 }

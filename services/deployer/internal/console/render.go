@@ -36,6 +36,7 @@ func (c *Console) parse() error {
 		// `autoprov dead replay --resign` may put back.
 		"resignOnly": messages.IsSignatureReason,
 		"ansi":       ansiHTML,
+		"short":      short,
 	}
 	layout, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
@@ -195,4 +196,13 @@ func (c *Console) failAPI(w http.ResponseWriter, r *http.Request, res *apiResult
 		msg = res.Problem.Title
 	}
 	c.fail(w, r, res.Status, msg)
+}
+
+// short cuts s to at most 80 characters, marking the cut (the whole text
+// goes in a title).
+func short(s string) string {
+	if r := []rune(s); len(r) > 80 {
+		return string(r[:79]) + "…"
+	}
+	return s
 }
