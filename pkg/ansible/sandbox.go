@@ -265,6 +265,29 @@ type mount struct {
 
 // wrap returns argv run in the sandbox of rd with the given binds besides
 // the run directory (at their own paths).
+// base is the start of every sandbox's command line: its namespaces as
+// user uid:gid, the system's programs and libraries read-only, and fresh
+// /proc, /dev and temp dirs.
+func (s *sandbox) base(uid, gid uint32) []string {
+	// The host name stays: ssh's ControlPath (%C) hashes it, and the
+	// fleet's runs find their warm master by it.
+	out := []string{s.bwrap,
+		"--unshare-user", "--uid", strconv.FormatUint(uint64(uid), 10), "--gid", strconv.FormatUint(uint64(gid), 10),
+		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--disable-userns", "--die-with-parent",
+		"--ro-bind", "/usr", "/usr",
+	}
+	for _, d := range []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"} {
+		p := "/" + d
+		if t, err := os.Readlink(p); err == nil {
+			out = append(out, "--symlink", t, p)
+		} else if st, err := os.Stat(p); err == nil && st.IsDir() {
+			out = append(out, "--ro-bind", p, p)
+		}
+	}
+	return append(out, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--dir", "/run")
+}
+
 func (s *sandbox) wrap(rd *runDir, binds []mount, argv []string) ([]string, error) {
 	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
 	if rd.owner != nil {
@@ -293,23 +316,7 @@ func (s *sandbox) wrap(rd *runDir, binds []mount, argv []string) ([]string, erro
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}
-	// The host name stays: ssh's ControlPath (%C) hashes it, and the
-	// fleet's runs find their warm master by it.
-	out := []string{s.bwrap,
-		"--unshare-user", "--uid", strconv.FormatUint(uint64(uid), 10), "--gid", strconv.FormatUint(uint64(gid), 10),
-		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-		"--disable-userns", "--die-with-parent",
-		"--ro-bind", "/usr", "/usr",
-	}
-	for _, d := range []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"} {
-		p := "/" + d
-		if t, err := os.Readlink(p); err == nil {
-			out = append(out, "--symlink", t, p)
-		} else if st, err := os.Stat(p); err == nil && st.IsDir() {
-			out = append(out, "--ro-bind", p, p)
-		}
-	}
-	out = append(out, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--dir", "/run")
+	out := s.base(uid, gid)
 	for _, e := range s.etc {
 		out = append(out, "--ro-bind", "/etc/"+e, "/etc/"+e)
 	}
@@ -378,27 +385,31 @@ func (r *Runner) JobCommand(ctx context.Context, dir string, argv, env []string)
 	return cmd, done, nil
 }
 
-// probeSandbox makes one job's sandbox and runs true in it, so that a
-// machine or container where bubblewrap cannot work (no user namespaces, a
-// masked /proc) stops the service at start with bubblewrap's own words
-// rather than failing every run.
+// probeSandbox runs true in a sandbox as a job's user would (a leased id
+// when infra is root), with the namespaces, /proc and system files every
+// run has, so that a machine or container where bubblewrap cannot work
+// (no user namespaces, a masked /proc, a seccomp filter) stops the service
+// at start with bubblewrap's own words rather than failing every run. It
+// binds nothing else: whether the job users reach PLAYBOOK_DIR and the run
+// root is the service's own check, which logs what fails.
 func (r *Runner) probeSandbox() error {
 	rd, err := r.newRunDir("sandbox-probe", true)
 	if err != nil {
 		return fmt.Errorf("ansible runner: sandbox probe: %w", err)
 	}
 	defer rd.remove()
-	argv, err := r.sandbox.wrap(rd, rd.binds, []string{"/usr/bin/true"})
-	if err != nil {
-		return fmt.Errorf("ansible runner: sandbox probe: %w", err)
+	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
+	if rd.owner != nil {
+		uid, gid = rd.owner.UID, rd.owner.GID
 	}
+	argv := append(r.sandbox.base(uid, gid), "--chdir", "/", "--", "/usr/bin/true")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.Dir, cmd.Env = "/", []string{"PATH=/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if c := rd.owner; c != nil {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
+	if rd.owner != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}
 	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("ansible runner: bubblewrap cannot make a sandbox here (%v: %s); "+
