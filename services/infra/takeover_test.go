@@ -256,8 +256,11 @@ func TestBusyServerRequestsDoNotHoldTheSlot(t *testing.T) {
 	}
 
 	free()
+	// They run one at a time in no set order (fair waiting is issue 33's):
+	// the last may start after the two others' plays, which took 45 s
+	// each on a loaded CI machine.
 	for _, id := range busy {
-		if r := e.waitProvision(id, 2*time.Minute); r.Status != messages.StatusSucceeded {
+		if r := e.waitProvision(id, 5*time.Minute); r.Status != messages.StatusSucceeded {
 			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
 		}
 	}

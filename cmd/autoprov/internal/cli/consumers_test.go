@@ -54,6 +54,35 @@ func TestStaleConsumers(t *testing.T) {
 		rdb.XAck(ctx, q, "infra", got[0].Messages[0].ID)
 	}
 	read("live")
+	// alive runs fn while "live" keeps reading (a running replica does):
+	// on a loaded machine the command alone can take past the 1 s
+	// threshold, which would make "live" stale in the middle of a check.
+	alive := func(fn func()) {
+		t.Helper()
+		read("live")
+		payload := provisionRequest(t, "job-x", "web-x")
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(250 * time.Millisecond):
+				}
+				if rdb.XAdd(ctx, &redis.XAddArgs{Stream: q, Values: map[string]any{messages.DataField: payload}}).Err() != nil {
+					continue
+				}
+				got, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "infra", Consumer: "live", Streams: []string{q, ">"}, Count: 1, Block: -1}).Result()
+				if err == nil && len(got) == 1 && len(got[0].Messages) == 1 {
+					rdb.XAck(ctx, q, "infra", got[0].Messages[0].ID)
+				}
+			}
+		}()
+		defer func() { close(stop); <-done }()
+		fn()
+	}
 
 	consumers := func() map[string]consumerStatus {
 		t.Helper()
@@ -111,16 +140,14 @@ func TestStaleConsumers(t *testing.T) {
 	}
 
 	// --dry-run deletes nothing.
-	read("live")
-	out, _, code = run(t, env, "consumers", "prune", "--idle", "1s", "--dry-run")
+	alive(func() { out, _, code = run(t, env, "consumers", "prune", "--idle", "1s", "--dry-run") })
 	if code != 1 || !strings.Contains(out, "would delete consumer gone-idle") || !slices.Equal(names(), []string{"gone-busy", "gone-idle", "live"}) {
 		t.Fatalf("prune --dry-run (exit %d):\n%s\nconsumers %v", code, out, names())
 	}
 
 	// The idle one goes; the one holding an entry stays, named with its
 	// count, and its entry stays pending.
-	read("live")
-	out, _, code = run(t, env, "consumers", "prune", "--idle", "1s")
+	alive(func() { out, _, code = run(t, env, "consumers", "prune", "--idle", "1s") })
 	if code != 1 || !strings.Contains(out, "deleted consumer gone-idle of provisioner:queue/infra") ||
 		!strings.Contains(out, "kept consumer gone-busy of provisioner:queue/infra") || !strings.Contains(out, "1 pending entries") {
 		t.Fatalf("prune (exit %d):\n%s", code, out)
@@ -140,7 +167,7 @@ func TestStaleConsumers(t *testing.T) {
 	if err := rdb.XClaim(ctx, &redis.XClaimArgs{Stream: q, Group: "infra", Consumer: "live", Messages: []string{pend[0].ID}}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	out, _, code = run(t, env, "--json", "consumers", "prune", "--idle", "1s")
+	alive(func() { out, _, code = run(t, env, "--json", "consumers", "prune", "--idle", "1s") })
 	if code != 0 || !strings.Contains(out, `"consumer": "gone-busy"`) {
 		t.Fatalf("prune after the claim (exit %d):\n%s", code, out)
 	}
