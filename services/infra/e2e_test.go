@@ -225,8 +225,10 @@ func TestTwoRequestsForOneServerNeverRunTogether(t *testing.T) {
 	e.infra()
 	e.provision("job-a", "web-1")
 	e.provision("job-b", "web-1", func(m *messages.ProvisionerMessage) { m.IsRecovery = true })
+	// One after the other in no set order: the second waits for the
+	// first's play (50 s on a loaded CI machine) before its own.
 	for _, id := range []string{"job-a", "job-b"} {
-		if r := e.waitProvision(id, 2*time.Minute); r.Status != messages.StatusSucceeded {
+		if r := e.waitProvision(id, 5*time.Minute); r.Status != messages.StatusSucceeded {
 			t.Fatalf("%s: %s %+v", id, r.Status, r.Error)
 		}
 	}
