@@ -168,13 +168,7 @@ func (c *Console) jobForm(w http.ResponseWriter, r *http.Request) {
 			note = "Filled in from job " + j.ID + "."
 		}
 	}
-	c.renderJobNote(w, r, vals, note)
-}
-
-// renderJobNote shows the form filled in with vals and a note above it.
-func (c *Console) renderJobNote(w http.ResponseWriter, r *http.Request, vals map[string]string, note string) {
-	c.render(w, r, http.StatusOK, "jobform", map[string]any{"Title": "New job", "Groups": jobGroups(c.key(r).Projects),
-		"Values": vals, "Note": note, "Projects": c.key(r).Projects, "CredentialNames": c.credentialNames(r)})
+	c.renderJob(w, r, http.StatusOK, vals, nil, "", note)
 }
 
 // jobFormValues are the job form's values of req (jobRequest's reverse,
@@ -234,9 +228,11 @@ func jobFormValues(req *deployments.JobRequest) (map[string]string, string) {
 	return vals, "Filled in from the job; the form cannot hold " + strings.Join(left, ", ") + ": check the fields before you run it."
 }
 
-func (c *Console) renderJob(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general string) {
+// renderJob shows the form with vals, its errors (by field, and general)
+// and a note above it.
+func (c *Console) renderJob(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general, note string) {
 	c.render(w, r, status, "jobform", map[string]any{"Title": "New job", "Groups": jobGroups(c.key(r).Projects),
-		"Values": vals, "Errors": errs, "General": general, "Projects": c.key(r).Projects,
+		"Values": vals, "Errors": errs, "General": general, "Note": note, "Projects": c.key(r).Projects,
 		"CredentialNames": c.credentialNames(r)})
 }
 
@@ -335,7 +331,7 @@ func (c *Console) jobSubmit(w http.ResponseWriter, r *http.Request) {
 	errs := map[string]string{}
 	req := jobRequest(vals, errs)
 	if len(errs) > 0 {
-		c.renderJob(w, r, http.StatusUnprocessableEntity, vals, errs, "Correct the fields marked below.")
+		c.renderJob(w, r, http.StatusUnprocessableEntity, vals, errs, "Correct the fields marked below.", "")
 		return
 	}
 	var j jobView
@@ -361,7 +357,7 @@ func (c *Console) jobSubmit(w http.ResponseWriter, r *http.Request) {
 		if len(general) == 0 && len(errs) == 0 {
 			general = append(general, problemText(res.Problem))
 		}
-		c.renderJob(w, r, res.Status, vals, errs, strings.Join(general, "; "))
+		c.renderJob(w, r, res.Status, vals, errs, strings.Join(general, "; "), "")
 		return
 	}
 	http.Redirect(w, r, Prefix+"/runs/job/"+url.PathEscape(j.ID), http.StatusSeeOther)
