@@ -47,12 +47,19 @@ type LockOptions struct {
 	// target lock: the caller can say "waiting for another run on this
 	// server".
 	OnWait func()
-	// PingInterval is how often the lock connection is checked (default
-	// 5s); Lost fires at most about PingInterval+PingTimeout after the
-	// session died.
+	// PingInterval is how often the holder renews its leases (default 5s),
+	// which also checks that its lock session lives.
 	PingInterval time.Duration
-	// PingTimeout bounds each check (default 5s).
+	// PingTimeout bounds each renewal and each reconnect (default 5s).
 	PingTimeout time.Duration
+	// Lease is how long the locks outlive a lock session that Postgres
+	// ended by restarting (default 60s): nobody else takes them meanwhile,
+	// and the holder renews them when Postgres is back, so its play goes on.
+	// Lost fires when the lease ran out before Postgres came back, or when
+	// someone else holds the locks by then. Keep it below the time Postgres
+	// takes to notice a vanished client (its TCP keepalive, hours by
+	// default), or a partitioned holder could outlive its session.
+	Lease time.Duration
 	// WaitSlice bounds each wait for the target lock on the server
 	// (lock_timeout, default 2s): the wait is a series of such slices until
 	// the lock is free or ctx is done. A backend blocked in a lock wait does
@@ -67,6 +74,15 @@ type LockOptions struct {
 	NoWait bool
 }
 
+// withDefaults fills in the zero fields of o.
+func (o LockOptions) withDefaults() LockOptions {
+	o.PingInterval = cmp.Or(max(o.PingInterval, 0), 5*time.Second)
+	o.PingTimeout = cmp.Or(max(o.PingTimeout, 0), 5*time.Second)
+	o.Lease = cmp.Or(max(o.Lease, 0), 60*time.Second)
+	o.WaitSlice = cmp.Or(max(o.WaitSlice, 0), 2*time.Second)
+	return o
+}
+
 // lockNotAvailable is the SQLSTATE of a lock wait that ran into
 // lock_timeout.
 const lockNotAvailable = "55P03"
@@ -75,27 +91,36 @@ const lockNotAvailable = "55P03"
 // server-side cancel before its connection is closed instead.
 const cancelGrace = 3 * time.Second
 
-// RunLocks are the two session-level advisory locks of a run, the job lock
-// and the target lock, held on a connection of their own (opened from the
-// pool's configuration, outside the pool, so a long run never takes a pool
-// slot).
+// RunLocks are the session-level advisory locks of a run, the job lock and
+// the lock of each target, held on a connection of their own (opened from
+// the pool's configuration, outside the pool, so a long run never takes a
+// pool slot), each with a lease row in run_leases.
 //
-// The locks live exactly as long as that Postgres session: Release ends
-// them; a crashed holder's locks vanish with its connection (Postgres
-// releases session locks when the backend ends, also when the client
-// process is killed or its connection is terminated); a Postgres restart
-// ends them too. Lost tells the holder when that happened behind its back,
-// so it stops its play: another instance may take the run over.
+// The advisory locks exclude other live sessions; the leases carry the
+// locks across a Postgres restart, which ends every session: nobody takes
+// a key whose lease, written before the restart, still stands, and the
+// holder reconnects, takes its advisory locks again and renews the leases
+// (the holder's id is the fencing token: a renewal only counts when the
+// rows are still its own). Release deletes the leases and ends the locks.
+// A crashed holder's advisory locks vanish with its connection, and since
+// Postgres kept running, its leases are taken at once by the next run.
+// Lost tells the holder when the locks could not be kept (the lease ran
+// out before Postgres came back, or another run took them), so it stops
+// its play: another instance may take the run over.
 type RunLocks struct {
-	locker      *Locker
-	job, target string
-	pid         uint32
-	waited      time.Duration
-	interval    time.Duration
-	timeout     time.Duration
+	locker       *Locker
+	job, target  string
+	keys         []int64 // the job's key first, then the targets'
+	holder       string  // this holder's id in run_leases
+	waited       time.Duration
+	interval     time.Duration
+	timeout      time.Duration
+	lease        time.Duration
+	renewedStart time.Time // when the last renewal that held was sent
 
-	mu       sync.Mutex // guards conn use, released and lostErr
+	mu       sync.Mutex // guards conn use, pid, released and lostErr
 	conn     *pgx.Conn
+	pid      uint32
 	released bool
 	lostErr  error
 
@@ -179,77 +204,9 @@ func AcquireRunLocks(ctx context.Context, pool *pgxpool.Pool, jobID, target stri
 	return NewLocker(pool, 0).Acquire(ctx, jobID, target, opts)
 }
 
-// Acquire takes the locks of a run on a dedicated connection:
-//
-//  1. the job lock (JobLockKey(jobID)), without waiting: when another
-//     session holds it, the job runs elsewhere and ErrJobRunningElsewhere
-//     is returned at once;
-//  2. the target lock (TargetLockKey(target)), waiting for it as long as
-//     another run of the same target holds it (opts.OnWait is told), or
-//     until ctx is done. A cancelled wait is cancelled on the server and the
-//     session's locks are released before the connection closes: nothing
-//     stays locked, nothing stays queued.
-//
-// The caller must Release the locks and should stop its work when Lost
-// fires.
+// Acquire takes the locks of a run on one target; see AcquireAll.
 func (lk *Locker) Acquire(ctx context.Context, jobID, target string, opts LockOptions) (*RunLocks, error) {
-	opts.PingInterval = cmp.Or(max(opts.PingInterval, 0), 5*time.Second)
-	opts.PingTimeout = cmp.Or(max(opts.PingTimeout, 0), 5*time.Second)
-	opts.WaitSlice = cmp.Or(max(opts.WaitSlice, 0), 2*time.Second)
-	// Both locks are tried in one round trip; the target's is only kept
-	// when the job's was free.
-	var gotJob, gotTarget bool
-	var conn *pgx.Conn
-	for {
-		c, reused, err := lk.conn(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("lock job %s: connect: %w", jobID, err)
-		}
-		err = c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1), pg_try_advisory_lock($2)`,
-			JobLockKey(jobID), TargetLockKey(target)).Scan(&gotJob, &gotTarget)
-		if err == nil {
-			conn = c
-			break
-		}
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = c.Close(closeCtx)
-		cancel()
-		if !reused || ctx.Err() != nil {
-			return nil, fmt.Errorf("lock job %s: %w", jobID, err)
-		}
-		// An idle connection died meanwhile (Postgres restarted): the
-		// try-lock took nothing, so try again on a new one.
-	}
-	l := &RunLocks{
-		locker: lk, job: jobID, target: target, conn: conn, pid: conn.PgConn().PID(),
-		interval: opts.PingInterval, timeout: opts.PingTimeout,
-		lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
-	}
-	fail := func(err error) (*RunLocks, error) {
-		l.abandon()
-		return nil, err
-	}
-	if !gotJob {
-		return fail(fmt.Errorf("lock job %s: %w", jobID, ErrJobRunningElsewhere)) // unlocks the target too
-	}
-	if !gotTarget && opts.NoWait {
-		return fail(fmt.Errorf("lock target %s (job %s): %w", target, jobID, ErrTargetBusy))
-	}
-	if !gotTarget {
-		if opts.OnWait != nil {
-			opts.OnWait()
-		}
-		start := time.Now()
-		if err := waitAdvisoryLock(ctx, conn, TargetLockKey(target), opts.WaitSlice); err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			return fail(fmt.Errorf("wait for lock of target %s (job %s): %w", target, jobID, err))
-		}
-		l.waited = time.Since(start)
-	}
-	go l.monitor()
-	return l, nil
+	return lk.AcquireAll(ctx, jobID, []string{target}, opts)
 }
 
 // waitAdvisoryLock takes the session lock key on conn, waiting for it in
@@ -270,100 +227,3 @@ func waitAdvisoryLock(ctx context.Context, conn *pgx.Conn, key int64, slice time
 	}
 }
 
-// abandon releases whatever the session holds and closes the connection,
-// for a failed acquisition (the monitor is not running).
-func (l *RunLocks) abandon() {
-	ctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
-	defer cancel()
-	if !l.conn.IsClosed() {
-		if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err == nil {
-			l.locker.put(l.conn)
-			return
-		}
-	}
-	_ = l.conn.Close(ctx)
-}
-
-// monitor pings the connection every interval and declares the locks lost
-// when a ping fails.
-func (l *RunLocks) monitor() {
-	defer close(l.done)
-	tick := time.NewTicker(l.interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-tick.C:
-		}
-		l.mu.Lock()
-		if l.released {
-			l.mu.Unlock()
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-		err := l.conn.Ping(ctx)
-		cancel()
-		if err != nil {
-			// Whatever failed, the locks can no longer be vouched for: end
-			// the session so they are surely gone, and tell the holder.
-			l.lostErr = fmt.Errorf("run locks of job %s lost: %w", l.job, err)
-			closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = l.conn.Close(closeCtx)
-			cancel()
-			close(l.lost)
-			l.mu.Unlock()
-			return
-		}
-		l.mu.Unlock()
-	}
-}
-
-// Lost is closed when the lock session died (connection killed, Postgres
-// restarted, network lost): the locks are gone and another instance may
-// take the run over, so the holder must stop its work. Release does not
-// close it.
-func (l *RunLocks) Lost() <-chan struct{} { return l.lost }
-
-// Err says why the locks were lost; nil while they are held.
-func (l *RunLocks) Err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lostErr
-}
-
-// Waited is how long AcquireRunLocks waited for the target lock (zero when
-// it was free).
-func (l *RunLocks) Waited() time.Duration { return l.waited }
-
-// BackendPID is the process id of the lock session's Postgres backend (as
-// in pg_locks and pg_stat_activity).
-func (l *RunLocks) BackendPID() uint32 { return l.pid }
-
-// Release unlocks both locks and gives the lock connection back to its
-// Locker (which keeps it for another run, or closes it). It is idempotent;
-// after the locks were lost it only cleans up. When unlocking fails the
-// connection is closed, which ends the session and its locks.
-func (l *RunLocks) Release(ctx context.Context) error {
-	l.mu.Lock()
-	if l.released {
-		l.mu.Unlock()
-		return nil
-	}
-	l.released = true
-	close(l.stop)
-	wasLost := l.lostErr != nil
-	l.mu.Unlock()
-	<-l.done
-	if wasLost {
-		return nil
-	}
-	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = l.conn.Close(closeCtx)
-		return fmt.Errorf("release run locks of job %s: %w", l.job, err)
-	}
-	l.locker.put(l.conn)
-	return nil
-}

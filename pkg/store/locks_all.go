@@ -1,8 +1,9 @@
 package store
 
 import (
-	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,17 +13,25 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// AcquireAll takes the locks of a run on several targets (an Ansible job on
-// many hosts) on one dedicated connection: the job lock, then the lock of
-// every target, in one global order (the targets sorted, duplicates
-// dropped), so that two runs sharing targets never deadlock, and a run on
-// one of the targets (a deploy, a provisioning) never overlaps it.
+// AcquireAll takes the locks of a run on its targets (one for a deploy or
+// a provisioning, many for an Ansible job) on one dedicated connection:
+// the job lock without waiting (when another session holds it, the job
+// runs elsewhere and ErrJobRunningElsewhere is returned at once), then the
+// lock of every target, in one global order (the targets sorted,
+// duplicates dropped), so that two runs sharing targets never deadlock,
+// and then a lease on each (see RunLocks).
 //
 // With opts.NoWait every lock is tried at once in one round trip: when any
 // target is busy nothing is kept and ErrTargetBusy is returned (the caller
 // waits outside its concurrency slots and tries again). Without it the
-// targets are waited for one after the other, in order. Errors and Release
-// are as for Acquire.
+// targets are waited for one after the other, in order, opts.OnWait told
+// once, until they are free or ctx is done. A cancelled wait is cancelled
+// on the server and the session's locks are released before the
+// connection is reused or closed: nothing stays locked, nothing stays
+// queued.
+//
+// The caller must Release the locks and should stop its work when Lost
+// fires.
 func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string, opts LockOptions) (*RunLocks, error) {
 	targets = slices.Clone(targets)
 	slices.Sort(targets)
@@ -30,15 +39,11 @@ func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string
 	if len(targets) == 0 {
 		return nil, fmt.Errorf("lock job %s: no target", jobID)
 	}
-	if len(targets) == 1 {
-		return lk.Acquire(ctx, jobID, targets[0], opts)
-	}
-	opts.PingInterval = cmp.Or(max(opts.PingInterval, 0), 5*time.Second)
-	opts.PingTimeout = cmp.Or(max(opts.PingTimeout, 0), 5*time.Second)
-	opts.WaitSlice = cmp.Or(max(opts.WaitSlice, 0), 2*time.Second)
-	keys := make([]int64, len(targets))
-	for i, t := range targets {
-		keys[i] = TargetLockKey(t)
+	opts = opts.withDefaults()
+	keys := make([]int64, 0, len(targets)+1)
+	keys = append(keys, JobLockKey(jobID))
+	for _, t := range targets {
+		keys = append(keys, TargetLockKey(t))
 	}
 	var gotJob bool
 	var got []bool
@@ -55,7 +60,7 @@ func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string
 				ARRAY(SELECT pg_try_advisory_lock(k) FROM unnest($2::bigint[]) WITH ORDINALITY AS t(k, i) ORDER BY i)
 			ELSE '{}'::boolean[] END
 			FROM (SELECT pg_try_advisory_lock($1) AS ok) j`,
-			JobLockKey(jobID), keys, opts.NoWait).Scan(&gotJob, &got)
+			keys[0], keys[1:], opts.NoWait).Scan(&gotJob, &got)
 		if err == nil {
 			conn = c
 			break
@@ -66,10 +71,13 @@ func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string
 		if !reused || ctx.Err() != nil {
 			return nil, fmt.Errorf("lock job %s: %w", jobID, err)
 		}
+		// An idle connection died meanwhile (Postgres restarted): the
+		// try-lock took nothing, so try again on a new one.
 	}
 	l := &RunLocks{
-		locker: lk, job: jobID, target: strings.Join(targets, " "), conn: conn, pid: conn.PgConn().PID(),
-		interval: opts.PingInterval, timeout: opts.PingTimeout,
+		locker: lk, job: jobID, target: strings.Join(targets, " "), keys: keys, holder: newHolderID(),
+		conn: conn, pid: conn.PgConn().PID(),
+		interval: opts.PingInterval, timeout: opts.PingTimeout, lease: opts.Lease,
 		lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	fail := func(err error) (*RunLocks, error) {
@@ -85,42 +93,107 @@ func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string
 				return fail(fmt.Errorf("lock target %s (job %s): %w", targets[i], jobID, ErrTargetBusy))
 			}
 		}
-	} else {
-		start := time.Now()
-		waited := false
-		for i, key := range keys {
-			var ok bool
-			if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
-				return fail(fmt.Errorf("lock target %s (job %s): %w", targets[i], jobID, err))
-			}
-			if ok {
-				continue
-			}
-			if !waited && opts.OnWait != nil {
-				opts.OnWait()
-			}
-			waited = true
-			if err := waitAdvisoryLock(ctx, conn, key, opts.WaitSlice); err != nil {
-				if ctx.Err() != nil {
-					err = ctx.Err()
+	}
+	start := time.Now()
+	waited := false
+	onWait := func() {
+		if !waited && opts.OnWait != nil {
+			opts.OnWait()
+		}
+		waited = true
+	}
+	for {
+		if !opts.NoWait {
+			for i, key := range keys[1:] {
+				var ok bool
+				if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
+					return fail(fmt.Errorf("lock target %s (job %s): %w", targets[i], jobID, err))
 				}
-				return fail(fmt.Errorf("wait for lock of target %s (job %s): %w", targets[i], jobID, err))
+				if ok {
+					continue
+				}
+				onWait()
+				if err := waitAdvisoryLock(ctx, conn, key, opts.WaitSlice); err != nil {
+					if ctx.Err() != nil {
+						err = ctx.Err()
+					}
+					return fail(fmt.Errorf("wait for lock of target %s (job %s): %w", targets[i], jobID, err))
+				}
 			}
 		}
-		if waited {
-			l.waited = time.Since(start)
+		claimed, err := l.claim(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("lease the locks of job %s: %w", jobID, err))
 		}
+		if len(claimed) == len(keys) {
+			break
+		}
+		// A lease written before a Postgres restart still stands: its
+		// holder may still run and will renew it.
+		if !slices.Contains(claimed, keys[0]) {
+			return fail(fmt.Errorf("lock job %s (leased across a Postgres restart): %w", jobID, ErrJobRunningElsewhere))
+		}
+		if opts.NoWait {
+			return fail(fmt.Errorf("lock targets %s (job %s, leased across a Postgres restart): %w", l.target, jobID, ErrTargetBusy))
+		}
+		onWait()
+		// Give the targets back so that their holder can take them again,
+		// and look once more after a slice.
+		if _, err := conn.Exec(ctx, `
+			WITH gone AS (DELETE FROM run_leases WHERE key = ANY($1) AND holder = $2)
+			SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k`, keys[1:], l.holder); err != nil {
+			return fail(fmt.Errorf("lock targets %s (job %s): %w", l.target, jobID, err))
+		}
+		select {
+		case <-ctx.Done():
+			return fail(fmt.Errorf("wait for lease of targets %s (job %s): %w", l.target, jobID, ctx.Err()))
+		case <-time.After(opts.WaitSlice):
+		}
+	}
+	if waited {
+		l.waited = time.Since(start)
 	}
 	go l.monitor()
 	return l, nil
 }
 
+// newHolderID returns a random id for a RunLocks, its fencing token in
+// run_leases.
+func newHolderID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}
+
+// claim writes the leases of every key on the lock connection, which holds
+// their advisory locks, and returns the keys it got. A key's lease is
+// taken when it is this holder's, when it expired, or when it was written
+// in this Postgres's lifetime (its epoch): holding the advisory lock now
+// proves its writer's session ended since. A lease from before a restart
+// that has not expired is left to its holder.
+func (l *RunLocks) claim(ctx context.Context) ([]int64, error) {
+	l.renewedStart = time.Now()
+	var claimed []int64
+	err := l.conn.QueryRow(ctx, `
+		WITH claimed AS (
+			INSERT INTO run_leases AS r (key, holder, job, epoch, expires_at)
+			SELECT k, $2, $3, pg_postmaster_start_time(), now() + make_interval(secs => $4)
+			FROM unnest($1::bigint[]) AS k
+			ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, job = excluded.job,
+				epoch = excluded.epoch, expires_at = excluded.expires_at
+			WHERE r.holder = excluded.holder OR r.epoch = excluded.epoch OR r.expires_at < now()
+			RETURNING key)
+		SELECT coalesce(array_agg(key), '{}') FROM claimed`,
+		l.keys, l.holder, l.job, l.lease.Seconds()).Scan(&claimed)
+	return claimed, err
+}
+
 // Busy reports whether a run holds any of targets now: a probe that takes
 // the locks of job jobID on them without waiting and gives them back at
-// once (two round trips). A caller with work to do before its run (an
-// Ansible job's checkout) looks first, so that a job waiting for busy
-// hosts does that work once, when they are free, not at every look. A job
-// running elsewhere is not busy here: the run's own locking answers it.
+// once. A caller with work to do before its run (an Ansible job's
+// checkout) looks first, so that a job waiting for busy hosts does that
+// work once, when they are free, not at every look. A job running
+// elsewhere is not busy here: the run's own locking answers it.
 func (lk *Locker) Busy(ctx context.Context, jobID string, targets []string) (bool, error) {
 	l, err := lk.AcquireAll(ctx, jobID, targets, LockOptions{NoWait: true})
 	switch {

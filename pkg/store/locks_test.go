@@ -301,45 +301,152 @@ func TestCancelledWaitLeavesNoLock(t *testing.T) {
 	_ = third.Release(context.Background())
 }
 
-func TestTerminatedSessionLosesLocks(t *testing.T) {
+// A lock session that ends while Postgres keeps running (a dropped
+// connection) costs the holder nothing when no one took its leases: it
+// takes its locks again on a new session, and nobody else gets them.
+func TestTerminatedSessionKeepsItsLocks(t *testing.T) {
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	a := acquire(t, pool, "job-1", "web-1", store.LockOptions{PingInterval: 100 * time.Millisecond})
+	defer a.Release(ctx)
+	old := a.BackendPID()
+
+	var killed bool
+	if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, int32(old)).Scan(&killed); err != nil || !killed {
+		t.Fatalf("terminate lock session: %v %v", killed, err)
+	}
+	testenv.WaitFor(t, 15*time.Second, "the locks held again on a new session", func() bool {
+		rows := advisoryLocks(t, pool, store.TargetLockKey("web-1"))
+		return a.BackendPID() != old && len(rows) == 1 && rows[0].Granted && rows[0].PID == a.BackendPID()
+	})
+	select {
+	case <-a.Lost():
+		t.Fatalf("Lost fired: %v", a.Err())
+	default:
+	}
+	if _, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-1", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrJobRunningElsewhere) {
+		t.Fatalf("second acquisition = %v, want ErrJobRunningElsewhere", err)
+	}
+	if _, err := store.AcquireRunLocks(ctx, pool, "job-2", "web-1", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("other job's acquisition = %v, want ErrTargetBusy", err)
+	}
+}
+
+// When another run holds the leases by the time the holder reconnects (it
+// took them while the holder's session was gone), the holder's locks are
+// lost: its fencing token no longer matches.
+func TestTakenLeaseLosesLocks(t *testing.T) {
 	pool := testenv.Pool(t)
 	ctx := context.Background()
 	a := acquire(t, pool, "job-1", "web-1", store.LockOptions{PingInterval: 100 * time.Millisecond})
 
-	var killed bool
-	if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, int32(a.BackendPID())).Scan(&killed); err != nil || !killed {
-		t.Fatalf("terminate lock session: %v %v", killed, err)
+	if _, err := pool.Exec(ctx, `UPDATE run_leases SET holder = 'someone-else' WHERE job = 'job-1'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int32(a.BackendPID())); err != nil {
+		t.Fatal(err)
 	}
 	select {
 	case <-a.Lost():
 	case <-time.After(15 * time.Second):
-		t.Fatal("Lost did not fire after the lock session was terminated")
+		t.Fatal("Lost did not fire after another run took the leases")
 	}
-	if a.Err() == nil {
-		t.Fatal("lost locks without a reason")
-	}
-	// Another instance gets both locks.
-	var b *store.RunLocks
-	testenv.WaitFor(t, 10*time.Second, "locks free after the session ended", func() bool {
-		l, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-1", store.LockOptions{
-			OnWait: func() { t.Error("target lock still held by the terminated session") },
-		})
-		if errors.Is(err, store.ErrJobRunningElsewhere) {
-			return false
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b = l
-		return true
-	})
-	defer b.Release(ctx)
-	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-1")); len(rows) != 1 || rows[0].PID != b.BackendPID() {
-		t.Fatalf("target lock rows = %+v, want the new holder %d", rows, b.BackendPID())
+	if err := a.Err(); err == nil || !strings.Contains(err.Error(), "another run holds the leases") {
+		t.Fatalf("Err = %v, want the leases taken", err)
 	}
 	if err := a.Release(ctx); err != nil { // cleaning up after a loss is fine
 		t.Fatal(err)
 	}
+	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-1")); len(rows) != 0 {
+		t.Fatalf("target lock rows = %+v, want none after the loss", rows)
+	}
+}
+
+// A lease written before a Postgres restart holds its keys until it
+// expires: the next run waits for it (its holder might still run), then
+// takes it.
+func TestLeaseFromBeforeARestartStandsUntilItExpires(t *testing.T) {
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	for _, k := range []struct {
+		key int64
+		job string
+	}{{store.TargetLockKey("web-9"), "job-old"}, {store.JobLockKey("job-9"), "job-9"}} {
+		if _, err := pool.Exec(ctx, `
+			INSERT INTO run_leases (key, holder, job, epoch, expires_at)
+			VALUES ($1, 'before-the-restart', $2, '2000-01-01', now() + interval '2 seconds')`, k.key, k.job); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-9", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("acquisition of a leased target = %v, want ErrTargetBusy", err)
+	}
+	if _, err := store.AcquireRunLocks(ctx, pool, "job-9", "web-8", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrJobRunningElsewhere) {
+		t.Fatalf("acquisition of a leased job = %v, want ErrJobRunningElsewhere", err)
+	}
+	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-9")); len(rows) != 0 {
+		t.Fatalf("target lock rows = %+v, want none kept by the refused runs", rows)
+	}
+	waited := false
+	l := acquire(t, pool, "job-1", "web-9", store.LockOptions{WaitSlice: 200 * time.Millisecond, OnWait: func() { waited = true }})
+	defer l.Release(ctx)
+	if !waited || l.Waited() < time.Second {
+		t.Errorf("waited %v (told %v), want the lease's remaining time", l.Waited(), waited)
+	}
+}
+
+// A Postgres restart (every session ended, nothing answering for seconds)
+// does not cost a run its locks: nobody takes them meanwhile, and the
+// holder takes them again when Postgres is back. An outage longer than the
+// lease does.
+func TestPostgresRestartKeepsLocks(t *testing.T) {
+	pg := testenv.StartPostgresServer(t)
+	ctx := context.Background()
+	pool, err := store.Open(ctx, pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := store.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	opts := store.LockOptions{PingInterval: 200 * time.Millisecond, PingTimeout: time.Second}
+	long, short := opts, opts
+	long.Lease, short.Lease = 30*time.Second, 3*time.Second
+	a := acquire(t, pool, "job-1", "web-1", long)
+	defer a.Release(ctx)
+	b := acquire(t, pool, "job-2", "web-2", short)
+	defer b.Release(ctx)
+
+	pg.Stop()
+	time.Sleep(5 * time.Second) // longer than b's lease
+	pg.Start()
+
+	select {
+	case <-b.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run whose lease ran out did not lose its locks")
+	}
+	if err := b.Err(); err == nil || !strings.Contains(err.Error(), "ran out") {
+		t.Errorf("Err = %v, want the lease ran out", err)
+	}
+	testenv.WaitFor(t, 15*time.Second, "the locks held again after the restart", func() bool {
+		rows := advisoryLocks(t, pool, store.TargetLockKey("web-1"))
+		return len(rows) == 1 && rows[0].Granted && rows[0].PID == a.BackendPID()
+	})
+	select {
+	case <-a.Lost():
+		t.Fatalf("the run within its lease lost its locks: %v", a.Err())
+	default:
+	}
+	if _, err := store.AcquireRunLocks(ctx, pool, "job-3", "web-1", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("acquisition of the held target = %v, want ErrTargetBusy", err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := acquire(t, pool, "job-3", "web-1", store.LockOptions{NoWait: true})
+	defer c.Release(ctx)
 }
 
 func TestRunLocksDieWithTheirProcess(t *testing.T) {

@@ -138,6 +138,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		ElsewhereRecheck: cfg.Stream.RetryBackoff,
 		BusyRecheck:      cfg.Jobs.BusyRecheck,
 		OutageWait:       cfg.Jobs.OutageWait,
+		LockLease:        cfg.Jobs.LockLease,
 		RedisOutageWait:  cfg.Jobs.RedisOutageWait,
 		Playbooks:        jobs.DefaultPlaybooks,
 		PlaybookDir:      filepath.Join(cfg.Playbook.Dir, "playbooks"),

@@ -165,6 +165,10 @@ type Config struct {
 	// LockCheck is how often a running job checks that its lock session
 	// lives; 0 means the store's default (store.LockOptions).
 	LockCheck time.Duration
+	// LockLease is how long a running job keeps its locks through a
+	// Postgres outage (store.LockOptions.Lease); 0 means the store's
+	// default.
+	LockLease time.Duration
 	// Limits overrides the runner's time limits per playbook name.
 	Limits map[string]Limits
 	// SiteVars are extra vars of every run (role defaults of the site);
@@ -194,7 +198,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %s: must be positive", name, d))
 		}
 	}
-	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck,
+	for name, d := range map[string]time.Duration{"ssh check reuse": c.SSHCheckReuse, "lock check": c.LockCheck, "lock lease": c.LockLease,
 		"elsewhere recheck": c.ElsewhereRecheck, "busy recheck": c.BusyRecheck, "outage wait": c.OutageWait, "redis outage wait": c.RedisOutageWait} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must not be negative", name, d))

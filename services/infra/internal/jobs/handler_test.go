@@ -177,7 +177,7 @@ func TestProvisionOutcomes(t *testing.T) {
 		{
 			name: "lock lost", run: blocks(),
 			interrupt: func(t *testing.T, w *world, jobID string, _ context.CancelCauseFunc) {
-				w.terminateLockSession(t, jobID)
+				w.takeLocks(t, jobID)
 			},
 			wantErr: func(err error) bool {
 				return err != nil && strings.Contains(err.Error(), "run locks lost") && !stream.IsPermanent(err)

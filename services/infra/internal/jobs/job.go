@@ -174,7 +174,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		// Neither lock is waited for: a request for a busy server must not
 		// hold one of the handler slots (CONCURRENCY) that runs on other
 		// servers need while it waits.
-		opts := store.LockOptions{PingInterval: j.h.cfg.LockCheck, NoWait: true}
+		opts := store.LockOptions{PingInterval: j.h.cfg.LockCheck, Lease: j.h.cfg.LockLease, NoWait: true}
 		if len(j.targets) > 0 {
 			locks, err = j.h.Locker.AcquireAll(ctx, j.id, j.targets, opts)
 			return err

@@ -376,10 +376,14 @@ func handle(t *testing.T, h *jobs.Handler, started <-chan struct{}, msg *stream.
 	}
 }
 
-// terminateLockSession ends the Postgres session holding jobID's run locks,
-// as a Postgres restart or a dropped connection would.
-func (w *world) terminateLockSession(t *testing.T, jobID string) {
+// takeLocks takes jobID's run locks from under it, as another run would
+// that took them while its session was gone: its leases change holder and
+// the Postgres session holding them ends.
+func (w *world) takeLocks(t *testing.T, jobID string) {
 	t.Helper()
+	if _, err := w.pool.Exec(context.Background(), `UPDATE run_leases SET holder = 'another-run' WHERE job = $1`, jobID); err != nil {
+		t.Fatal(err)
+	}
 	key := store.JobLockKey(jobID)
 	var n int
 	err := w.pool.QueryRow(context.Background(), `
