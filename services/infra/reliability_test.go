@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,14 +127,10 @@ func TestSIGTERMWhileWaitingForBusyServerReleasesTheRequest(t *testing.T) {
 	assertOneSuccess(t, e, "job-t")
 }
 
-// A Postgres outage in the middle of a job (a restart: every session
-// ended, nothing answers for a while) does not fail it: the job waits the
-// outage out (DB_OUTAGE_WAIT), runs again if its run was cut off, and
-// publishes exactly one result, the stored one; nothing is dead-lettered
-// and nothing is left in a transient state.
-func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
-	t.Parallel()
-	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+// newE2EOwnPostgres is newE2E on a Postgres server of the test's own, which
+// it may stop and start.
+func newE2EOwnPostgres(t *testing.T, sshd *testenv.SSHD) (*e2e, *testenv.PostgresServer) {
+	t.Helper()
 	pg := testenv.StartPostgresServer(t)
 	e := newE2E(t, sshd)
 	e.dsn = pg.URL()
@@ -142,6 +140,18 @@ func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	e.pool = pool
+	return e, pg
+}
+
+// A Postgres outage in the middle of a job (a restart: every session
+// ended, nothing answers for a while) does not fail it: the job waits the
+// outage out (DB_OUTAGE_WAIT), runs again if its run was cut off, and
+// publishes exactly one result, the stored one; nothing is dead-lettered
+// and nothing is left in a transient state.
+func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e, pg := newE2EOwnPostgres(t, sshd)
 
 	e.infra("DB_OUTAGE_WAIT=2m", "STREAM_MAX_DELIVERIES=3") // migrates the database
 	e.addServer("web-1", sshd)
@@ -177,4 +187,59 @@ func TestPostgresOutageDuringJobDoesNotFailIt(t *testing.T) {
 		t.Errorf("runs = %+v, want the last one complete", spans)
 	}
 	assertNoOverlap(t, spans)
+}
+
+// A Postgres outage of 20 s while 20 plays run (a restart: every lock
+// session ended) stops none of them: each keeps its server's lock through
+// its lease (RUN_LOCK_LEASE), takes it again when Postgres is back, and
+// finishes; no play runs twice, every job has exactly one result, from its
+// first attempt.
+func TestPostgresOutageStopsNoRunningPlay(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e, pg := newE2EOwnPostgres(t, sshd)
+
+	e.infra("STREAM_CONCURRENCY="+strconv.Itoa(n), "DB_OUTAGE_WAIT=3m", "RUN_LOCK_LEASE=60s") // migrates the database
+	hosts := make([]string, n)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("web-%02d", i)
+		e.addServer(hosts[i], sshd)
+		e.control(hosts[i], map[string]any{"sleep": 30})
+		e.provision("job-"+hosts[i], hosts[i])
+	}
+	testenv.WaitFor(t, 3*time.Minute, "every play to start", func() bool {
+		for _, h := range hosts {
+			if len(e.spans(h)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	pg.Stop()
+	time.Sleep(20 * time.Second)
+	pg.Start()
+
+	for _, h := range hosts {
+		r := e.waitProvision("job-"+h, 3*time.Minute)
+		if r.Status != messages.StatusSucceeded {
+			t.Errorf("%s: result = %s %+v, want succeeded", h, r.Status, r.Error)
+		}
+	}
+	e.waitAcked(messages.StreamProvisionerQueue, time.Minute)
+	for _, h := range hosts {
+		if n := len(e.provisionResults("job-" + h)); n != 1 {
+			t.Errorf("%s: %d results, want exactly 1", h, n)
+		}
+		if spans := e.spans(h); len(spans) != 1 || spans[0].end == 0 {
+			t.Errorf("%s: plays = %+v, want one, finished (none stopped, none run twice)", h, spans)
+		}
+		if run := e.run("job-" + h); run.State != store.RunDone || run.Attempt != 1 {
+			t.Errorf("%s: run = state %s attempt %d, want done at its first attempt", h, run.State, run.Attempt)
+		}
+	}
+	if dead := e.results(messages.StreamProvisionerQueue + ":dead"); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none", len(dead))
+	}
 }
