@@ -72,6 +72,10 @@ type LockOptions struct {
 	// not called. A service whose handlers run in a bounded number of slots
 	// uses it so that a request for a busy server does not hold a slot.
 	NoWait bool
+
+	// probe: a look that gives the locks back at once (Busy); the job
+	// keeps its place in its targets' lines.
+	probe bool
 }
 
 // withDefaults fills in the zero fields of o.
@@ -226,4 +230,3 @@ func waitAdvisoryLock(ctx context.Context, conn *pgx.Conn, key int64, slice time
 		}
 	}
 }
-

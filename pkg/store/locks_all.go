@@ -93,6 +93,15 @@ func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string
 				return fail(fmt.Errorf("lock target %s (job %s): %w", targets[i], jobID, ErrTargetBusy))
 			}
 		}
+		// Free, but not this run's turn while a run that came first waits
+		// for one of the targets (JoinLines).
+		ahead, err := aheadInLine(ctx, conn, jobID, targets)
+		if err != nil {
+			return fail(fmt.Errorf("lock targets %s (job %s): read their lines: %w", l.target, jobID, err))
+		}
+		if ahead != "" {
+			return fail(fmt.Errorf("lock targets %s (job %s): job %s waits before it: %w", l.target, jobID, ahead, ErrTargetBusy))
+		}
 	}
 	start := time.Now()
 	waited := false
@@ -121,7 +130,7 @@ func (lk *Locker) AcquireAll(ctx context.Context, jobID string, targets []string
 				}
 			}
 		}
-		claimed, err := l.claim(ctx)
+		claimed, err := l.claim(ctx, !opts.probe)
 		if err != nil {
 			return fail(fmt.Errorf("lease the locks of job %s: %w", jobID, err))
 		}
@@ -171,7 +180,9 @@ func newHolderID() string {
 // in this Postgres's lifetime (its epoch): holding the advisory lock now
 // proves its writer's session ended since. A lease from before a restart
 // that has not expired is left to its holder.
-func (l *RunLocks) claim(ctx context.Context) ([]int64, error) {
+//
+// A run that takes its locks (leave) leaves the lines it waited in.
+func (l *RunLocks) claim(ctx context.Context, leave bool) ([]int64, error) {
 	l.renewedStart = time.Now()
 	var claimed []int64
 	err := l.conn.QueryRow(ctx, `
@@ -182,9 +193,10 @@ func (l *RunLocks) claim(ctx context.Context) ([]int64, error) {
 			ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, job = excluded.job,
 				epoch = excluded.epoch, expires_at = excluded.expires_at
 			WHERE r.holder = excluded.holder OR r.epoch = excluded.epoch OR r.expires_at < now()
-			RETURNING key)
+			RETURNING key),
+		left_lines AS (DELETE FROM run_waits WHERE job = $3 AND $5)
 		SELECT coalesce(array_agg(key), '{}') FROM claimed`,
-		l.keys, l.holder, l.job, l.lease.Seconds()).Scan(&claimed)
+		l.keys, l.holder, l.job, l.lease.Seconds(), leave).Scan(&claimed)
 	return claimed, err
 }
 
@@ -193,9 +205,11 @@ func (l *RunLocks) claim(ctx context.Context) ([]int64, error) {
 // once. A caller with work to do before its run (an Ansible job's
 // checkout) looks first, so that a job waiting for busy hosts does that
 // work once, when they are free, not at every look. A job running
-// elsewhere is not busy here: the run's own locking answers it.
+// elsewhere is not busy here: the run's own locking answers it. A target
+// is busy too while a run that came first waits for it (JoinLines); the
+// probe keeps the job's place in the lines.
 func (lk *Locker) Busy(ctx context.Context, jobID string, targets []string) (bool, error) {
-	l, err := lk.AcquireAll(ctx, jobID, targets, LockOptions{NoWait: true})
+	l, err := lk.AcquireAll(ctx, jobID, targets, LockOptions{NoWait: true, probe: true})
 	switch {
 	case errors.Is(err, ErrTargetBusy):
 		return true, nil

@@ -3,22 +3,32 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
+
+// newLocker returns a test database and a Locker on it keeping two idle
+// sessions.
+func newLocker(t *testing.T) (*pgxpool.Pool, *store.Locker) {
+	pool := testenv.Pool(t)
+	lk := store.NewLocker(pool, 2)
+	t.Cleanup(lk.Close)
+	return pool, lk
+}
 
 // TestAcquireAll: a run on several targets holds every one of them; with
 // NoWait a busy one makes it keep nothing; waiting, it takes them in order
 // and two runs sharing targets in opposite orders both finish.
 func TestAcquireAll(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Pool(t)
+	pool, lk := newLocker(t)
 	ctx := context.Background()
-	lk := store.NewLocker(pool, 2)
-	t.Cleanup(lk.Close)
 
 	all, err := lk.AcquireAll(ctx, "job-all", []string{"t-3", "t-1", "t-2", "t-1"}, store.LockOptions{NoWait: true})
 	if err != nil {
@@ -80,10 +90,8 @@ func TestAcquireAll(t *testing.T) {
 // targets, keeps no lock itself, and says free once the run let go.
 func TestLockerBusy(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Pool(t)
+	pool, lk := newLocker(t)
 	ctx := context.Background()
-	lk := store.NewLocker(pool, 2)
-	t.Cleanup(lk.Close)
 	run, err := lk.Acquire(ctx, "deploy-1", "b-2", store.LockOptions{NoWait: true})
 	if err != nil {
 		t.Fatal(err)
@@ -105,4 +113,86 @@ func TestLockerBusy(t *testing.T) {
 	if busy, err := lk.Busy(ctx, "job-probe", []string{"b-2"}); err != nil || busy {
 		t.Fatalf("Busy after the run let go = %v, %v; want false", busy, err)
 	}
+}
+
+// TestLinesKeepArrivalOrder: a run needing two targets, one busy, waits in
+// the line of both, so a run needing only the free one that arrives later
+// waits behind it instead of starving it; where each stands is readable;
+// a probe keeps the wide run's place; a waiter that stopped looking loses
+// it.
+func TestLinesKeepArrivalOrder(t *testing.T) {
+	t.Parallel()
+	pool, lk := newLocker(t)
+	ctx := context.Background()
+	noWait := store.LockOptions{NoWait: true}
+	try := func(job string, targets ...string) (*store.RunLocks, error) {
+		l, err := lk.AcquireAll(ctx, job, targets, noWait)
+		if errors.Is(err, store.ErrTargetBusy) {
+			if jerr := store.JoinLines(ctx, pool, job, targets); jerr != nil {
+				t.Fatal(jerr)
+			}
+		}
+		return l, err
+	}
+	first, err := try("first", "l-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := try("wide", "l-1", "l-2"); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("wide run with l-1 held = %v, want ErrTargetBusy", err)
+	}
+	if _, err := try("narrow", "l-2"); !errors.Is(err, store.ErrTargetBusy) || !strings.Contains(err.Error(), "job wide waits before it") {
+		t.Fatalf("narrow run behind the wide one = %v, want ErrTargetBusy naming it", err)
+	}
+	lines, err := store.JobLines(ctx, pool, "wide")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 2 || lines[0].Target != "l-1" || lines[0].Ahead != 0 || !lines[0].Busy ||
+		lines[1].Target != "l-2" || lines[1].Ahead != 0 || lines[1].Busy {
+		t.Fatalf("wide run's lines = %+v, want first at l-1 (busy) and l-2 (free)", lines)
+	}
+	if lines, err := store.JobLines(ctx, pool, "narrow"); err != nil || len(lines) != 1 || lines[0].Ahead != 1 {
+		t.Fatalf("narrow run's lines = %+v, %v; want one ahead at l-2", lines, err)
+	}
+	if busy, err := lk.Busy(ctx, "wide", []string{"l-1", "l-2"}); err != nil || !busy {
+		t.Fatalf("probe of the wide run = %v, %v; want busy", busy, err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := lk.Busy(ctx, "wide", []string{"l-1", "l-2"}); err != nil || busy {
+		t.Fatalf("probe of the wide run after l-1 freed = %v, %v; want free", busy, err)
+	}
+	if _, err := try("narrow", "l-2"); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("narrow run after the probe = %v, want still behind the wide one", err)
+	}
+	wide, err := try("wide", "l-1", "l-2")
+	if err != nil {
+		t.Fatalf("wide run at its turn: %v", err)
+	}
+	if lines, err := store.JobLines(ctx, pool, "wide"); err != nil || len(lines) != 0 {
+		t.Fatalf("wide run's lines once it runs = %+v, %v; want none", lines, err)
+	}
+	if _, err := try("narrow", "l-2"); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("narrow run while the wide one runs = %v, want ErrTargetBusy", err)
+	}
+	if err := wide.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	narrow, err := try("narrow", "l-2")
+	if err != nil {
+		t.Fatalf("narrow run at its turn: %v", err)
+	}
+	_ = narrow.Release(ctx)
+
+	// A waiter that stopped looking holds no place.
+	if _, err := pool.Exec(ctx, `INSERT INTO run_waits (target, job, seq, seen_at) VALUES ('l-3', 'gone', 0, now() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	late, err := try("late", "l-3")
+	if err != nil {
+		t.Fatalf("run behind a stale waiter: %v", err)
+	}
+	_ = late.Release(ctx)
 }

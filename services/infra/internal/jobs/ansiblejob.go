@@ -233,7 +233,7 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 		busy, err := h.Locker.Busy(ctx, j.id, j.targets)
 		j.steps.add(stepLocks, at)
 		if err == nil && busy {
-			return j.waitBusy(strings.Join(j.targets, " "), store.ErrTargetBusy)
+			return j.waitBusy(ctx, strings.Join(j.targets, " "), store.ErrTargetBusy)
 		}
 		if err := aj.checkout(ctx); err != nil {
 			return aj.early(ctx, err)

@@ -144,8 +144,18 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 // outside the handler slots, released for redelivery without counting a
 // delivery, and looks again after BusyRecheck, on whichever instance
 // claims it then.
-func (j *job) waitBusy(target string, err error) error {
+//
+// It first joins the line of each of its targets (store.JoinLines), or
+// keeps its place there: runs start in arrival order per target.
+func (j *job) waitBusy(ctx context.Context, target string, err error) error {
 	delay := cmp.Or(j.h.cfg.BusyRecheck, time.Second)
+	targets := j.targets
+	if len(targets) == 0 {
+		targets = []string{target}
+	}
+	if jerr := store.JoinLines(ctx, j.h.DB, j.id, targets); jerr != nil {
+		j.log.Warn().Err(jerr).Msg("could not join the lines of the busy targets: waiting without a place")
+	}
 	j.log.Info().Str("target", target).Dur("recheck_in", delay).
 		Msg("waiting for another run on this server to finish (outside the handler slots)")
 	return stream.Later(delay, err)
@@ -188,7 +198,7 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 		// on whichever instance claims it then.
 		lockSpan.SetAttributes(attribute.Bool("autoprov.target_busy", true))
 		endSpan(lockSpan, nil)
-		return j.waitBusy(target, err)
+		return j.waitBusy(ctx, target, err)
 	}
 	endSpan(lockSpan, err)
 	if errors.Is(err, store.ErrJobRunningElsewhere) {

@@ -1,0 +1,84 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// WaitStale is how long a waiter that stopped looking at its targets keeps
+// its place in their lines (see JoinLines): a waiting run looks every
+// second or so, so one not seen for this long was cancelled or is gone.
+const WaitStale = 15 * time.Second
+
+// JoinLines puts job jobID in the line of each of targets, all with one
+// number, its arrival (a job keeps its number across looks), and marks it
+// seen; stale waiters of any job are deleted on the way. A run that found
+// a target busy (ErrTargetBusy) joins, so that AcquireAll lets it start
+// before any run that arrived after it (migration 00064).
+func JoinLines(ctx context.Context, db Querier, jobID string, targets []string) error {
+	_, err := db.Exec(ctx, `
+		WITH stale AS (DELETE FROM run_waits WHERE seen_at < now() - make_interval(secs => $3) AND job <> $1),
+		num AS (SELECT coalesce((SELECT min(seq) FROM run_waits WHERE job = $1), nextval('run_wait_seq')) AS seq)
+		INSERT INTO run_waits (target, job, seq) SELECT t, $1, num.seq FROM unnest($2::text[]) AS t, num
+		ON CONFLICT (target, job) DO UPDATE SET seen_at = now()`,
+		jobID, targets, WaitStale.Seconds())
+	if err != nil {
+		return fmt.Errorf("job %s joins the lines of its targets: %w", jobID, err)
+	}
+	return nil
+}
+
+// aheadInLine returns a job that waits, fresh, in the line of one of
+// targets with a smaller number than jobID ("" when none: jobID may go).
+func aheadInLine(ctx context.Context, db Querier, jobID string, targets []string) (string, error) {
+	var ahead []string
+	err := db.QueryRow(ctx, `
+		SELECT ARRAY(SELECT w.job FROM run_waits w
+		WHERE w.target = ANY($1) AND w.job <> $2 AND w.seen_at > now() - make_interval(secs => $3)
+		  AND w.seq < coalesce((SELECT min(seq) FROM run_waits WHERE job = $2), 9223372036854775807)
+		ORDER BY w.seq LIMIT 1)`, targets, jobID, WaitStale.Seconds()).Scan(&ahead)
+	if err != nil || len(ahead) == 0 {
+		return "", err
+	}
+	return ahead[0], nil
+}
+
+// LinePlace is where a waiting job stands in the line of one of its
+// targets.
+type LinePlace struct {
+	Target string    `json:"target"`
+	Ahead  int       `json:"ahead"` // fresh waiters before it
+	Busy   bool      `json:"busy"`  // a run holds the target now
+	Since  time.Time `json:"since"` // when it joined
+}
+
+// JobLines returns where job jobID waits, per target in target order
+// (none when it does not wait). A target is busy when a run holds its
+// lease (run_leases, keyed by TargetLockKey, computed here in SQL).
+func JobLines(ctx context.Context, db Querier, jobID string) ([]LinePlace, error) {
+	rows, err := db.Query(ctx, `
+		SELECT w.target, w.since,
+			(SELECT count(*) FROM run_waits o WHERE o.target = w.target AND o.seq < w.seq
+				AND o.seen_at > now() - make_interval(secs => $2)),
+			EXISTS (SELECT 1 FROM run_leases l WHERE l.expires_at > now() AND l.key =
+				('x' || substr(encode(sha256(convert_to('target:' || w.target, 'UTF8')), 'hex'), 1, 16))::bit(64)::bigint)
+		FROM run_waits w WHERE w.job = $1 AND w.seen_at > now() - make_interval(secs => $2)
+		ORDER BY w.target`, jobID, WaitStale.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("lines of job %s: %w", jobID, err)
+	}
+	defer rows.Close()
+	var out []LinePlace
+	for rows.Next() {
+		var p LinePlace
+		if err := rows.Scan(&p.Target, &p.Since, &p.Ahead, &p.Busy); err != nil {
+			return nil, fmt.Errorf("lines of job %s: %w", jobID, err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lines of job %s: %w", jobID, err)
+	}
+	return out, nil
+}
