@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
@@ -30,9 +31,12 @@ type Job struct {
 	CancelRequestedAt *time.Time  `json:"cancel_requested_at,omitempty"`
 	Progress          JobProgress `json:"progress"`
 	// Waiting says why a queued job has not started, when the API can
-	// tell: no infra replica serves its pool.
-	Waiting string              `json:"waiting,omitempty"`
-	Result  *deployments.Result `json:"result,omitempty"`
+	// tell: no infra replica serves its pool, or its hosts are busy.
+	Waiting string `json:"waiting,omitempty"`
+	// Queue is where a queued job waits for busy hosts: runs start in
+	// arrival order per host.
+	Queue  *JobQueue           `json:"queue,omitempty"`
+	Result *deployments.Result `json:"result,omitempty"`
 	// LogURL is the full run log (GET, same key), once the job ended.
 	LogURL string   `json:"log_url"`
 	Links  JobLinks `json:"links"`
@@ -50,6 +54,16 @@ type JobProgress struct {
 	HostsUnreachable int    `json:"hosts_unreachable"`
 	HostsPending     *int   `json:"hosts_pending,omitempty"`
 	Events           int    `json:"events"`
+}
+
+// JobQueue is where a queued job stands in the lines of its busy hosts.
+type JobQueue struct {
+	// Position is 1 for a job next in line on every host it waits for;
+	// otherwise 1 + the most runs ahead of it on any one of them.
+	Position int `json:"position"`
+	// Hosts are the lines it is in, by lock target (a server's
+	// "server:<handle>", else "<address>:<port>").
+	Hosts []store.LinePlace `json:"hosts"`
 }
 
 // JobLinks are a job's related resources.
@@ -143,7 +157,7 @@ func (a *API) createJob(w http.ResponseWriter, r *http.Request) {
 func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 	a.get(w, r, func(d *deployments.Deployment) any {
 		j := toJob(d)
-		j.Waiting = a.waiting(r.Context(), d)
+		j.Waiting, j.Queue = a.waiting(r.Context(), d)
 		return j
 	})
 }

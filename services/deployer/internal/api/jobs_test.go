@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
@@ -385,7 +386,8 @@ func TestPooledJobResultEchoesPool(t *testing.T) {
 }
 
 // TestJobWaitingForNoReplica: a queued job whose pool no infra replica
-// reads says so; once a replica reads the pool's queue, it does not.
+// reads says so; once a replica reads the pool's queue, it does not; while
+// it waits in the lines of busy hosts, it says where it stands.
 func TestJobWaitingForNoReplica(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -408,5 +410,31 @@ func TestJobWaitingForNoReplica(t *testing.T) {
 	_, body = e.Do("GET", "/api/v1/jobs/"+id, key, nil)
 	if j := dt.JSON[api.Job](t, body); j.Waiting != "" || j.Status != "queued" {
 		t.Errorf("a queued job with a live replica: status %s, waiting %q", j.Status, j.Waiting)
+	}
+
+	// Infra found its hosts busy: it waits in their lines (as infra's
+	// store.JoinLines puts it), behind a job that came first on one, and
+	// a run holds the other.
+	locker := store.NewLocker(e.DB, 0)
+	holder, err := locker.Acquire(ctx, "running-"+id, "server:busy-1", store.LockOptions{NoWait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(ctx)
+	if err := store.JoinLines(ctx, e.DB, "first-"+id, []string{"server:free-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.JoinLines(ctx, e.DB, id, []string{"server:busy-1", "server:free-1"}); err != nil {
+		t.Fatal(err)
+	}
+	_, body = e.Do("GET", "/api/v1/jobs/"+id, key, nil)
+	dt.CheckSchema(t, "Job", body)
+	j := dt.JSON[api.Job](t, body)
+	if j.Queue == nil || j.Queue.Position != 2 || len(j.Queue.Hosts) != 2 ||
+		!j.Queue.Hosts[0].Busy || j.Queue.Hosts[0].Ahead != 0 || j.Queue.Hosts[1].Busy || j.Queue.Hosts[1].Ahead != 1 {
+		t.Errorf("a job waiting for a busy host behind another job: queue %s", body)
+	}
+	if !strings.Contains(j.Waiting, "server:busy-1 (busy, 0 ahead)") || !strings.Contains(j.Waiting, "server:free-1 (free, reserved for runs ahead, 1 ahead)") {
+		t.Errorf("waiting %q, want the hosts' lines", j.Waiting)
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
@@ -21,10 +24,41 @@ type QueueReader interface {
 	LiveConsumers(ctx context.Context, stream string, within time.Duration) (int, error)
 }
 
-// waiting says why queued job d has not started when no replica serves
+// waiting says why queued job d has not started: no replica serves its
+// pool, or it waits in the lines of its busy hosts (then with its place);
+// "" when it does not wait, or that cannot be read.
+func (a *API) waiting(ctx context.Context, d *deployments.Deployment) (string, *JobQueue) {
+	if d.Kind != deployments.KindJob || d.Status != deployments.StatusQueued || d.Job == nil {
+		return "", nil
+	}
+	if why := a.noReplica(ctx, d); why != "" {
+		return why, nil
+	}
+	lines, err := a.deps.Deployments.Lines(ctx, d)
+	if err != nil || len(lines) == 0 {
+		return "", nil
+	}
+	q := &JobQueue{Hosts: lines}
+	var parts []string
+	for _, l := range lines {
+		q.Position = max(q.Position, l.Ahead+1)
+		state := "free, reserved for runs ahead"
+		if l.Busy {
+			state = "busy"
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s, %d ahead)", l.Target, state, l.Ahead))
+	}
+	if q.Position == 1 && !slices.ContainsFunc(lines, func(l store.LinePlace) bool { return l.Busy }) {
+		// Next everywhere and nothing busy: it starts at its next look.
+		return "", nil
+	}
+	return fmt.Sprintf("waiting for its hosts, in arrival order: %s", strings.Join(parts, ", ")), q
+}
+
+// noReplica says why queued job d has not started when no replica serves
 // its pool ("" otherwise, or when that cannot be read).
-func (a *API) waiting(ctx context.Context, d *deployments.Deployment) string {
-	if a.deps.Queues == nil || d.Kind != deployments.KindJob || d.Status != deployments.StatusQueued || d.Job == nil {
+func (a *API) noReplica(ctx context.Context, d *deployments.Deployment) string {
+	if a.deps.Queues == nil {
 		return ""
 	}
 	pool := d.Job.Options.Pool

@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"context"
 	"html"
 	"net/http"
 	"net/url"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
@@ -381,5 +383,42 @@ func TestJobFormProjectPicker(t *testing.T) {
 	one.signIn(e.Key("one", []auth.Scope{auth.ScopeJobsWrite}, deployertest.Project))
 	if _, page := one.get("/ui/job"); strings.Contains(page, `<select id="f-project_id"`) || !strings.Contains(page, `value="`+deployertest.Project+`"`) {
 		t.Errorf("a key of one project: no filled-in project field:\n%s", page)
+	}
+}
+
+// TestJobPageShowsItsPlaceInLine: a queued job waiting for a busy host
+// says so on its page, with its place in the host's line.
+func TestJobPageShowsItsPlaceInLine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := deployertest.Start(t, deployertest.Options{NoInfra: true})
+	// A live replica of the default pool (its consumer just read the queue).
+	if err := e.Redis.XGroupCreateMkStream(ctx, e.Streams.JobQueue, "infra", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Redis.XGroupCreateConsumer(ctx, e.Streams.JobQueue, "infra", "infra-1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, e.URL)
+	csrf := b.signIn(e.Key("line", []auth.Scope{auth.ScopeJobsWrite}, deployertest.Project))
+	res, _ := b.post("/ui/job", jobForm(csrf, ""))
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("submit: %d", res.StatusCode)
+	}
+	page := res.Header.Get("Location")
+	id := page[strings.LastIndex(page, "/")+1:]
+	holder, err := store.NewLocker(e.DB, 0).Acquire(ctx, "running-"+id, "server:busy-1", store.LockOptions{NoWait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(ctx)
+	for _, job := range []string{"first-" + id, id} {
+		if err := store.JoinLines(ctx, e.DB, job, []string{"server:busy-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, html := b.get(page)
+	if !strings.Contains(html, `id="job-waiting"`) || !strings.Contains(html, "server:busy-1 (busy, 1 ahead)") || !strings.Contains(html, "(position 2)") {
+		t.Errorf("the page of a job waiting for a busy host:\n%s", html)
 	}
 }

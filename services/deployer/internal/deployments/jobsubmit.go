@@ -13,6 +13,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
@@ -137,6 +138,15 @@ func jobAPIField(wire string) string {
 
 // JobQueue returns the stream of pool's jobs.
 func (s *Service) JobQueue(pool string) string { return jobQueue(s.cfg.Streams.JobQueue, pool) }
+
+// Lines says where queued d waits for its targets, in the lines infra
+// keeps per target (store.JobLines): none when it does not wait for one.
+func (s *Service) Lines(ctx context.Context, d *Deployment) ([]store.LinePlace, error) {
+	if d.Status != StatusQueued {
+		return nil, nil
+	}
+	return store.JobLines(ctx, s.db, d.JobID)
+}
 
 // specialHosts refuses the inline inventory's hosts whose address (their
 // ansible_host, else their name) is literally a special one: a literal
