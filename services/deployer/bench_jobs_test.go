@@ -44,12 +44,21 @@ const (
 // mean of the two bare runs is the reference, so drift of the machine's
 // load is split); it prints both makespans, the machine's CPU time per job
 // of each side (testenv.MachineCPU: everything on the machine, the API,
-// infra, git, ssh, the targets) and the ratio (goal: within 1.15x). Run
-// with -benchtime=1x.
+// infra, git, ssh, the targets) and the ratio (goal: within 1.15x).
+//
+// Then the sequential case: BENCH_JOBS_SEQ (default 20) jobs on one target
+// through the API one after the other (each waited for) against the bare
+// loop one at a time (goal: within 1.15x), and the same jobs submitted at
+// once (goal: no slower than one after another), with the git fetches per
+// job of each (upload-pack requests the repository server saw: 0 when the
+// cached checkout was current). Run with -benchtime=1x.
 func BenchmarkJobsVsBare(b *testing.B) {
-	n := 200
+	n, seq := 200, 20
 	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS")); err == nil && v > 0 {
 		n = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS_SEQ")); err == nil && v > 0 {
+		seq = v
 	}
 	for range b.N {
 		var sshds []*testenv.SSHD
@@ -60,7 +69,7 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		token := "ghs_" + testenv.Unique("")
 		repos := b.TempDir()
 		jobRepo(b, repos, benchJobsPlaybook)
-		gitURL, _ := serveRepos(b, "127.0.0.1", token, repos)
+		gitURL, git := serveRepos(b, "127.0.0.1", token, repos)
 		stack := startJobStack(b, token, sshds[0].ClientKey)
 		var infras []*testenv.Process
 		for range benchJobsReplicas {
@@ -80,9 +89,10 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		bare := func(jobs int) time.Duration {
 			return bareJobLoop(b, stack.root, checkout, invs, jobs, benchJobsReplicas*benchJobsSlots)
 		}
-		viaAPI := func(prefix string, jobs int) time.Duration {
-			return apiJobs(b, stack, gitURL, sshds, prefix, jobs)
+		viaAPIOn := func(prefix string, on []*testenv.SSHD, jobs int) time.Duration {
+			return apiJobs(b, stack, gitURL, on, prefix, jobs)
 		}
+		viaAPI := func(prefix string, jobs int) time.Duration { return viaAPIOn(prefix, sshds, jobs) }
 		// Warm both: page cache, infra's bare clone, first host key pins.
 		bare(benchJobsTargets)
 		viaAPI("warm", benchJobsTargets)
@@ -95,6 +105,18 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		c2 := testenv.MachineCPU(b)
 		bare2 := bare(n)
 		c3 := testenv.MachineCPU(b)
+		// The sequential case (issue 33): seq jobs on one target one after
+		// the other, each waited for, against the bare loop one at a time;
+		// then the same jobs submitted at once, which contend for the host.
+		seqBare := bareJobLoop(b, stack.root, checkout, invs[:1], seq, 1)
+		g0, c4 := git.uploadPacks.Load(), testenv.MachineCPU(b)
+		var seqAPI time.Duration
+		for i := range seq {
+			seqAPI += viaAPIOn(fmt.Sprintf("seq%d", i), sshds[:1], 1)
+		}
+		g1, c5 := git.uploadPacks.Load(), testenv.MachineCPU(b)
+		onceAPI := viaAPIOn("once", sshds[:1], seq)
+		g2, c6 := git.uploadPacks.Load(), testenv.MachineCPU(b)
 		b.StopTimer()
 		ref := (bare1 + bare2) / 2
 		ratio := api.Seconds() / ref.Seconds()
@@ -106,6 +128,18 @@ func BenchmarkJobsVsBare(b *testing.B) {
 			"API + infra", api.Seconds(), float64(n)/api.Seconds(), (c2-c1).Milliseconds()/int64(n),
 			"bare loop again", bare2.Seconds(), float64(n)/bare2.Seconds(), (c3-c2).Milliseconds()/int64(n),
 			"API / mean of bare", ratio)
+		seqRatio, onceRatio := seqAPI.Seconds()/seqBare.Seconds(), onceAPI.Seconds()/seqAPI.Seconds()
+		perJob := func(a, z int32) float64 { return float64(z-a) / float64(seq) }
+		report += fmt.Sprintf("\n%d jobs of the same playbook on one target\n"+
+			"%-28s %10s %14s %16s\n%-28s %10.2f %14s %16s\n%-28s %10.2f %14d %16.2f\n%-28s %10.2f %14d %16.2f\n"+
+			"%-28s %10.3f (goal <= 1.15)\n%-28s %10.3f (goal <= 1.0)\n",
+			seq, "", "seconds", "CPU ms/job", "git fetches/job",
+			"bare loop, one at a time", seqBare.Seconds(), "-", "-",
+			"API, one after another", seqAPI.Seconds(), (c5-c4).Milliseconds()/int64(seq), perJob(g0, g1),
+			"API, all at once", onceAPI.Seconds(), (c6-c5).Milliseconds()/int64(seq), perJob(g1, g2),
+			"one after another / bare", seqRatio, "all at once / one by one", onceRatio)
+		b.ReportMetric(seqRatio, "seq-api/bare")
+		b.ReportMetric(onceRatio, "once/seq")
 		b.ReportMetric(api.Seconds(), "api-s")
 		b.ReportMetric(ref.Seconds(), "bare-s")
 		b.ReportMetric(ratio, "api/bare")
@@ -129,8 +163,15 @@ func bareJobLoop(b *testing.B, root, checkout string, invs []string, n, conc int
 	for i := range n {
 		list.WriteString(invs[i%len(invs)] + "\n")
 	}
-	home, cp := b.TempDir(), b.TempDir()
-	play := `sh -c 'd=$(mktemp -d ` + cp + `/rXXXXXX) && ANSIBLE_SSH_CONTROL_PATH_DIR=$d /usr/bin/ansible-playbook -i {} site.yml >/dev/null'`
+	// The ControlPath sockets' directory is short: a socket's path must fit
+	// in 108 bytes, and the test's TempDir may not leave room (TMPDIR).
+	home := b.TempDir()
+	cp, err := os.MkdirTemp("/tmp", "bj")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(cp) })
+	play := `sh -c 'd=$(mktemp -d ` + cp + `/rXXXXXX) && ANSIBLE_SSH_CONTROL_PATH_DIR=$d /usr/bin/ansible-playbook -i {} site.yml >$d/out || { cat $d/out; exit 1; }'`
 	cmd := exec.Command("bash", "-c", fmt.Sprintf(`xargs -P %d -I{} %s`, conc, play))
 	cmd.Dir = checkout
 	cmd.Stdin = strings.NewReader(list.String())

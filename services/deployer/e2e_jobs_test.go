@@ -44,7 +44,7 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
         mode: "0644"
 `
 	jobRepo(t, repos, site)
-	gitURL, refused := serveRepos(t, "127.0.0.1", token, repos)
+	gitURL, git := serveRepos(t, "127.0.0.1", token, repos)
 
 	// The webhook receiver.
 	var mu sync.Mutex
@@ -125,8 +125,8 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	if err := webhooks.Verify(stack.hookKey, hook.Header.Get(webhooks.HeaderSignature), body, time.Hour, time.Now()); err != nil {
 		t.Errorf("webhook signature: %v", err)
 	}
-	if refused() != 0 {
-		t.Errorf("the git server refused %d requests", refused())
+	if n := git.refused.Load(); n != 0 {
+		t.Errorf("the git server refused %d requests", n)
 	}
 
 	// Cancel while queued: with infra stopped, the job is cancelled at

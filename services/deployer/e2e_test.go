@@ -111,7 +111,7 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	var tb [16]byte
 	_, _ = rand.Read(tb[:])
 	token := "ghs_" + hex.EncodeToString(tb[:])
-	gitURL, refused := gitServer(t, tgt.HostAddr, token)
+	gitURL, git := gitServer(t, tgt.HostAddr, token)
 
 	// The two tenants: A deploys to the target; B's canary must never get
 	// there.
@@ -254,8 +254,8 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 	if code != 200 || !strings.Contains(log, "PLAY RECAP") || !strings.Contains(log, "e2e-target") {
 		t.Errorf("log: %d\n%s", code, log)
 	}
-	if refused() != 0 {
-		t.Errorf("the git server refused %d requests", refused())
+	if n := git.refused.Load(); n != 0 {
+		t.Errorf("the git server refused %d requests", n)
 	}
 	if got, err := os.ReadFile(tgt.Path("/var/log/docker-standin.log")); err != nil || !strings.Contains(string(got), "compose") {
 		t.Errorf("compose was not called on the target: %v %s", err, got)
@@ -352,7 +352,7 @@ func TestEndToEndWithRealInfra(t *testing.T) {
 // server (git http-backend behind net/http/cgi) on addr, answering only
 // requests with the token as GitHub takes it; it returns the base URL and a
 // count of refused requests.
-func gitServer(t *testing.T, addr, token string) (string, func() int32) {
+func gitServer(t *testing.T, addr, token string) (string, *gitCounts) {
 	t.Helper()
 	dir := t.TempDir()
 	work := filepath.Join(dir, "work")
@@ -379,9 +379,9 @@ func gitServer(t *testing.T, addr, token string) (string, func() int32) {
 
 // serveRepos serves the bare repositories under root over smart HTTP
 // (git http-backend) on addr, to clients that send token as basic
-// authentication (x-access-token:<token>); it returns its URL and a count
-// of the requests refused.
-func serveRepos(t testing.TB, addr, token, root string) (string, func() int32) {
+// authentication (x-access-token:<token>); it returns its URL and what it
+// counted.
+func serveRepos(t testing.TB, addr, token, root string) (string, *gitCounts) {
 	t.Helper()
 	execPath, err := exec.Command("git", "--exec-path").Output()
 	if err != nil {
@@ -393,24 +393,32 @@ func serveRepos(t testing.TB, addr, token, root string) (string, func() int32) {
 		Env:  []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
 	}
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+token))
-	var refused atomic.Int32
+	counts := &gitCounts{}
 	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != want {
-			refused.Add(1)
+			counts.refused.Add(1)
 			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
 			http.Error(w, "authentication required", http.StatusUnauthorized)
 			return
+		}
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
+			counts.uploadPacks.Add(1)
 		}
 		backend.ServeHTTP(w, r)
 	})}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { srv.Close() })
-	return "http://" + l.Addr().String(), refused.Load
+	return "http://" + l.Addr().String(), counts
 }
+
+// gitCounts are what serveRepos counted: requests refused for their
+// authentication, and upload-pack requests (each fetch or clone sends one
+// or two: ls-refs, then fetch when something is missing).
+type gitCounts struct{ refused, uploadPacks atomic.Int32 }
 
 // sseRead is what followEvents read: the event types and the whole text.
 type sseRead struct {
