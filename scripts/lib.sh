@@ -157,6 +157,32 @@ test_services() {
 	export REDIS_URL DATABASE_URL
 }
 
+# AXE_CORE_VERSION is the axe-core the console's browser tests check every
+# page with (accessibility).
+AXE_CORE_VERSION=4.14.1
+
+# ensure_axe_core: install axe-core AXE_CORE_VERSION from npm under run/npm
+# (once; npm from Debian when the machine has none) and export AXE_CORE_JS,
+# the browser build the console's browser test injects into every page.
+ensure_axe_core() {
+	local root dir js
+	root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+	dir="$root/run/npm/axe-core-$AXE_CORE_VERSION"
+	js="$dir/node_modules/axe-core/axe.min.js"
+	if [ ! -s "$js" ]; then
+		if ! command -v npm >/dev/null 2>&1; then
+			[ "$(id -u)" -eq 0 ] || die "npm is missing: install it as root (apt-get install -y npm); the console's browser tests need axe-core from npm"
+			step "installing npm (Debian) for axe-core"
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+		fi
+		step "installing axe-core $AXE_CORE_VERSION from npm (the console's accessibility checks)"
+		mkdir -p "$dir"
+		npm install --prefix "$dir" --no-audit --no-fund --silent "axe-core@$AXE_CORE_VERSION" >/dev/null ||
+			die "npm install axe-core@$AXE_CORE_VERSION failed"
+	fi
+	export AXE_CORE_JS="$js"
+}
+
 # check_play_user_reads DIR: when plays run as the unprivileged user
 # autoprov-play (root, the user exists: make run and the tests), check that
 # it can reach and read DIR (the clone's ansible/) and die naming the

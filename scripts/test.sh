@@ -32,6 +32,7 @@ if [ "${1:-}" = unit ]; then
 fi
 
 test_services
+ensure_axe_core # the console's browser test checks every page's accessibility with it
 # The tests' plays run as autoprov-play: it must read the clone's ansible/.
 check_play_user_reads "$ROOT/ansible"
 # Disk: what killed test runs left goes after some hours; a run needs about

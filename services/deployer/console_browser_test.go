@@ -136,6 +136,33 @@ func artifacts(t *testing.T) string {
 // TestConsoleInBrowser drives the web console of the real deployer binary
 // in headless Chromium, against real Redis and Postgres and the stand-in
 // infra (fakeinfra) for deployments.
+// axeCore returns axe-core's browser build, from AXE_CORE_JS (make test
+// installs it from npm: scripts/lib.sh, ensure_axe_core).
+func axeCore(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("AXE_CORE_JS")
+	if path == "" {
+		t.Fatal("AXE_CORE_JS is not set: the console's accessibility checks need axe-core from npm (make test installs it: scripts/lib.sh, ensure_axe_core)")
+	}
+	src, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("axe-core: %v", err)
+	}
+	return string(src)
+}
+
+// axeViolations runs axe-core over the page (injected through DevTools,
+// which the page's CSP does not govern) and returns its violations as
+// JSON: rule, impact, help and the first nodes of each; "[]" when none.
+func axeViolations(ctx context.Context, axe string) (string, error) {
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](axe+";true")); err != nil {
+		return "", fmt.Errorf("inject axe-core: %w", err)
+	}
+	return chromedp.Run(ctx, chromedp.Evaluate[string](`axe.run(document, {resultTypes: ["violations"]}).then(r =>
+		JSON.stringify(r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+			nodes: v.nodes.slice(0, 3).map(n => n.target.join(" ") + ": " + n.failureSummary)})), null, 1))`, chromedp.EvalAwaitPromise))
+}
+
 func TestConsoleInBrowser(t *testing.T) {
 	bin := testenv.BuildBinary(t, ".") // skips under -short, before chromium is required
 	exe := chromium(t)
@@ -236,22 +263,31 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 		return strings.TrimPrefix(loc, base)
 	}
-	// screenshot saves the page at a laptop's and a phone's width.
+	axe := axeCore(t)
+	// screenshot saves the page at a laptop's and a phone's width, and
+	// checks it at each with axe-core: any violation fails the test.
 	screenshot := func(name string) {
 		t.Helper()
 		for _, size := range []struct {
 			label string
 			w, h  int64
 		}{{"laptop", 1366, 768}, {"phone", 390, 844}} {
-			sctx, cancel := context.WithTimeout(bctx, 15*time.Second)
+			sctx, cancel := context.WithTimeout(bctx, 30*time.Second)
 			err := chromedp.Do(sctx, chromedp.EmulateViewport(size.w, size.h))
 			var png []byte
 			if err == nil {
 				png, err = chromedp.Run(sctx, chromedp.CaptureScreenshot())
 			}
+			var violations string
+			if err == nil {
+				violations, err = axeViolations(sctx, axe)
+			}
 			cancel()
 			if err != nil {
 				t.Fatalf("screenshot %s: %v", name, err)
+			}
+			if violations != "[]" {
+				t.Errorf("%s at the %s's size: accessibility violations (axe-core):\n%s", name, size.label, violations)
 			}
 			if err := os.WriteFile(filepath.Join(shots, name+"-"+size.label+".png"), png, 0o644); err != nil {
 				t.Fatal(err)
