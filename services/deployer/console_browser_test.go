@@ -471,10 +471,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	// The refusal's summary has the focus; a collection's role hides the
 	// playbook's fields, and the playbook's shows them again.
 	waitFor("the error summary focused", `document.activeElement !== null && document.activeElement.id === "error-summary"`, false)
-	sourceType := func(v string) string {
-		return `(function () { var s = document.getElementById("f-source.type"); s.value = "` + v +
+	choose := func(sel, v string) string {
+		return `(function () { var s = document.getElementById("` + sel + `"); s.value = "` + v +
 			`"; s.dispatchEvent(new Event("change")); return true; })()`
 	}
+	sourceType := func(v string) string { return choose("f-source.type", v) }
+	// An inventory type shows its own fields only.
+	waitFor("inline hosts shown, git's hidden", `document.getElementById("f-inventory.hosts").offsetParent !== null && document.getElementById("f-inventory.repository").offsetParent === null`, false)
+	waitFor("a git inventory chosen", choose("f-inventory.type", "git"), false)
+	waitFor("git's fields shown, inline hosts hidden", `document.getElementById("f-inventory.repository").offsetParent !== null && document.getElementById("f-inventory.credential").offsetParent !== null && document.getElementById("f-inventory.hosts").offsetParent === null && document.getElementById("f-inventory.url").offsetParent === null`, false)
+	waitFor("an inline inventory chosen again", choose("f-inventory.type", "inline"), false)
 	waitFor("a collection's role chosen", sourceType("collection_role"), false)
 	waitFor("the playbook's fields hidden", `document.getElementById("f-source.paths").offsetParent === null && document.getElementById("f-source.role").offsetParent !== null`, false)
 	waitFor("a playbook chosen", sourceType("playbook"), false)

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -64,9 +65,11 @@ type formField struct {
 	Type              string // "" (text), "textarea", "checkbox", "select"
 	Options           []string
 	Placeholder       string // an example shown in an empty field, never a value
-	// For lists the source types the field is for (empty: all); the
-	// console's script hides the others' fields.
-	For []string
+	// For lists the values of the select ForField (default source.type)
+	// the field is for (empty: all); the console's script hides the
+	// field while another is chosen.
+	For      []string
+	ForField string
 	// Credential: the field names a stored credential; the form offers
 	// the project's credentials' names (a datalist: typing a reference
 	// still works).
@@ -103,8 +106,25 @@ var jobFields = []fieldGroup{
 			For: []string{"playbook", "role"}, Credential: true},
 	}},
 	{"Inventory", []formField{
+		{Name: "inventory.type", Label: "Type", Help: "hosts listed here, a file in a git repository, a file at a URL, or an inventory plugin",
+			Type: "select", Options: []string{"inline", "git", "url", "dynamic"}},
 		{Name: "inventory.hosts", Label: "Hosts", Type: "textarea",
-			Help: "YAML or JSON: host names with their variables ({web-1: {ansible_host: 192.0.2.10}}), or a list of names"},
+			Help: "YAML or JSON: host names with their variables ({web-1: {ansible_host: 192.0.2.10}}), or a list of names",
+			For:  []string{"inline"}, ForField: "inventory.type"},
+		{Name: "inventory.repository", Label: "Inventory repository", Help: "the git repository's URL",
+			Placeholder: "https://git.example.com/org/inventory.git", For: []string{"git"}, ForField: "inventory.type"},
+		{Name: "inventory.ref", Label: "Inventory ref", Help: "a branch, tag or commit; empty: the default branch",
+			For: []string{"git"}, ForField: "inventory.type"},
+		{Name: "inventory.path", Label: "Inventory path", Help: "the inventory file's path in the repository",
+			Placeholder: "hosts.yml", For: []string{"git"}, ForField: "inventory.type"},
+		{Name: "inventory.url", Label: "Inventory URL", Help: "where the inventory file is served",
+			Placeholder: "https://cmdb.example.com/inventory.yml", For: []string{"url"}, ForField: "inventory.type"},
+		{Name: "inventory.credential", Label: "Inventory credential", Help: "optional: a stored credential's name for the repository or URL",
+			For: []string{"git", "url"}, ForField: "inventory.type", Credential: true},
+		{Name: "inventory.plugin", Label: "Plugin", Help: "the inventory plugin's name",
+			Placeholder: "amazon.aws.aws_ec2", For: []string{"dynamic"}, ForField: "inventory.type"},
+		{Name: "inventory.config", Label: "Plugin configuration", Type: "textarea", Help: "YAML or JSON: a mapping",
+			For: []string{"dynamic"}, ForField: "inventory.type"},
 	}},
 	{"Credentials", []formField{
 		{Name: "credentials.ssh", Label: "SSH key", Help: "a stored credential's name (or a secret reference)", Credential: true},
@@ -115,6 +135,8 @@ var jobFields = []fieldGroup{
 		{Name: "options.tags", Label: "Tags", Help: "comma-separated"},
 		{Name: "options.skip_tags", Label: "Skip tags", Help: "comma-separated"},
 		{Name: "options.limit", Label: "Limit", Help: "a host pattern"},
+		{Name: "options.forks", Label: "Forks", Help: "hosts worked on at once; empty: Ansible's default"},
+		{Name: "options.pool", Label: "Pool", Help: "optional: the infra pool to run on (one granted to the project)"},
 		{Name: "options.check", Label: "Check mode (dry run)", Type: "checkbox"},
 		{Name: "options.diff", Label: "Show diffs", Type: "checkbox"},
 		{Name: "options.verbosity", Label: "Verbosity", Help: "0 to 4 (-v to -vvvv)"},
@@ -181,13 +203,16 @@ func jobFormValues(req *deployments.JobRequest) (map[string]string, string) {
 		"source.role_path": s.RolePath, "source.collection": s.Collection, "source.role": s.Role, "source.version": s.Version,
 		"credentials.ssh": cr.SSH, "credentials.become_password": cr.BecomePassword, "credentials.vault_password": cr.VaultPassword,
 		"options.tags": strings.Join(o.Tags, ", "), "options.skip_tags": strings.Join(o.SkipTags, ", "), "options.limit": o.Limit,
-		"options.callback_url": o.CallbackURL}
+		"options.callback_url": o.CallbackURL, "options.pool": o.Pool,
+		"inventory.type": req.Inventory.Type, "inventory.repository": req.Inventory.Repository, "inventory.ref": req.Inventory.Ref,
+		"inventory.path": req.Inventory.Path, "inventory.url": req.Inventory.URL, "inventory.credential": req.Inventory.Credential,
+		"inventory.plugin": req.Inventory.Plugin}
 	for name, on := range map[string]bool{"options.check": o.Check, "options.diff": o.Diff} {
 		if on {
 			vals[name] = "on"
 		}
 	}
-	for name, n := range map[string]int{"options.verbosity": o.Verbosity, "options.timeout": o.Timeout} {
+	for name, n := range map[string]int{"options.verbosity": o.Verbosity, "options.timeout": o.Timeout, "options.forks": o.Forks} {
 		if n > 0 {
 			vals[name] = strconv.Itoa(n)
 		}
@@ -200,13 +225,13 @@ func jobFormValues(req *deployments.JobRequest) (map[string]string, string) {
 	if len(req.Inventory.Hosts) > 0 {
 		asYAML("inventory.hosts", req.Inventory.Hosts)
 	}
+	if len(req.Inventory.Config) > 0 {
+		asYAML("inventory.config", req.Inventory.Config)
+	}
 	if len(o.ExtraVars) > 0 {
 		asYAML("options.extra_vars", o.ExtraVars)
 	}
 	var left []string
-	if req.Inventory.Type != "inline" {
-		left = append(left, "its "+req.Inventory.Type+" inventory (the form takes inline hosts)")
-	}
 	if len(req.Inventory.Groups) > 0 {
 		left = append(left, "its inventory groups")
 	}
@@ -218,9 +243,6 @@ func jobFormValues(req *deployments.JobRequest) (map[string]string, string) {
 	}
 	if cr.Cloud != "" || cr.Galaxy != "" {
 		left = append(left, "its cloud and Galaxy credentials")
-	}
-	if o.Forks > 0 || o.Pool != "" {
-		left = append(left, "its forks and pool")
 	}
 	if len(left) == 0 {
 		return vals, ""
@@ -271,7 +293,7 @@ func jobRequest(vals, errs map[string]string) deployments.JobRequest {
 		Source: deployments.JobSource{Type: vals["source.type"], Repository: vals["source.repository"], Ref: vals["source.ref"],
 			Paths: list("source.paths"), GitCredential: vals["source.git_credential"], RolePath: vals["source.role_path"],
 			Collection: vals["source.collection"], Role: vals["source.role"], Version: vals["source.version"]},
-		Inventory: deployments.JobInventory{Type: "inline"},
+		Inventory: jobInventory(vals),
 		Credentials: deployments.JobCredentials{SSH: vals["credentials.ssh"], BecomePassword: vals["credentials.become_password"],
 			VaultPassword: vals["credentials.vault_password"]},
 		Options: deployments.JobOptions{Tags: list("options.tags"), SkipTags: list("options.skip_tags"), Limit: vals["options.limit"],
@@ -280,7 +302,9 @@ func jobRequest(vals, errs map[string]string) deployments.JobRequest {
 	if req.Source.Type != "playbook" {
 		req.Source.Paths = nil // shown filled in by default
 	}
-	for name, dst := range map[string]*int{"options.verbosity": &req.Options.Verbosity, "options.timeout": &req.Options.Timeout} {
+	req.Options.Pool = vals["options.pool"]
+	for name, dst := range map[string]*int{"options.verbosity": &req.Options.Verbosity, "options.timeout": &req.Options.Timeout,
+		"options.forks": &req.Options.Forks} {
 		if v := vals[name]; v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil {
@@ -290,9 +314,14 @@ func jobRequest(vals, errs map[string]string) deployments.JobRequest {
 			*dst = n
 		}
 	}
-	if v := vals["inventory.hosts"]; v != "" {
+	if v := vals["inventory.hosts"]; v != "" && req.Inventory.Type == "inline" {
 		if err := decodeYAMLAsJSON(v, &req.Inventory.Hosts); err != nil {
 			errs["inventory.hosts"] = "must be YAML or JSON: a mapping of host names to their variables, or a list of names"
+		}
+	}
+	if v := vals["inventory.config"]; v != "" && req.Inventory.Type == "dynamic" {
+		if err := decodeYAMLAsJSON(v, &req.Inventory.Config); err != nil {
+			errs["inventory.config"] = "must be YAML or JSON: a mapping of the plugin's settings"
 		}
 	}
 	if v := vals["options.extra_vars"]; v != "" {
@@ -301,6 +330,22 @@ func jobRequest(vals, errs map[string]string) deployments.JobRequest {
 		}
 	}
 	return req
+}
+
+// jobInventory is the request's inventory from the form: the fields of its
+// type only (the others stay filled in, hidden, when the type changed).
+func jobInventory(vals map[string]string) deployments.JobInventory {
+	inv := deployments.JobInventory{Type: cmp.Or(vals["inventory.type"], "inline")}
+	switch inv.Type {
+	case "git":
+		inv.Repository, inv.Ref, inv.Path, inv.Credential = vals["inventory.repository"], vals["inventory.ref"],
+			vals["inventory.path"], vals["inventory.credential"]
+	case "url":
+		inv.URL, inv.Credential = vals["inventory.url"], vals["inventory.credential"]
+	case "dynamic":
+		inv.Plugin = vals["inventory.plugin"]
+	}
+	return inv
 }
 
 // decodeYAMLAsJSON reads YAML (JSON is YAML) into out as its JSON would

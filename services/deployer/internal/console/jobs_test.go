@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"html"
 	"net/http"
 	"net/url"
@@ -15,6 +16,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/fakeinfra"
 )
 
@@ -420,5 +422,81 @@ func TestJobPageShowsItsPlaceInLine(t *testing.T) {
 	_, html := b.get(page)
 	if !strings.Contains(html, `id="job-waiting"`) || !strings.Contains(html, "server:busy-1 (busy, 1 ahead)") || !strings.Contains(html, "(position 2)") {
 		t.Errorf("the page of a job waiting for a busy host:\n%s", html)
+	}
+}
+
+// TestJobFormInventoriesAndOptions: the form runs jobs on a git, a URL and
+// a dynamic inventory (only the chosen type's fields are sent), with forks,
+// and Run again fills those fields back in.
+func TestJobFormInventoriesAndOptions(t *testing.T) {
+	t.Parallel()
+	e := deployertest.Start(t, deployertest.Options{})
+	b := newBrowser(t, e.URL)
+	csrf := b.signIn(e.Key("inventories", []auth.Scope{auth.ScopeJobsWrite}, deployertest.Project))
+	tests := []struct {
+		name   string
+		fields map[string]string
+		check  func(inv deployments.JobInventory) bool
+	}{
+		{"git", map[string]string{"inventory.type": "git", "inventory.repository": "https://git.example.com/org/inventory.git",
+			"inventory.ref": "main", "inventory.path": "prod/hosts.yml", "inventory.credential": "vault:secret/projects/" + deployertest.Project + "/inventory-token"},
+			func(inv deployments.JobInventory) bool {
+				return inv.Repository == "https://git.example.com/org/inventory.git" && inv.Ref == "main" &&
+					inv.Path == "prod/hosts.yml" && inv.Credential == "vault:secret/projects/"+deployertest.Project+"/inventory-token" && len(inv.Hosts) == 0
+			}},
+		{"url", map[string]string{"inventory.type": "url", "inventory.url": "https://cmdb.example.com/inventory.yml"},
+			func(inv deployments.JobInventory) bool {
+				return inv.URL == "https://cmdb.example.com/inventory.yml" && inv.Repository == "" && len(inv.Hosts) == 0
+			}},
+		{"dynamic", map[string]string{"inventory.type": "dynamic", "inventory.plugin": "amazon.aws.aws_ec2",
+			"inventory.config": "regions:\n    - eu-west-1\n"},
+			func(inv deployments.JobInventory) bool {
+				regions, _ := inv.Config["regions"].([]any)
+				return inv.Plugin == "amazon.aws.aws_ec2" && len(regions) == 1 && regions[0] == "eu-west-1"
+			}},
+	}
+	for _, tt := range tests {
+		form := jobForm(csrf, "inventory-"+tt.name)
+		form.Set("options.forks", "7")
+		for k, v := range tt.fields {
+			form.Set(k, v)
+		}
+		res, page := b.post("/ui/job", form)
+		if res.StatusCode != http.StatusSeeOther {
+			t.Fatalf("%s inventory: %d\n%s", tt.name, res.StatusCode, page)
+		}
+		id := strings.TrimPrefix(res.Header.Get("Location"), "/ui/runs/job/")
+		var ran *messages.AnsibleJobMessage
+		testenv.WaitFor(t, 20*time.Second, "the job reaches infra", func() bool {
+			for _, m := range e.Infra.Jobs() {
+				if m.JobID == id {
+					ran = m
+				}
+			}
+			return ran != nil
+		})
+		var j struct {
+			Request deployments.JobRequest `json:"request"`
+		}
+		_, body := e.Do(http.MethodGet, "/api/v1/jobs/"+id, e.Key("reader-"+tt.name, []auth.Scope{auth.ScopeJobsRead}, deployertest.Project), nil)
+		if err := json.Unmarshal(body, &j); err != nil {
+			t.Fatal(err)
+		}
+		if inv := j.Request.Inventory; inv.Type != tt.name || !tt.check(inv) || j.Request.Options.Forks != 7 {
+			t.Errorf("%s inventory: the job's request is %+v with forks %d", tt.name, inv, j.Request.Options.Forks)
+		}
+		if ran.Options.Forks != 7 {
+			t.Errorf("%s inventory: infra got forks %d", tt.name, ran.Options.Forks)
+		}
+		_, page = b.get("/ui/job?from=" + id)
+		again := formValues(t, page)
+		for k, want := range tt.fields {
+			if got := strings.TrimSpace(again.Get(k)); got != strings.TrimSpace(want) {
+				t.Errorf("%s inventory, run again: %s is %q, want %q", tt.name, k, got, want)
+			}
+		}
+		if again.Get("options.forks") != "7" || strings.Contains(page, "cannot hold") {
+			t.Errorf("%s inventory, run again: forks %q, or a note that the form cannot hold it:\n%s", tt.name, again.Get("options.forks"), page)
+		}
 	}
 }

@@ -132,17 +132,20 @@
   // reader or the keyboard starts there.
   var summary = document.getElementById("error-summary");
   if (summary) { summary.focus(); }
-  // The job form shows the fields of the chosen source type only.
-  var type = document.getElementById("f-source.type");
-  if (type) {
-    var show = function () {
-      document.querySelectorAll("[data-for]").forEach(function (el) {
-        el.hidden = el.getAttribute("data-for").split(" ").indexOf(type.value) < 0;
-      });
-    };
-    type.addEventListener("change", show);
-    show();
-  }
+  // The job form shows the fields of the chosen source and inventory
+  // types only: a field's data-for-field names the select it follows.
+  var fieldsFor = document.querySelectorAll("[data-for]");
+  var show = function () {
+    fieldsFor.forEach(function (el) {
+      var sel = document.getElementById("f-" + el.getAttribute("data-for-field"));
+      if (sel) { el.hidden = el.getAttribute("data-for").split(" ").indexOf(sel.value) < 0; }
+    });
+  };
+  ["f-source.type", "f-inventory.type"].forEach(function (id) {
+    var sel = document.getElementById(id);
+    if (sel) { sel.addEventListener("change", show); }
+  });
+  show();
   var reload = document.getElementById("live-reload");
   if (reload) {
     reload.addEventListener("click", function () { window.location.reload(); });
