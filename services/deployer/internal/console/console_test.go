@@ -372,3 +372,43 @@ func TestRunPageWithoutOutput(t *testing.T) {
 		t.Fatalf("the page of a run without output: %d\n%s", res.StatusCode, page)
 	}
 }
+
+// TestDeploymentRunAgain: a finished deployment's page offers Run again,
+// which opens the deployment form filled in with its request; sent as it
+// is, it makes a new deployment with the same request. Another project's
+// key cannot fill the form from it.
+func TestDeploymentRunAgain(t *testing.T) {
+	t.Parallel()
+	e := deployertest.Start(t, deployertest.Options{})
+	id, b := deployAndSignIn(t, e)
+	if _, page := b.get("/ui/runs/deployment/" + id); !strings.Contains(page, `href="/ui/deploy?from=`+id+`" id="run-again"`) {
+		t.Fatalf("a finished deployment's page offers no Run again:\n%s", page)
+	}
+	res, page := b.get("/ui/deploy?from=" + id)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="deploy-note"`) {
+		t.Fatalf("run again: %d\n%s", res.StatusCode, page)
+	}
+	again := formValues(t, page)
+	for name, want := range map[string]string{"project_id": deployertest.Project, "repo_full_name": "acme/shop",
+		"branch": "main", "server_ip": "198.51.100.7", "port": "8080", "correlation_id": ""} {
+		if got := again.Get(name); got != want {
+			t.Errorf("run again: %s is %q, want %q", name, got, want)
+		}
+	}
+	res, _ = b.post("/ui/deploy", again)
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("run again, submitted: %d", res.StatusCode)
+	}
+	second := strings.TrimPrefix(res.Header.Get("Location"), "/ui/runs/deployment/")
+	_, body := e.Do(http.MethodGet, "/api/v1/deployments/"+second, e.CI, nil)
+	d := deployertest.JSON[map[string]any](t, body)
+	req, _ := d["request"].(map[string]any)
+	if second == id || req["repo_full_name"] != "acme/shop" || req["server_ip"] != "198.51.100.7" || req["port"] != float64(8080) {
+		t.Errorf("the deployment run again (%s) is not the first one's request: %s", second, body)
+	}
+	stranger := newBrowser(t, e.URL)
+	stranger.signIn(e.Key("deploy-other", []auth.Scope{auth.ScopeDeploymentsWrite}, "22222222-3333-4444-5555-666666666666"))
+	if res, page := stranger.get("/ui/deploy?from=" + id); res.StatusCode != http.StatusNotFound || strings.Contains(page, "acme/shop") {
+		t.Errorf("another project's key runs this deployment again: %d\n%s", res.StatusCode, page)
+	}
+}

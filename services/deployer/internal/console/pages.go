@@ -588,12 +588,39 @@ func (c *Console) deployForm(w http.ResponseWriter, r *http.Request) {
 	if ps := c.key(r).Projects; len(ps) > 0 {
 		vals["project_id"] = ps[0]
 	}
-	c.renderDeploy(w, r, http.StatusOK, vals, nil, "")
+	note := ""
+	if from := r.URL.Query().Get("from"); from != "" {
+		// Run again: the form filled in with that deployment's request, as
+		// the API gives it to this key (another project's: 404).
+		var d deployments.Deployment
+		res, err := c.call(r, http.MethodGet, "/api/v1/deployments/"+url.PathEscape(from), nil, &d)
+		if err != nil || res.Problem != nil {
+			c.failAPI(w, r, res, err)
+			return
+		}
+		vals, note = deployFormValues(&d.Request), "Filled in from deployment "+d.ID+"."
+	}
+	c.renderDeploy(w, r, http.StatusOK, vals, nil, "", note)
 }
 
-func (c *Console) renderDeploy(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general string) {
+// deployFormValues are the deployment form's values of req (what
+// deploySubmit reads, for "Run again"); the correlation id is left out: it
+// names one deployment.
+func deployFormValues(req *deployments.Request) map[string]string {
+	vals := map[string]string{"project_id": req.ProjectID, "repo_full_name": req.RepoFullName, "branch": req.Branch,
+		"server_ip": req.ServerIP, "modules": strings.Join(req.Modules, ", "), "github_token_ref": req.GitHubTokenRef,
+		"secrets_ref": req.SecretsRef, "options.callback_url": req.Options.CallbackURL}
+	for name, n := range map[string]int{"port": req.Port, "options.timeout_seconds": req.Options.TimeoutSeconds} {
+		if n > 0 {
+			vals[name] = strconv.Itoa(n)
+		}
+	}
+	return vals
+}
+
+func (c *Console) renderDeploy(w http.ResponseWriter, r *http.Request, status int, vals, errs map[string]string, general, note string) {
 	c.render(w, r, status, "deploy", map[string]any{"Title": "New deployment", "Fields": deployFields,
-		"Values": vals, "Errors": errs, "General": general, "Projects": c.key(r).Projects})
+		"Values": vals, "Errors": errs, "General": general, "Note": note, "Projects": c.key(r).Projects})
 }
 
 func (c *Console) deploySubmit(w http.ResponseWriter, r *http.Request) {
@@ -621,7 +648,7 @@ func (c *Console) deploySubmit(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if len(errs) > 0 {
-		c.renderDeploy(w, r, http.StatusUnprocessableEntity, vals, errs, "Correct the fields marked below.")
+		c.renderDeploy(w, r, http.StatusUnprocessableEntity, vals, errs, "Correct the fields marked below.", "")
 		return
 	}
 	var d deployments.Deployment
@@ -642,7 +669,7 @@ func (c *Console) deploySubmit(w http.ResponseWriter, r *http.Request) {
 		if len(general) == 0 && len(errs) == 0 {
 			general = append(general, problemText(res.Problem))
 		}
-		c.renderDeploy(w, r, res.Status, vals, errs, strings.Join(general, "; "))
+		c.renderDeploy(w, r, res.Status, vals, errs, strings.Join(general, "; "), "")
 		return
 	}
 	http.Redirect(w, r, Prefix+"/runs/deployment/"+url.PathEscape(d.ID), http.StatusSeeOther)
