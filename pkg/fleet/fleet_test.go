@@ -133,6 +133,47 @@ func TestListCountAndShow(t *testing.T) {
 		t.Errorf("pages gave %v", all)
 	}
 
+	// Orders for triage, paged one server at a time (every cursor used):
+	// ties broken by handle.
+	if _, err := b.db.Exec(ctx, `UPDATE servers SET attempts = CASE handle WHEN 'web-2' THEN 5 WHEN 'new-1' THEN 2 ELSE 0 END,
+		status_changed_at = now() - CASE handle WHEN 'db-1' THEN interval '1 minute' WHEN 'web-1' THEN interval '1 hour'
+			WHEN 'new-1' THEN interval '2 hours' ELSE interval '3 hours' END`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		order fleet.Order
+		want  []string
+	}{
+		{fleet.OrderHandle, []string{"db-1", "new-1", "web-1", "web-2"}},
+		{fleet.OrderStatus, []string{"web-2", "new-1", "db-1", "web-1"}},
+		{fleet.OrderAttempts, []string{"web-2", "new-1", "db-1", "web-1"}},
+		{fleet.OrderChanged, []string{"db-1", "web-1", "new-1", "web-2"}},
+	} {
+		var got []string
+		after := ""
+		for range 10 {
+			page, err := s.List(ctx, fleet.Filter{Order: tt.order}, after, 1)
+			if err != nil {
+				t.Fatalf("order %q: %v", tt.order, err)
+			}
+			for _, srv := range page.Servers {
+				got = append(got, srv.Handle)
+			}
+			if after = page.Next; after == "" {
+				break
+			}
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("order %q: pages gave %v, want %v", tt.order, got, tt.want)
+		}
+	}
+	if _, err := s.List(ctx, fleet.Filter{Order: "bogus"}, "", 0); !errors.Is(err, fleet.ErrInvalid) {
+		t.Errorf("an unknown order: %v, want ErrInvalid", err)
+	}
+	if _, err := s.List(ctx, fleet.Filter{Order: fleet.OrderAttempts}, "web-1", 0); !errors.Is(err, fleet.ErrInvalid) {
+		t.Errorf("a handle as a cursor of another order: %v, want ErrInvalid", err)
+	}
+
 	for _, bad := range []fleet.Filter{{Statuses: []string{"BOGUS"}}, {Labels: map[string]string{"bad key'": "x"}}} {
 		if _, err := s.List(ctx, bad, "", 0); !errors.Is(err, fleet.ErrInvalid) {
 			t.Errorf("List(%+v) = %v, want ErrInvalid", bad, err)

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -198,6 +199,78 @@ type Filter struct {
 	// Project keeps the servers this project (a canonical project id)
 	// owns; "-" keeps fleet-only servers (owned by no project).
 	Project string
+	// Order is the order of List's pages (Count ignores it).
+	Order Order
+}
+
+// Order is an order of List: by handle (the zero value), or by one of the
+// columns an operator triages with, the handle breaking ties.
+type Order string
+
+// The orders of List.
+const (
+	OrderHandle   Order = ""
+	OrderStatus   Order = "status"   // status (alphabetical), then handle
+	OrderAttempts Order = "attempts" // most attempts first
+	OrderChanged  Order = "changed"  // latest status change first
+)
+
+// Orders are the orders List takes, by their names (handle for the zero
+// value).
+func Orders() []string { return []string{"handle", string(OrderStatus), string(OrderAttempts), string(OrderChanged)} }
+
+// orderSQL is order's ORDER BY, and its keyset condition after a row
+// whose sort value is $v and handle $h (the placeholders given).
+func (o Order) orderSQL(v, h string) (by, after string, err error) {
+	switch o {
+	case OrderHandle:
+		return "handle", "handle > " + h + " AND " + v + " = ''", nil
+	case OrderStatus:
+		return "status, handle", "(status, handle) > (" + v + ", " + h + ")", nil
+	case OrderAttempts:
+		return "attempts DESC, handle", "(attempts < " + v + "::int OR (attempts = " + v + "::int AND handle > " + h + "))", nil
+	case OrderChanged:
+		return "status_changed_at DESC, handle", "(status_changed_at < " + v + "::timestamptz OR (status_changed_at = " + v +
+			"::timestamptz AND handle > " + h + "))", nil
+	}
+	return "", "", fmt.Errorf("%w: unknown order %q (want one of %s)", ErrInvalid, o, strings.Join(Orders(), ", "))
+}
+
+// sortValue is s's value in order o, as a cursor holds it.
+func (o Order) sortValue(s *Server) string {
+	switch o {
+	case OrderStatus:
+		return s.Status
+	case OrderAttempts:
+		return strconv.Itoa(s.Attempts)
+	case OrderChanged:
+		return s.StatusChangedAt.UTC().Format(time.RFC3339Nano)
+	}
+	return ""
+}
+
+// cursor is the cursor of the page after s: its handle in handle order
+// (as ever), otherwise its sort value and handle, base64url-encoded.
+func (o Order) cursor(s *Server) string {
+	if o == OrderHandle {
+		return s.Handle
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(o.sortValue(s) + "\n" + s.Handle))
+}
+
+// parseCursor reads a cursor of order o: the sort value and the handle.
+func (o Order) parseCursor(c string) (v, h string, err error) {
+	if o == OrderHandle || c == "" {
+		return "", c, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		var ok bool
+		if v, h, ok = strings.Cut(string(b), "\n"); ok {
+			return v, h, nil
+		}
+	}
+	return "", "", fmt.Errorf("%w: cursor %q is not one of this order's", ErrInvalid, c)
 }
 
 // MaxPageSize is the largest page List returns.
@@ -272,9 +345,10 @@ func (f Filter) where() (string, []any, error) {
 	return strings.Join(conds, " AND "), args, nil
 }
 
-// List returns the servers matching f ordered by handle, at most limit of
-// them (DefaultPageSize when 0, at most MaxPageSize), starting after the
-// cursor after ("" for the first page).
+// List returns the servers matching f in f.Order (by handle by default),
+// at most limit of them (DefaultPageSize when 0, at most MaxPageSize),
+// starting after the cursor after ("" for the first page; a cursor only
+// fits the order it came from).
 func (s *Store) List(ctx context.Context, f Filter, after string, limit int) (*Page, error) {
 	switch {
 	case limit == 0:
@@ -286,9 +360,22 @@ func (s *Store) List(ctx context.Context, f Filter, after string, limit int) (*P
 	if err != nil {
 		return nil, err
 	}
-	args = append(args, after, limit+1)
-	sql := fmt.Sprintf(`SELECT %s FROM servers WHERE %s AND handle > $%d ORDER BY handle LIMIT $%d`,
-		serverColumns, where, len(args)-1, len(args))
+	v, h, err := f.Order.parseCursor(after)
+	if err != nil {
+		return nil, err
+	}
+	by, keyset, err := f.Order.orderSQL(fmt.Sprintf("$%d::text", len(args)+1), fmt.Sprintf("$%d::text", len(args)+2))
+	if err != nil {
+		return nil, err
+	}
+	cond := "TRUE"
+	if after != "" {
+		cond = keyset
+		args = append(args, v, h)
+	}
+	args = append(args, limit+1)
+	sql := fmt.Sprintf(`SELECT %s FROM servers WHERE %s AND %s ORDER BY %s LIMIT $%d`,
+		serverColumns, where, cond, by, len(args))
 	rows, err := s.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list servers: %w", err)
@@ -300,7 +387,7 @@ func (s *Store) List(ctx context.Context, f Filter, after string, limit int) (*P
 	page := &Page{Servers: servers}
 	if len(servers) > limit {
 		page.Servers = servers[:limit]
-		page.Next = servers[limit-1].Handle
+		page.Next = f.Order.cursor(servers[limit-1])
 	}
 	return page, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -105,8 +107,11 @@ type ServerList struct {
 	NextCursor string         `json:"next_cursor,omitempty"`
 }
 
+// cursorRE matches the cursors of the server list: a handle, or base64url.
+var cursorRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,512}$`)
+
 var serverListParams = map[string]bool{"status": true, "source": true, "label": true, "search": true,
-	"paused": true, "requested": true, "project": true, "limit": true, "cursor": true}
+	"paused": true, "requested": true, "project": true, "limit": true, "cursor": true, "sort": true}
 
 func (a *API) fleetOr503(w http.ResponseWriter, r *http.Request) bool {
 	if a.deps.Fleet == nil {
@@ -200,14 +205,25 @@ func (a *API) listServers(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
+	if v := q.Get("sort"); v != "" && v != "handle" {
+		if !slices.Contains(fleet.Orders(), v) {
+			bad("sort", "must be one of "+strings.Join(fleet.Orders(), ", "))
+			return
+		}
+		f.Order = fleet.Order(v)
+	}
 	cursor := q.Get("cursor")
-	if cursor != "" && !messages.ValidServerHandle(cursor) {
+	if cursor != "" && ((f.Order == fleet.OrderHandle && !messages.ValidServerHandle(cursor)) || !cursorRE.MatchString(cursor)) {
 		bad("cursor", "is not a cursor this API returned")
 		return
 	}
 	page, err := a.deps.Fleet.List(r.Context(), f, cursor, limit)
 	if errors.Is(err, fleet.ErrInvalid) {
-		bad("label", "has an invalid key")
+		if cursor != "" && strings.Contains(err.Error(), "cursor") {
+			bad("cursor", "is not a cursor of this sort order")
+		} else {
+			bad("label", "has an invalid key")
+		}
 		return
 	}
 	if err != nil {

@@ -42,6 +42,27 @@ func TestServers(t *testing.T) {
 	if len(page.Items) != 2 || len(page2.Items) != 2 || page2.NextCursor != "" || page.Items[1].Handle >= page2.Items[0].Handle {
 		t.Errorf("pages: %+v / %+v", page, page2)
 	}
+	// Sorted by status, paged (the cursor holds the order's value).
+	var byStatus []string
+	cursor := ""
+	for range 5 {
+		_, body = e.Do("GET", "/api/v1/servers?sort=status&limit=3&cursor="+cursor, e.Admin, nil)
+		p := dt.JSON[api.ServerList](t, body)
+		for _, it := range p.Items {
+			byStatus = append(byStatus, it.Handle)
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if strings.Join(byStatus, " ") != "web-2 gone-1 db-1 web-1" {
+		t.Errorf("by status: %v, want FAILED, ORPHANED, then READY by handle", byStatus)
+	}
+	for q, field := range map[string]string{"sort=bogus": "sort", "sort=attempts&cursor=web-1": "cursor"} {
+		if resp, body := e.Do("GET", "/api/v1/servers?"+q, e.Admin, nil); resp.StatusCode != 400 || !strings.Contains(string(body), `"field":"`+field+`"`) {
+			t.Errorf("%s: %d %s, want 400 naming %s", q, resp.StatusCode, body, field)
+		}
+	}
 
 	resp, body = e.Do("POST", "/api/v1/servers/web-2/recovery", e.Admin, map[string]string{"reason": "disk full fixed"})
 	srv := dt.JSON[api.ServerView](t, body)

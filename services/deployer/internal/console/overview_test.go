@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -44,10 +45,26 @@ func TestOverviewNeedsAttention(t *testing.T) {
 	// The fleet list says why and how often: attempts and the last error,
 	// cut short with the whole in its title.
 	_, page = b.get("/ui/fleet?status=FAILED")
-	for _, want := range []string{`<th>Attempts</th>`, `<td data-label="Attempts" class="num">3</td>`,
+	for _, want := range []string{`id="sort-attempts">Attempts</a></th>`, `<td data-label="Attempts" class="num">3</td>`,
 		`title="setup_server.yml: failed on bad-1 in task &#34;Install docker&#34;: xxx`, `xxx…</span>`} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the fleet list lacks %s:\n%s", want, page)
 		}
+	}
+
+	// Sorted for triage: most attempts first, the filter kept by the
+	// headers' links; the page says which order it is in.
+	_, page = b.get("/ui/fleet?sort=attempts")
+	if i, j, k := strings.Index(page, `href="/ui/fleet/bad-1"`), strings.Index(page, `href="/ui/fleet/bad-2"`), strings.Index(page, `href="/ui/fleet/ok-1"`); i < 0 || j < i || k < j {
+		t.Errorf("by attempts: bad-1 (3), bad-2 (1), then ok-1 (0); positions %d %d %d", i, j, k)
+	}
+	if !strings.Contains(page, `aria-sort="descending"><a href="/ui/fleet?sort=attempts" id="sort-attempts"`) {
+		t.Errorf("the attempts header does not say it orders the list:\n%s", page)
+	}
+	if _, page = b.get("/ui/fleet?status=FAILED&sort=handle"); !strings.Contains(page, `href="/ui/fleet?sort=changed&amp;status=FAILED" id="sort-changed"`) {
+		t.Errorf("a sort link drops the filter:\n%s", page)
+	}
+	if res, page := b.get("/ui/fleet?sort=bogus"); res.StatusCode != http.StatusOK || !strings.Contains(page, "must be one of handle, status, attempts, changed") {
+		t.Errorf("an unknown order: %d, want the API's refusal shown\n%s", res.StatusCode, page)
 	}
 }

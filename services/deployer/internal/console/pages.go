@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -254,7 +255,7 @@ func (c *Console) queueRows(ctx context.Context, streams []string) []queueRow {
 func (c *Console) fleetPage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	aq := url.Values{"limit": {"50"}}
-	for _, p := range []string{"status", "source", "search", "paused", "cursor"} {
+	for _, p := range []string{"status", "source", "search", "paused", "cursor", "sort"} {
 		if v := strings.TrimSpace(q.Get(p)); v != "" {
 			aq.Set(p, v)
 		}
@@ -268,7 +269,8 @@ func (c *Console) fleetPage(w http.ResponseWriter, r *http.Request) {
 		c.failAPI(w, r, res, err)
 		return
 	}
-	data := map[string]any{"Title": "Fleet", "Statuses": fleet.Statuses(), "Q": q, "List": list}
+	data := map[string]any{"Title": "Fleet", "Statuses": fleet.Statuses(), "Q": q, "List": list,
+		"Sort": cmp.Or(q.Get("sort"), "handle"), "SortBy": sortLinks(q)}
 	if res.Problem != nil {
 		data["Error"] = problemText(res.Problem)
 	}
@@ -285,6 +287,20 @@ func (c *Console) fleetPage(w http.ResponseWriter, r *http.Request) {
 		data["First"] = Prefix + "/fleet?" + nq.Encode()
 	}
 	c.render(w, r, http.StatusOK, "fleet", data)
+}
+
+// sortLinks are the fleet's links that order it by each of the API's
+// orders, keeping the filters (and starting at the first page).
+func sortLinks(q url.Values) map[string]string {
+	links := map[string]string{}
+	for _, o := range fleet.Orders() {
+		nq := url.Values{}
+		maps.Copy(nq, q)
+		nq.Del("cursor")
+		nq.Set("sort", o)
+		links[o] = Prefix + "/fleet?" + nq.Encode()
+	}
+	return links
 }
 
 func (c *Console) serverPage(w http.ResponseWriter, r *http.Request) {
