@@ -188,6 +188,7 @@ func (c *Console) routes() chi.Router {
 		r.Get("/fleet", c.fleetPage)
 		r.Get("/fleet/{handle}", c.serverPage)
 		r.Post("/fleet/{handle}/{op}", c.serverAction)
+		r.Post("/fleet/bulk", c.fleetBulk)
 		r.Get("/runs", c.runsPage)
 		r.Get("/runs/deployment/{id}", c.deploymentPage)
 		r.Get("/runs/deployment/{id}/events", c.deploymentPassthrough("events"))

@@ -3,9 +3,13 @@ package console_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
 )
 
@@ -67,4 +71,71 @@ func TestOverviewNeedsAttention(t *testing.T) {
 	if res, page := b.get("/ui/fleet?sort=bogus"); res.StatusCode != http.StatusOK || !strings.Contains(page, "must be one of handle, status, attempts, changed") {
 		t.Errorf("an unknown order: %d, want the API's refusal shown\n%s", res.StatusCode, page)
 	}
+}
+
+// TestFleetBulkActions: servers picked in the fleet list are paused at
+// once after one confirmation naming them all; a server the API refuses is
+// named with its reason; a key that may not write the fleet gets no such
+// form.
+func TestFleetBulkActions(t *testing.T) {
+	t.Parallel()
+	e := deployertest.Start(t, deployertest.Options{NoInfra: true})
+	if _, err := e.DB.Exec(context.Background(), `INSERT INTO servers (handle, address, source, status)
+		VALUES ('bulk-1', '192.0.2.31', 'manual', 'READY'), ('bulk-2', '192.0.2.32', 'manual', 'FAILED'),
+		       ('bulk-3', '192.0.2.33', 'manual', 'READY')`); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, e.URL)
+	csrf := b.signIn(e.Admin)
+	if _, page := b.get("/ui/fleet"); !strings.Contains(page, `id="bulk"`) || !strings.Contains(page, `value="bulk-2" form="bulk"`) {
+		t.Fatalf("no bulk form for an operator:\n%s", page)
+	}
+	pick := url.Values{"csrf": {csrf}, "op": {"pause"}, "reason": {"maintenance"}, "handle": {"bulk-2", "bulk-1", "no-such-1"}}
+	res, page := b.post("/ui/fleet/bulk", pick)
+	if res.StatusCode != http.StatusOK || !strings.Contains(page, `id="confirm-bulk"`) || !strings.Contains(page, "bulk-1, bulk-2, no-such-1") ||
+		!strings.Contains(page, `value="maintenance"`) {
+		t.Fatalf("bulk pause without one confirmation naming the servers: %d\n%s", res.StatusCode, page)
+	}
+	if paused := pausedServers(t, e); len(paused) != 0 {
+		t.Fatalf("servers paused before the confirmation: %v", paused)
+	}
+	res, _ = b.post("/ui/fleet/bulk", url.Values{"csrf": {csrf}, "op": {"pause"}, "reason": {"maintenance"},
+		"handles": {"bulk-1,bulk-2,no-such-1"}, "confirm": {"yes"}})
+	done, _ := url.QueryUnescape(res.Header.Get("Location"))
+	if res.StatusCode != http.StatusSeeOther || !strings.Contains(done, "pause requested for 2 of 3 servers") || !strings.Contains(done, "refused: no-such-1") {
+		t.Fatalf("bulk pause: %d %s", res.StatusCode, done)
+	}
+	if paused := pausedServers(t, e); strings.Join(paused, " ") != "bulk-1 bulk-2" {
+		t.Errorf("paused servers %v, want bulk-1 and bulk-2", paused)
+	}
+	if _, page := b.get(res.Header.Get("Location")); !strings.Contains(page, `id="bulk-done"`) {
+		t.Errorf("the fleet does not say what the bulk action did:\n%s", page)
+	}
+
+	reader := newBrowser(t, e.URL)
+	rcsrf := reader.signIn(e.Key("fleet-reader", []auth.Scope{auth.ScopeServersRead}))
+	if _, page := reader.get("/ui/fleet"); strings.Contains(page, `id="bulk"`) {
+		t.Errorf("a key without servers:write gets the bulk form")
+	}
+	res, _ = reader.post("/ui/fleet/bulk", url.Values{"csrf": {rcsrf}, "op": {"resume"}, "handles": {"bulk-1"}, "confirm": {"yes"}})
+	if done, _ := url.QueryUnescape(res.Header.Get("Location")); !strings.Contains(done, "resume requested for 0 of 1 servers") {
+		t.Errorf("a key without servers:write resumed a server: %s", done)
+	}
+	if paused := pausedServers(t, e); len(paused) != 2 {
+		t.Errorf("paused servers %v after a refused resume", paused)
+	}
+}
+
+// pausedServers are the handles of the paused servers, sorted.
+func pausedServers(t *testing.T, e *deployertest.Env) []string {
+	t.Helper()
+	rows, err := e.DB.Query(context.Background(), `SELECT handle FROM servers WHERE paused ORDER BY handle`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handles, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return handles
 }

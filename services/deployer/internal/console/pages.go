@@ -270,7 +270,10 @@ func (c *Console) fleetPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := map[string]any{"Title": "Fleet", "Statuses": fleet.Statuses(), "Q": q, "List": list,
-		"Sort": cmp.Or(q.Get("sort"), "handle"), "SortBy": sortLinks(q)}
+		"Sort": cmp.Or(q.Get("sort"), "handle"), "SortBy": sortLinks(q), "Done": q.Get("done")}
+	if c.key(r).Has(auth.ScopeServersWrite) {
+		data["Bulk"] = bulkOperations
+	}
 	if res.Problem != nil {
 		data["Error"] = problemText(res.Problem)
 	}
@@ -393,6 +396,60 @@ func (c *Console) serverAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, Prefix+"/fleet/"+url.PathEscape(h)+"?done="+url.QueryEscape(string(op)+" requested"), http.StatusSeeOther)
+}
+
+// bulkOperations are the operations the fleet list applies to the
+// selected servers at once (a rebuild, which wipes a server, is asked for
+// one server at a time).
+var bulkOperations = []api.Operation{api.OpProvision, api.OpRecovery, api.OpPause, api.OpResume}
+
+// maxBulk bounds the servers of one bulk action (a page of the list).
+const maxBulk = 50
+
+// fleetBulk applies an operation to the servers selected in the fleet
+// list, after one confirmation naming them all, through the API one by
+// one as the session's key; it says how many were requested and which were
+// refused, and why.
+func (c *Console) fleetBulk(w http.ResponseWriter, r *http.Request) {
+	op := api.Operation(r.PostFormValue("op"))
+	if !slices.Contains(bulkOperations, op) {
+		c.fail(w, r, http.StatusBadRequest, "Choose one of the operations offered.")
+		return
+	}
+	handles := r.PostForm["handle"]
+	if hs := r.PostFormValue("handles"); hs != "" {
+		handles = strings.Split(hs, ",")
+	}
+	handles = slices.Compact(slices.Sorted(slices.Values(handles)))
+	if len(handles) == 0 || len(handles) > maxBulk {
+		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Select between 1 and %d servers.", maxBulk))
+		return
+	}
+	reason := r.PostFormValue("reason")
+	if !confirmed(r) {
+		c.confirm(w, r, confirmation{Question: fmt.Sprintf("%s %d servers?", op, len(handles)),
+			Warning: fmt.Sprintf("%s of %s.", op, strings.Join(handles, ", ")),
+			Action:  Prefix + "/fleet/bulk", Hidden: map[string]string{"op": string(op), "handles": strings.Join(handles, ",")},
+			Reason: true, ReasonValue: reason, Button: fmt.Sprintf("%s %d servers", op, len(handles)), ButtonID: "confirm-bulk",
+			Cancel: Prefix + "/fleet"})
+		return
+	}
+	var refused []string
+	for _, h := range handles {
+		res, err := c.call(r, http.MethodPost, "/api/v1/servers/"+url.PathEscape(h)+"/"+string(op),
+			map[string]string{"reason": reason}, nil)
+		switch {
+		case err != nil:
+			refused = append(refused, h+" ("+err.Error()+")")
+		case res.Problem != nil:
+			refused = append(refused, h+" ("+problemText(res.Problem)+")")
+		}
+	}
+	done := fmt.Sprintf("%s requested for %d of %d servers", op, len(handles)-len(refused), len(handles))
+	if len(refused) > 0 {
+		done += "; refused: " + strings.Join(refused, "; ")
+	}
+	http.Redirect(w, r, Prefix+"/fleet?done="+url.QueryEscape(done), http.StatusSeeOther)
 }
 
 // setServerProjects posts the operator's form of a server's owning
