@@ -523,6 +523,15 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	screenshot("job-done")
 	w.check(t, "job done")
+	// Search in the log: only the lines holding the text stay, the count
+	// is said, and every line's number links to it.
+	run("log search", chromedp.SendKeys(chromedp.CSS("#log-search"), "db-1"))
+	waitFor("only the matching lines shown", `(function () {
+		var ls = Array.from(document.querySelectorAll("#full-log .log-line")), shown = ls.filter(function (l) { return !l.hidden; });
+		return shown.length > 0 && shown.length < ls.length && shown.every(function (l) { return l.textContent.includes("db-1"); }) &&
+			document.getElementById("log-matches").textContent === shown.length + " of " + ls.length + " lines" &&
+			document.querySelector('#full-log a.ln[href="#L1"]') !== null; })()`, false)
+	w.check(t, "log search")
 
 	// The runs list holds deployments, jobs and provisioning runs, newest
 	// first.

@@ -44,3 +44,26 @@ func ansiHTML(text string) template.HTML {
 	}
 	return template.HTML(b.String()) // #nosec G203: every byte of text went through HTMLEscapeString
 }
+
+// logLine is one line of a run's log as the console shows it: its number
+// (1-based, the target of its link) and its HTML (ansiHTML).
+type logLine struct {
+	N    int
+	HTML template.HTML
+}
+
+// logLines splits text (a run's log) into lines, each rendered by
+// ansiHTML on its own (Ansible colours each line by itself); a final line
+// break makes no empty last line.
+func logLines(text string) []logLine {
+	text = strings.TrimSuffix(text, "\n")
+	if text == "" {
+		return nil
+	}
+	parts := strings.Split(text, "\n")
+	out := make([]logLine, len(parts))
+	for i, p := range parts {
+		out[i] = logLine{N: i + 1, HTML: ansiHTML(strings.TrimSuffix(p, "\r"))}
+	}
+	return out
+}

@@ -18,3 +18,27 @@ func TestAnsiHTML(t *testing.T) {
 		})
 	}
 }
+
+func TestLogLines(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"empty", "", nil},
+		{"final break", "a\nb\n", []string{"a", "b"}},
+		{"crlf and colours per line", "\x1b[32mok\x1b[0m\r\n<b>", []string{`<span class="ansi-32">ok</span>`, "&lt;b&gt;"}},
+		{"blank lines kept", "a\n\nb", []string{"a", "", "b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := logLines(tc.in)
+			if len(got) != len(tc.want) {
+				t.Fatalf("logLines(%q) = %d lines, want %d", tc.in, len(got), len(tc.want))
+			}
+			for i, l := range got {
+				if l.N != i+1 || string(l.HTML) != tc.want[i] {
+					t.Errorf("line %d = %d %q, want %d %q", i, l.N, l.HTML, i+1, tc.want[i])
+				}
+			}
+		})
+	}
+}

@@ -36,6 +36,7 @@ func (c *Console) parse() error {
 		// `autoprov dead replay --resign` may put back.
 		"resignOnly": messages.IsSignatureReason,
 		"ansi":       ansiHTML,
+		"logLines":   logLines,
 		"short":      short,
 	}
 	layout, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")

@@ -146,6 +146,23 @@
     if (sel) { sel.addEventListener("change", show); }
   });
   show();
+  // Search in a stored log: the lines without the text are hidden, and
+  // the count of those with it is said; each line keeps its link (#L<n>).
+  var search = document.getElementById("log-search");
+  if (search) {
+    var lines = document.querySelectorAll("#full-log .log-line");
+    var matches = document.getElementById("log-matches");
+    search.addEventListener("input", function () {
+      var q = search.value.toLowerCase(), n = 0;
+      lines.forEach(function (l) {
+        var text = l.textContent.slice(l.firstChild.textContent.length).toLowerCase();
+        var hit = q === "" || text.indexOf(q) >= 0;
+        l.hidden = !hit;
+        if (hit) { n++; }
+      });
+      matches.textContent = q === "" ? "" : n + " of " + lines.length + " lines";
+    });
+  }
   var reload = document.getElementById("live-reload");
   if (reload) {
     reload.addEventListener("click", function () { window.location.reload(); });
