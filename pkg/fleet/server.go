@@ -217,7 +217,9 @@ const (
 
 // Orders are the orders List takes, by their names (handle for the zero
 // value).
-func Orders() []string { return []string{"handle", string(OrderStatus), string(OrderAttempts), string(OrderChanged)} }
+func Orders() []string {
+	return []string{"handle", string(OrderStatus), string(OrderAttempts), string(OrderChanged)}
+}
 
 // orderSQL is order's ORDER BY, and its keyset condition after a row
 // whose sort value is $v and handle $h (the placeholders given).
