@@ -260,6 +260,10 @@ func (o Order) cursor(s *Server) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(o.sortValue(s) + "\n" + s.Handle))
 }
 
+// ErrBadCursor: List's cursor is not one of its order's (it also matches
+// ErrInvalid).
+var ErrBadCursor = errors.New("not a cursor of this order")
+
 // parseCursor reads a cursor of order o: the sort value and the handle.
 func (o Order) parseCursor(c string) (v, h string, err error) {
 	if o == OrderHandle || c == "" {
@@ -272,7 +276,7 @@ func (o Order) parseCursor(c string) (v, h string, err error) {
 			return v, h, nil
 		}
 	}
-	return "", "", fmt.Errorf("%w: cursor %q is not one of this order's", ErrInvalid, c)
+	return "", "", fmt.Errorf("%w: %w: %q", ErrInvalid, ErrBadCursor, c)
 }
 
 // MaxPageSize is the largest page List returns.

@@ -218,12 +218,12 @@ func (a *API) listServers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := a.deps.Fleet.List(r.Context(), f, cursor, limit)
+	if errors.Is(err, fleet.ErrBadCursor) {
+		bad("cursor", "is not a cursor of this sort order")
+		return
+	}
 	if errors.Is(err, fleet.ErrInvalid) {
-		if cursor != "" && strings.Contains(err.Error(), "cursor") {
-			bad("cursor", "is not a cursor of this sort order")
-		} else {
-			bad("label", "has an invalid key")
-		}
+		bad("label", "has an invalid key")
 		return
 	}
 	if err != nil {

@@ -35,7 +35,6 @@ func (c *Console) parse() error {
 		// resignOnly: a dead letter refused for its signature, which only
 		// `autoprov dead replay --resign` may put back.
 		"resignOnly": messages.IsSignatureReason,
-		"ansi":       ansiHTML,
 		"logLines":   logLines,
 		"short":      short,
 	}
