@@ -132,7 +132,11 @@ func TestOneTraceFromXAddToResult(t *testing.T) {
 	if r2.Status != messages.StatusSucceeded || len(p2) != 4 || p2[1] == traceID {
 		t.Fatalf("untraced request: result %s with traceparent %q", r2.Status, r2.Traceparent)
 	}
-	spans, ok = rcv.WaitFor(wctx, func(spans []otlptest.Span) bool {
+	// A minute of its own: the first wait's may have run out while this
+	// request ran on a loaded machine.
+	wctx2, cancel2 := context.WithTimeout(ctx, time.Minute)
+	defer cancel2()
+	spans, ok = rcv.WaitFor(wctx2, func(spans []otlptest.Span) bool {
 		for _, s := range spans {
 			if s.TraceID == p2[1] && s.Name == "infra job" {
 				return true
