@@ -80,6 +80,15 @@ func (l *RunLocks) monitor() {
 			l.mu.Unlock()
 			continue
 		}
+		if !errors.Is(err, errLeaseTaken) && !l.conn.IsClosed() {
+			// The renewal failed (timed out on a loaded database, was
+			// cancelled) but the session lives, and with it the
+			// advisory locks, which exclude every other run while
+			// Postgres runs: renew at the next tick. Ending the session
+			// here would free the targets while this run's play goes on.
+			l.mu.Unlock()
+			continue
+		}
 		// The session cannot vouch for the locks any more: end it, so
 		// that they are surely gone with it, and take them again.
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -614,3 +614,43 @@ func TestLockerReusesSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A renewal that takes longer than its timeout (a loaded database, a
+// lease row locked for a while) does not cost the run its locks while
+// the lock session lives: ending the session would free the target for
+// another run while this one's play goes on.
+func TestSlowRenewalKeepsTheLocks(t *testing.T) {
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	a := acquire(t, pool, "job-slow-1", "web-slow", store.LockOptions{PingInterval: 100 * time.Millisecond, PingTimeout: 300 * time.Millisecond})
+	pid := a.BackendPID()
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM run_leases WHERE key = $1 FOR UPDATE`, store.TargetLockKey("web-slow")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // several renewals time out
+	rows := advisoryLocks(t, pool, store.TargetLockKey("web-slow"))
+	if len(rows) != 1 || !rows[0].Granted || rows[0].PID != pid {
+		t.Fatalf("target lock rows %+v while renewals were slow, want the holder's session %d still holding it", rows, pid)
+	}
+	if _, err := store.AcquireRunLocks(ctx, pool, "job-slow-2", "web-slow", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("another run's acquisition while renewals were slow = %v, want ErrTargetBusy", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // renewals go through again
+	select {
+	case <-a.Lost():
+		t.Fatalf("locks lost: %v", a.Err())
+	default:
+	}
+	if rows := advisoryLocks(t, pool, store.TargetLockKey("web-slow")); len(rows) != 1 || rows[0].PID != pid {
+		t.Errorf("target lock rows %+v after the slow renewals, want session %d", rows, pid)
+	}
+}
