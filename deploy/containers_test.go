@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -182,10 +183,22 @@ func TestContainers(t *testing.T) {
 	// stopped (and checked to stop cleanly).
 	ok := t.Run("main job: the demo target provisioned READY", func(t *testing.T) {
 		demo := s.Start(ctx, "demo")
-		code := s.Wait(ctx, demo)
+		// Bounded well inside the test's time, so that a stuck job leaves
+		// time to say why (the state of its runs and locks, last).
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Minute)
+		code, err := s.WaitExit(wctx, demo)
+		wcancel()
 		out := s.Logs(ctx, demo)
-		if code != 0 {
-			t.Fatalf("demo exited %d:\n%s\ninfra:\n%s", code, out, s.Logs(ctx, s.container("infra", 1)))
+		if err != nil || code != 0 {
+			t.Fatalf("demo exited %d (%v):\n%s\ninfra, without its waiting lines:\n%s\nthe database:\n%s",
+				code, err, lastLines(out, 40), lastLines(dropLines(s.Logs(ctx, s.container("infra", 1)), "entry not done yet", "waiting for another run"), 80),
+				runState(func(q string) string {
+					out, err := s.Exec(ctx, s.container("postgres", 1), "psql", "-U", "autoprov", "-d", "autoprov", "-tAc", q)
+					if err != nil {
+						return err.Error()
+					}
+					return out
+				}))
 		}
 		t.Logf("demo output (last lines):\n%s", lastLines(out, 15))
 		if got := psql("SELECT status FROM servers WHERE handle = 'local-target'"); got != "READY" {
@@ -390,6 +403,35 @@ func (s *stack) jobLines(ctx context.Context, svc string, n int, match []string)
 			}
 		}
 		fmt.Fprintf(&b, "%s:\n%s\n", c, lastLines(strings.Join(lines, "\n"), 20))
+	}
+	return b.String()
+}
+
+// dropLines returns s without the lines that contain any of noise.
+func dropLines(s string, noise ...string) string {
+	var b strings.Builder
+	for line := range strings.Lines(s) {
+		if !slices.ContainsFunc(noise, func(n string) bool { return strings.Contains(line, n) }) {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// runState describes, through psql, the runs, their locks and leases and
+// the lines of waiting jobs: what a job that never started was waiting for.
+func runState(psql func(string) string) string {
+	var b strings.Builder
+	for _, q := range []string{
+		`SELECT handle, status, pending_job_id, version FROM servers ORDER BY handle`,
+		`SELECT job_id, kind, target, state, status, owner, attempt, started_at, updated_at FROM runs ORDER BY created_at`,
+		`SELECT key, holder, job, expires_at FROM run_leases ORDER BY job`,
+		`SELECT target, job, seq, since, seen_at FROM run_waits ORDER BY seq`,
+		`SELECT l.objid, l.granted, a.pid, a.state, a.backend_start, a.query_start, left(a.query, 60)
+		 FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' ORDER BY a.pid`,
+		`SELECT now()`,
+	} {
+		fmt.Fprintf(&b, "%s\n%s\n", strings.Join(strings.Fields(q), " "), psql(q))
 	}
 	return b.String()
 }

@@ -235,19 +235,30 @@ func (s *stack) WaitHealthy(ctx context.Context, cname string, limit time.Durati
 // state, which keeps it, answers then.
 func (s *stack) Wait(ctx context.Context, cname string) int {
 	s.t.Helper()
+	code, err := s.WaitExit(ctx, cname)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return code
+}
+
+// WaitExit is Wait that returns its failure (ctx ended, the container
+// did not exit).
+func (s *stack) WaitExit(ctx context.Context, cname string) (int, error) {
 	out, err := podman(ctx, "wait", cname)
 	if err != nil {
-		state, ierr := podman(ctx, "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", cname)
+		// The state is read without ctx, which may be what ended.
+		state, ierr := podman(context.WithoutCancel(ctx), "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", cname)
 		var status string
 		var code int
 		if _, serr := fmt.Sscan(state, &status, &code); ierr != nil || serr != nil || status != "exited" {
-			s.t.Fatalf("%v (state %q: %v)", err, state, ierr)
+			return -1, fmt.Errorf("wait for %s: %v (state %q: %v)", cname, err, state, ierr)
 		}
-		return code
+		return code, nil
 	}
 	var code int
 	fmt.Sscan(out, &code)
-	return code
+	return code, nil
 }
 
 // Logs returns a container's output (stdout and stderr).
