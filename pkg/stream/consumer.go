@@ -67,6 +67,7 @@ type delivery struct {
 	cancel    context.CancelCauseFunc
 	overLimit bool      // claimed past the delivery limit: dead-letter without running
 	ready     time.Time // read (not claimed): when the reader took its slot (Message.Pickup)
+	handOff   *handOffs // where the handler hands its slot (HandOff)
 
 	// Guarded by Consumer.mu.
 	renewSent time.Time // local time just before the last command that reset the entry's idle time was sent

@@ -221,7 +221,8 @@ func (c *Consumer) dispatch(st *streamState, msgs []redis.XMessage, counts []int
 		d := &ds[i]
 		d.msg, d.st, d.renewSent, d.ready = &ms[i], st, renewSent, ready
 		d.overLimit = limit > 0 && n > limit
-		d.ctx, d.cancel = context.WithCancelCause(c.hctx)
+		d.handOff = &handOffs{}
+		d.ctx, d.cancel = context.WithCancelCause(context.WithValue(c.hctx, handOffKey{}, d.handOff))
 		c.inflight[deliveryKey{st.name, xm.ID}] = d
 		if !d.overLimit {
 			run++
@@ -252,7 +253,7 @@ func (c *Consumer) process(d *delivery) {
 		c.releaseUnstarted([]*delivery{d})
 		return
 	}
-	defer c.done(d)
+	defer c.finish(d)
 	if d.overLimit {
 		c.deadLetter(d, "max_deliveries",
 			fmt.Errorf("delivered %d times without success (handlers failed or their consumers died)", d.msg.Deliveries))

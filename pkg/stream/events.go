@@ -29,6 +29,9 @@ const (
 	// EventGroupCreated: the consumer group was found missing and created
 	// again (ID is empty).
 	EventGroupCreated EventKind = "group_created"
+	// EventHandedOff: a handler that ended handed its slot to the entry
+	// (HandOff), which was claimed and dispatched at once.
+	EventHandedOff EventKind = "handed_off"
 )
 
 // Event is reported to Config.Hook.
