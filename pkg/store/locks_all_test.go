@@ -128,7 +128,7 @@ func TestLinesKeepArrivalOrder(t *testing.T) {
 	try := func(job string, targets ...string) (*store.RunLocks, error) {
 		l, err := lk.AcquireAll(ctx, job, targets, noWait)
 		if errors.Is(err, store.ErrTargetBusy) {
-			if jerr := store.JoinLines(ctx, pool, job, targets); jerr != nil {
+			if jerr := store.JoinLines(ctx, pool, store.Waiter{Job: job, Stream: "q", Entry: job + "-0"}, targets); jerr != nil {
 				t.Fatal(jerr)
 			}
 		}
@@ -157,6 +157,17 @@ func TestLinesKeepArrivalOrder(t *testing.T) {
 	}
 	if busy, err := lk.Busy(ctx, "wide", []string{"l-1", "l-2"}); err != nil || !busy {
 		t.Fatalf("probe of the wide run = %v, %v; want busy", busy, err)
+	}
+	// The run that frees l-1 hands over to the wide run, first in both
+	// lines; the narrow one behind it is nobody's head.
+	for _, targets := range [][]string{{"l-1"}, {"l-2"}, {"l-1", "l-2"}} {
+		heads, err := store.LineHeads(ctx, pool, targets, "first")
+		if err != nil || len(heads) != 1 || heads[0] != (store.Waiter{Job: "wide", Stream: "q", Entry: "wide-0"}) {
+			t.Fatalf("heads of %v = %+v, %v; want the wide run's entry", targets, heads, err)
+		}
+	}
+	if heads, err := store.LineHeads(ctx, pool, []string{"l-2"}, "wide"); err != nil || len(heads) != 1 || heads[0].Job != "narrow" {
+		t.Fatalf("heads of l-2 but the wide run = %+v, %v; want the narrow run", heads, err)
 	}
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -11,22 +11,62 @@ import (
 // second or so, so one not seen for this long was cancelled or is gone.
 const WaitStale = 15 * time.Second
 
-// JoinLines puts job jobID in the line of each of targets, all with one
+// Waiter is a job waiting in the lines of its targets, with the stream
+// entry of its request (empty when unknown), which a run that frees one of
+// the targets hands its slot to (LineHeads, stream.HandOff).
+type Waiter struct {
+	Job    string
+	Stream string
+	Entry  string
+}
+
+// JoinLines puts job w.Job in the line of each of targets, all with one
 // number, its arrival (a job keeps its number across looks), and marks it
 // seen; stale waiters of any job are deleted on the way. A run that found
 // a target busy (ErrTargetBusy) joins, so that AcquireAll lets it start
-// before any run that arrived after it (migration 00064).
-func JoinLines(ctx context.Context, db Querier, jobID string, targets []string) error {
+// before any run that arrived after it (migrations 00064, 00066).
+func JoinLines(ctx context.Context, db Querier, w Waiter, targets []string) error {
 	_, err := db.Exec(ctx, `
 		WITH stale AS (DELETE FROM run_waits WHERE seen_at < now() - make_interval(secs => $3) AND job <> $1),
 		num AS (SELECT coalesce((SELECT min(seq) FROM run_waits WHERE job = $1), nextval('run_wait_seq')) AS seq)
-		INSERT INTO run_waits (target, job, seq) SELECT t, $1, num.seq FROM unnest($2::text[]) AS t, num
-		ON CONFLICT (target, job) DO UPDATE SET seen_at = now()`,
-		jobID, targets, WaitStale.Seconds())
+		INSERT INTO run_waits (target, job, seq, stream, entry)
+		SELECT t, $1, num.seq, NULLIF($4, ''), NULLIF($5, '') FROM unnest($2::text[]) AS t, num
+		ON CONFLICT (target, job) DO UPDATE SET seen_at = now(), stream = excluded.stream, entry = excluded.entry`,
+		w.Job, targets, WaitStale.Seconds(), w.Stream, w.Entry)
 	if err != nil {
-		return fmt.Errorf("job %s joins the lines of its targets: %w", jobID, err)
+		return fmt.Errorf("job %s joins the lines of its targets: %w", w.Job, err)
 	}
 	return nil
+}
+
+// LineHeads returns the first fresh waiter, other than job except, in the
+// line of each of targets whose entry is known, each job once, in arrival
+// order: the runs that may start when a run frees targets (a waiter also
+// waiting for a target still held finds it busy and waits on).
+func LineHeads(ctx context.Context, db Querier, targets []string, except string) ([]Waiter, error) {
+	rows, err := db.Query(ctx, `
+		SELECT job, stream, entry FROM (
+			SELECT DISTINCT ON (w.target) w.job, w.stream, w.entry, w.seq FROM run_waits w
+			WHERE w.target = ANY($1) AND w.job <> $2 AND w.seen_at > now() - make_interval(secs => $3)
+			ORDER BY w.target, w.seq) heads
+		WHERE stream IS NOT NULL AND entry IS NOT NULL
+		GROUP BY job, stream, entry ORDER BY min(seq)`, targets, except, WaitStale.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("heads of the lines of %v: %w", targets, err)
+	}
+	defer rows.Close()
+	var out []Waiter
+	for rows.Next() {
+		var w Waiter
+		if err := rows.Scan(&w.Job, &w.Stream, &w.Entry); err != nil {
+			return nil, fmt.Errorf("heads of the lines of %v: %w", targets, err)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("heads of the lines of %v: %w", targets, err)
+	}
+	return out, nil
 }
 
 // aheadInLine returns a job that waits, fresh, in the line of one of
