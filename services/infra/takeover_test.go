@@ -280,6 +280,42 @@ func TestBusyServerRequestsDoNotHoldTheSlot(t *testing.T) {
 	}
 }
 
+// A run that frees its server hands its slot to the request first in the
+// server's line: the waiting request starts when the run ends, not when
+// its recheck (far longer here than the run) comes.
+func TestFreedServerGoesToTheFirstInLine(t *testing.T) {
+	t.Parallel()
+	sshd := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	e := newE2E(t, sshd)
+	e.addServer("web-1", sshd)
+	e.control("web-1", map[string]any{"sleep": 6})
+	// A recheck of at most a quarter of the lease can be handed over.
+	p := e.infra("STREAM_CONCURRENCY=2", "STREAM_LEASE=60s", "SERVER_BUSY_RECHECK=15s")
+	e.provision("job-1", "web-1")
+	waitLogged(t, p, time.Minute, "job-1", "starting playbook")
+	entry := e.provision("job-2", "web-1")
+	waitLogged(t, p, time.Minute, "job-2", waitingLine)
+	for _, id := range []string{"job-1", "job-2"} {
+		if r := e.waitProvision(id, 3*time.Minute); r.Status != messages.StatusSucceeded {
+			t.Fatalf("%s: %s %+v", id, r.Status, r.Error)
+		}
+	}
+	handed := false
+	for line := range strings.Lines(p.Stderr()) {
+		if strings.Contains(line, `"msg_id":"`+entry+`"`) && strings.Contains(line, "handed the slot") {
+			handed = true
+		}
+	}
+	if !handed {
+		t.Errorf("job-2's entry %s was not handed job-1's slot", entry)
+	}
+	spans := e.spans("web-1")
+	if len(spans) != 2 {
+		t.Errorf("runs on web-1 = %+v, want 2", spans)
+	}
+	assertNoOverlap(t, spans)
+}
+
 // After a play that succeeded, the next run of the server skips the
 // takeover (the clean mark in Postgres); after a failed one it takes over
 // again. The killed-controller test above covers a run that dies after

@@ -153,12 +153,34 @@ func (j *job) waitBusy(ctx context.Context, target string, err error) error {
 	if len(targets) == 0 {
 		targets = []string{target}
 	}
-	if jerr := store.JoinLines(ctx, j.h.DB, j.id, targets); jerr != nil {
+	if jerr := store.JoinLines(ctx, j.h.DB, store.Waiter{Job: j.id, Stream: j.msg.Stream, Entry: j.msg.ID}, targets); jerr != nil {
 		j.log.Warn().Err(jerr).Msg("could not join the lines of the busy targets: waiting without a place")
 	}
 	j.log.Info().Str("target", target).Dur("recheck_in", delay).
 		Msg("waiting for another run on this server to finish (outside the handler slots)")
 	return stream.Later(delay, err)
+}
+
+// handOff hands the handler's slot, once the handler returned, to the
+// first waiter in the lines of the targets this run just freed (see
+// waitBusy): it starts now, not when its recheck comes. A waiter of
+// another stream, or one this instance does not read, is left to its
+// recheck.
+func (j *job) handOff(ctx context.Context, target string) {
+	targets := j.targets
+	if len(targets) == 0 {
+		targets = []string{target}
+	}
+	heads, err := store.LineHeads(ctx, j.h.DB, targets, j.id)
+	if err != nil {
+		j.log.Warn().Err(err).Msg("could not read who waits for the freed servers: they look again at their recheck")
+		return
+	}
+	entries := make([]stream.Entry, 0, len(heads))
+	for _, w := range heads {
+		entries = append(entries, stream.Entry{Stream: w.Stream, ID: w.Entry})
+	}
+	stream.HandOff(ctx, entries...)
 }
 
 func (j *job) runLocked(ctx context.Context, target, playbook string, body func(ctx context.Context) (*outcome, error)) error {
@@ -218,7 +240,9 @@ func (j *job) runLocked(ctx context.Context, target, playbook string, body func(
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		locks.Release(rctx)
+		if locks.Release(rctx) == nil {
+			j.handOff(rctx, target)
+		}
 	}()
 	j.lockWait = locks.Waited()
 	at = j.steps.add(stepLocks, at)
