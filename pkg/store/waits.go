@@ -8,7 +8,8 @@ import (
 
 // WaitStale is how long a waiter that stopped looking at its targets keeps
 // its place in their lines (see JoinLines): a waiting run looks every
-// second or so, so one not seen for this long was cancelled or is gone.
+// second or so, so one not seen for this long is gone (a cancelled one
+// leaves at once, LeaveLines).
 const WaitStale = 15 * time.Second
 
 // Waiter is a job waiting in the lines of its targets, with the stream
@@ -35,6 +36,16 @@ func JoinLines(ctx context.Context, db Querier, w Waiter, targets []string) erro
 		w.Job, targets, WaitStale.Seconds(), w.Stream, w.Entry)
 	if err != nil {
 		return fmt.Errorf("job %s joins the lines of its targets: %w", w.Job, err)
+	}
+	return nil
+}
+
+// LeaveLines takes job out of every line it waits in: a job that ended
+// without taking its locks (cancelled while it waited, done elsewhere) no
+// longer holds back the runs behind it until its place goes stale.
+func LeaveLines(ctx context.Context, db Querier, job string) error {
+	if _, err := db.Exec(ctx, `DELETE FROM run_waits WHERE job = $1`, job); err != nil {
+		return fmt.Errorf("job %s leaves its lines: %w", job, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 )
 
 // finishOnCancelKey is a Redis hook: just before the cancel key of jobID
@@ -83,5 +84,40 @@ func TestCancelTakesEffectAtOnce(t *testing.T) {
 	})
 	if err != nil || d == nil || d.Status != StatusCancelled || outcome != CancelRequested {
 		t.Fatalf("cancel that stopped the job at once: %+v, %v, %v; want the cancelled deployment and CancelRequested", d, outcome, err)
+	}
+}
+
+// TestCancelledWaiterLeavesItsLines: a queued deployment whose run waits
+// in the line of a busy server (infra's store.JoinLines) leaves it when it
+// is cancelled, so that the run behind it is first at once, not when the
+// cancelled one's place goes stale (store.WaitStale).
+func TestCancelledWaiterLeavesItsLines(t *testing.T) {
+	t.Parallel()
+	s, db, _, _ := newTestService(t)
+	ctx := context.Background()
+	row := testRow(s, "", 0)
+	if _, err := db.Exec(ctx, insertDeployment, row.args("", 0)...); err != nil {
+		t.Fatal(err)
+	}
+	target := "address:" + row.ID // a line of its own
+	behind := store.Waiter{Job: "behind-" + row.ID, Stream: "q", Entry: "2-0"}
+	for _, w := range []store.Waiter{{Job: row.ID, Stream: "q", Entry: "1-0"}, behind} {
+		if err := store.JoinLines(ctx, db, w, []string{target}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if heads, err := store.LineHeads(ctx, db, []string{target}, ""); err != nil || len(heads) != 1 || heads[0].Job != row.ID {
+		t.Fatalf("before the cancel: heads %+v (%v), want the deployment's run", heads, err)
+	}
+	d, outcome, err := s.Cancel(ctx, AllProjects, row.ID)
+	if err != nil || outcome != CancelledBeforeStart || d.Status != StatusCancelled {
+		t.Fatalf("cancel: %+v, %v, %v; want cancelled before start", d, outcome, err)
+	}
+	heads, err := store.LineHeads(ctx, db, []string{target}, "")
+	if err != nil || len(heads) != 1 || heads[0] != behind {
+		t.Errorf("after the cancel: heads %+v (%v), want only the run behind it, %+v", heads, err, behind)
+	}
+	if lines, err := store.JobLines(ctx, db, row.ID); err != nil || len(lines) != 0 {
+		t.Errorf("the cancelled deployment still waits in %+v (%v)", lines, err)
 	}
 }

@@ -583,6 +583,11 @@ func (s *Service) Cancel(ctx context.Context, v Visibility, id string) (*Deploym
 			return err
 		}
 		if inserted = tag.RowsAffected() == 1; inserted {
+			// A job waiting for busy servers leaves their lines now,
+			// not when its place goes stale: the runs behind it go on.
+			if err := store.LeaveLines(ctx, tx, d.JobID); err != nil {
+				return err
+			}
 			_, err := s.recordResult(ctx, tx, rec)
 			return err
 		}

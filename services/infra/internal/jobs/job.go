@@ -455,6 +455,12 @@ func (j *job) kindConflict(ctx context.Context, r *store.Run) error {
 // republish publishes a stored result again (a redelivered request).
 func (j *job) republish(ctx context.Context, r *store.Run) error {
 	j.log.Info().Str("status", r.Status).Msg("job already done: publishing its stored result again")
+	// It may have waited in lines before it was done elsewhere (cancelled
+	// while it waited): leave them, so that the runs behind it need not
+	// wait for its place to go stale.
+	if err := store.LeaveLines(ctx, j.h.DB, j.id); err != nil {
+		j.log.Warn().Err(err).Msg("could not leave the lines: its places go stale")
+	}
 	return j.publishData(ctx, r.Result)
 }
 
