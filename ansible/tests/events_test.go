@@ -191,7 +191,7 @@ func TestEventsCallback(t *testing.T) {
 		t.Errorf("changed task event: %s", e.Line)
 	}
 	if e := find("host_failed", "local", "A failing task that is ignored"); e != nil {
-		if !e.IgnoreErrors || !strings.Contains(e.Msg, "non-zero return code") && !strings.Contains(e.Msg, "boom") || e.RC == nil || *e.RC != 3 {
+		if !e.IgnoreErrors || !strings.Contains(e.Msg, "non-zero return code") || !strings.Contains(e.Msg, "boom") || e.RC == nil || *e.RC != 3 {
 			t.Errorf("ignored failure event: %s", e.Line)
 		}
 	}

@@ -94,11 +94,21 @@ def _head(text, limit):
 def _short_msg(result):
     """The text of a (censored) result: msg, else the stderr/stdout tail.
 
+    A msg with a stderr beside it ("non-zero return code" of a command)
+    is followed by the stderr, on its own lines, when both fit whole
+    within MAX_MSG: the reason a task failed is mostly there. Nothing is
+    cut inside such a text, so a reader's redaction of cut edges still
+    covers every cut.
+
     Returns (text, cut_start, cut_end): whether the start or the end of the
     text was cut off to keep it within MAX_MSG.
     """
     msg = _text(result.get("msg")).strip()
     if msg:
+        err = _text(result.get("stderr")).strip()
+        both = msg + "\n" + err
+        if err and err not in msg and len(both.encode("utf-8")) <= MAX_MSG:
+            return both, False, False
         head = _head(msg, MAX_MSG)
         return head, False, head != msg
     for key in ("stderr", "stdout"):
