@@ -381,16 +381,17 @@ func handle(t *testing.T, h *jobs.Handler, started <-chan struct{}, msg *stream.
 // the Postgres session holding them ends.
 func (w *world) takeLocks(t *testing.T, jobID string) {
 	t.Helper()
-	if _, err := w.pool.Exec(context.Background(), `UPDATE run_leases SET holder = 'another-run' WHERE job = $1`, jobID); err != nil {
-		t.Fatal(err)
-	}
+	// One statement: the holder's renewal waits on the leases' rows until
+	// it ends, so it cannot see them taken and end its session (its
+	// locks) before the session is found here.
 	key := store.JobLockKey(jobID)
 	var n int
 	err := w.pool.QueryRow(context.Background(), `
+		WITH taken AS (UPDATE run_leases SET holder = 'another-run' WHERE job = $3)
 		SELECT count(pg_terminate_backend(pid)) FROM pg_locks
 		WHERE locktype = 'advisory' AND objsubid = 1 AND classid = $1 AND objid = $2 AND granted
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		uint32(uint64(key)>>32), uint32(uint64(key))).Scan(&n)
+		uint32(uint64(key)>>32), uint32(uint64(key)), jobID).Scan(&n)
 	if err != nil || n != 1 {
 		t.Fatalf("terminate the lock session of %s: %d sessions, %v", jobID, n, err)
 	}
