@@ -125,12 +125,15 @@ func TestLinesKeepArrivalOrder(t *testing.T) {
 	pool, lk := newLocker(t)
 	ctx := context.Background()
 	noWait := store.LockOptions{NoWait: true}
+	behind := map[string]bool{} // what JoinLines said of each waiter
 	try := func(job string, targets ...string) (*store.RunLocks, error) {
 		l, err := lk.AcquireAll(ctx, job, targets, noWait)
 		if errors.Is(err, store.ErrTargetBusy) {
-			if jerr := store.JoinLines(ctx, pool, store.Waiter{Job: job, Stream: "q", Entry: job + "-0"}, targets); jerr != nil {
+			b, jerr := store.JoinLines(ctx, pool, store.Waiter{Job: job, Stream: "q", Entry: job + "-0"}, targets)
+			if jerr != nil {
 				t.Fatal(jerr)
 			}
+			behind[job] = b
 		}
 		return l, err
 	}
@@ -143,6 +146,9 @@ func TestLinesKeepArrivalOrder(t *testing.T) {
 	}
 	if _, err := try("narrow", "l-2"); !errors.Is(err, store.ErrTargetBusy) || !strings.Contains(err.Error(), "job wide waits before it") {
 		t.Fatalf("narrow run behind the wide one = %v, want ErrTargetBusy naming it", err)
+	}
+	if behind["wide"] || !behind["narrow"] {
+		t.Errorf("JoinLines said behind = %v, want the wide run first and the narrow one behind", behind)
 	}
 	lines, err := store.JobLines(ctx, pool, "wide")
 	if err != nil {

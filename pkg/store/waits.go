@@ -25,19 +25,24 @@ type Waiter struct {
 // number, its arrival (a job keeps its number across looks), and marks it
 // seen; stale waiters of any job are deleted on the way. A run that found
 // a target busy (ErrTargetBusy) joins, so that AcquireAll lets it start
-// before any run that arrived after it (migrations 00064, 00066).
-func JoinLines(ctx context.Context, db Querier, w Waiter, targets []string) error {
-	_, err := db.Exec(ctx, `
+// before any run that arrived after it (migrations 00064, 00066). It
+// reports whether a fresh waiter that came before it is in one of the
+// lines: such a waiter starts first, and hands its slot on when it ends
+// (LineHeads), so a waiter behind others need not look often.
+func JoinLines(ctx context.Context, db Querier, w Waiter, targets []string) (behind bool, err error) {
+	err = db.QueryRow(ctx, `
 		WITH stale AS (DELETE FROM run_waits WHERE seen_at < now() - make_interval(secs => $3) AND job <> $1),
-		num AS (SELECT coalesce((SELECT min(seq) FROM run_waits WHERE job = $1), nextval('run_wait_seq')) AS seq)
-		INSERT INTO run_waits (target, job, seq, stream, entry)
-		SELECT t, $1, num.seq, NULLIF($4, ''), NULLIF($5, '') FROM unnest($2::text[]) AS t, num
-		ON CONFLICT (target, job) DO UPDATE SET seen_at = now(), stream = excluded.stream, entry = excluded.entry`,
-		w.Job, targets, WaitStale.Seconds(), w.Stream, w.Entry)
+		num AS (SELECT coalesce((SELECT min(seq) FROM run_waits WHERE job = $1), nextval('run_wait_seq')) AS seq),
+		joined AS (INSERT INTO run_waits (target, job, seq, stream, entry)
+			SELECT t, $1, num.seq, NULLIF($4, ''), NULLIF($5, '') FROM unnest($2::text[]) AS t, num
+			ON CONFLICT (target, job) DO UPDATE SET seen_at = now(), stream = excluded.stream, entry = excluded.entry)
+		SELECT EXISTS (SELECT 1 FROM run_waits o, num WHERE o.target = ANY($2) AND o.job <> $1
+			AND o.seen_at > now() - make_interval(secs => $3) AND o.seq < num.seq)`,
+		w.Job, targets, WaitStale.Seconds(), w.Stream, w.Entry).Scan(&behind)
 	if err != nil {
-		return fmt.Errorf("job %s joins the lines of its targets: %w", w.Job, err)
+		return false, fmt.Errorf("job %s joins the lines of its targets: %w", w.Job, err)
 	}
-	return nil
+	return behind, nil
 }
 
 // LeaveLines takes job out of every line it waits in: a job that ended

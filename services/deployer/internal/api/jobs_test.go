@@ -421,10 +421,10 @@ func TestJobWaitingForNoReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Release(ctx)
-	if err := store.JoinLines(ctx, e.DB, store.Waiter{Job: "first-" + id}, []string{"server:free-1"}); err != nil {
+	if _, err := store.JoinLines(ctx, e.DB, store.Waiter{Job: "first-" + id}, []string{"server:free-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.JoinLines(ctx, e.DB, store.Waiter{Job: id}, []string{"server:busy-1", "server:free-1"}); err != nil {
+	if _, err := store.JoinLines(ctx, e.DB, store.Waiter{Job: id}, []string{"server:busy-1", "server:free-1"}); err != nil {
 		t.Fatal(err)
 	}
 	_, body = e.Do("GET", "/api/v1/jobs/"+id, key, nil)

@@ -415,7 +415,7 @@ func TestJobPageShowsItsPlaceInLine(t *testing.T) {
 	}
 	defer holder.Release(ctx)
 	for _, job := range []string{"first-" + id, id} {
-		if err := store.JoinLines(ctx, e.DB, store.Waiter{Job: job}, []string{"server:busy-1"}); err != nil {
+		if _, err := store.JoinLines(ctx, e.DB, store.Waiter{Job: job}, []string{"server:busy-1"}); err != nil {
 			t.Fatal(err)
 		}
 	}

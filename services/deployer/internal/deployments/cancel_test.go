@@ -102,7 +102,7 @@ func TestCancelledWaiterLeavesItsLines(t *testing.T) {
 	target := "address:" + row.ID // a line of its own
 	behind := store.Waiter{Job: "behind-" + row.ID, Stream: "q", Entry: "2-0"}
 	for _, w := range []store.Waiter{{Job: row.ID, Stream: "q", Entry: "1-0"}, behind} {
-		if err := store.JoinLines(ctx, db, w, []string{target}); err != nil {
+		if _, err := store.JoinLines(ctx, db, w, []string{target}); err != nil {
 			t.Fatal(err)
 		}
 	}

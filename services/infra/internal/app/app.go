@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/ansible"
 	"github.com/autoprovisioner/autoprovisioner/pkg/authz"
@@ -137,6 +138,7 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 		Owner:            consumerName,
 		ElsewhereRecheck: cfg.Stream.RetryBackoff,
 		BusyRecheck:      cfg.Jobs.BusyRecheck,
+		BehindRecheck:    min(5*time.Second, cfg.Stream.Lease/4),
 		OutageWait:       cfg.Jobs.OutageWait,
 		LockLease:        cfg.Jobs.LockLease,
 		RedisOutageWait:  cfg.Jobs.RedisOutageWait,

@@ -155,6 +155,12 @@ type Config struct {
 	// stays pending, outside the handler slots, before it is delivered
 	// again to try the server's lock; 0 means 1s.
 	BusyRecheck time.Duration
+	// BehindRecheck is how long a request waiting behind others in its
+	// servers' lines waits before it looks again (when longer than
+	// BusyRecheck): a run that frees the servers hands its slot to the
+	// first in line (stream.HandOff), so the look is a fallback. At most
+	// a quarter of the stream lease, so that hand-offs can take it.
+	BehindRecheck time.Duration
 	// OutageWait is how long a job waits out a Postgres outage (retrying
 	// with backoff) before the failure counts as an infrastructure error;
 	// 0 means 3m.

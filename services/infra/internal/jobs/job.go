@@ -146,15 +146,24 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 // claims it then.
 //
 // It first joins the line of each of its targets (store.JoinLines), or
-// keeps its place there: runs start in arrival order per target.
+// keeps its place there: runs start in arrival order per target. A waiter
+// with others before it looks again after BehindRecheck instead: the run
+// ending before its turn hands it its slot (handOff).
 func (j *job) waitBusy(ctx context.Context, target string, err error) error {
 	delay := cmp.Or(j.h.cfg.BusyRecheck, time.Second)
 	targets := j.targets
 	if len(targets) == 0 {
 		targets = []string{target}
 	}
-	if jerr := store.JoinLines(ctx, j.h.DB, store.Waiter{Job: j.id, Stream: j.msg.Stream, Entry: j.msg.ID}, targets); jerr != nil {
+	behind, jerr := store.JoinLines(ctx, j.h.DB, store.Waiter{Job: j.id, Stream: j.msg.Stream, Entry: j.msg.ID}, targets)
+	if jerr != nil {
 		j.log.Warn().Err(jerr).Msg("could not join the lines of the busy targets: waiting without a place")
+	}
+	if behind && j.h.cfg.BehindRecheck > delay {
+		// A waiter that came first starts before it, and the runs that
+		// free its targets hand their slot to the first in line: looking
+		// often would only cost the machine (an inventory, a probe).
+		delay = j.h.cfg.BehindRecheck
 	}
 	j.log.Info().Str("target", target).Dur("recheck_in", delay).
 		Msg("waiting for another run on this server to finish (outside the handler slots)")
