@@ -45,6 +45,13 @@ func TestOverviewNeedsAttention(t *testing.T) {
 	if strings.Index(page, `id="attention"`) > strings.Index(page, `id="server-counts"`) {
 		t.Error("needs attention is not first on the overview")
 	}
+	// Each status card shows its status in the status's colour.
+	for _, want := range []string{`<span class="n">2</span><span class="badge st-FAILED">FAILED</span>`,
+		`<span class="n">1</span><span class="badge st-UNREACHABLE">UNREACHABLE</span>`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the status cards lack %s", want)
+		}
+	}
 
 	// The fleet list says why and how often: attempts and the last error,
 	// cut short with the whole in its title.
