@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // WaitStale is how long a waiter that stopped looking at its targets keeps
@@ -70,19 +72,11 @@ func LineHeads(ctx context.Context, db Querier, targets []string, except string)
 	if err != nil {
 		return nil, fmt.Errorf("heads of the lines of %v: %w", targets, err)
 	}
-	defer rows.Close()
-	var out []Waiter
-	for rows.Next() {
-		var w Waiter
-		if err := rows.Scan(&w.Job, &w.Stream, &w.Entry); err != nil {
-			return nil, fmt.Errorf("heads of the lines of %v: %w", targets, err)
-		}
-		out = append(out, w)
-	}
-	if err := rows.Err(); err != nil {
+	heads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Waiter])
+	if err != nil {
 		return nil, fmt.Errorf("heads of the lines of %v: %w", targets, err)
 	}
-	return out, nil
+	return heads, nil
 }
 
 // aheadInLine returns a job that waits, fresh, in the line of one of

@@ -151,10 +151,7 @@ func (j *job) end(ctx context.Context, o *outcome) error {
 // ending before its turn hands it its slot (handOff).
 func (j *job) waitBusy(ctx context.Context, target string, err error) error {
 	delay := cmp.Or(j.h.cfg.BusyRecheck, time.Second)
-	targets := j.targets
-	if len(targets) == 0 {
-		targets = []string{target}
-	}
+	targets := j.lineTargets(target)
 	behind, jerr := store.JoinLines(ctx, j.h.DB, store.Waiter{Job: j.id, Stream: j.msg.Stream, Entry: j.msg.ID}, targets)
 	if jerr != nil {
 		j.log.Warn().Err(jerr).Msg("could not join the lines of the busy targets: waiting without a place")
@@ -170,16 +167,22 @@ func (j *job) waitBusy(ctx context.Context, target string, err error) error {
 	return stream.Later(delay, err)
 }
 
+// lineTargets is what the job waits in line for: its hosts' targets (an
+// Ansible job's), else the one target of its run.
+func (j *job) lineTargets(target string) []string {
+	if len(j.targets) > 0 {
+		return j.targets
+	}
+	return []string{target}
+}
+
 // handOff hands the handler's slot, once the handler returned, to the
 // first waiter in the lines of the targets this run just freed (see
 // waitBusy): it starts now, not when its recheck comes. A waiter of
 // another stream, or one this instance does not read, is left to its
 // recheck.
 func (j *job) handOff(ctx context.Context, target string) {
-	targets := j.targets
-	if len(targets) == 0 {
-		targets = []string{target}
-	}
+	targets := j.lineTargets(target)
 	heads, err := store.LineHeads(ctx, j.h.DB, targets, j.id)
 	if err != nil {
 		j.log.Warn().Err(err).Msg("could not read who waits for the freed servers: they look again at their recheck")
