@@ -240,11 +240,27 @@ func failures(w io.Writer, file string) error {
 	return sc.Err()
 }
 
-// printFailure prints a test's end and its last failLines located lines.
+// printFailure prints a test's end and its last failLines located lines,
+// in their order. A line ending in ":" heads a dump (a log a cleanup
+// prints after the failure) and says nothing on its own: those are shown
+// only when fewer other lines fill the room, so that the failure's own
+// message is not pushed out by them.
 func printFailure(w io.Writer, how, test, pkg string, lines []string) {
 	fmt.Fprintf(w, "%s %s (%s)\n", how, test, pkg)
-	for _, l := range lines[max(0, len(lines)-failLines):] {
-		fmt.Fprintf(w, "    %s\n", l)
+	keep := make([]bool, len(lines))
+	room := failLines
+	for _, headers := range []bool{false, true} {
+		for i := len(lines) - 1; i >= 0 && room > 0; i-- {
+			if !keep[i] && strings.HasSuffix(lines[i], ":") == headers {
+				keep[i] = true
+				room--
+			}
+		}
+	}
+	for i, l := range lines {
+		if keep[i] {
+			fmt.Fprintf(w, "    %s\n", l)
+		}
 	}
 }
 

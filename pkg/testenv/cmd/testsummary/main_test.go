@@ -16,6 +16,13 @@ const events = `{"Action":"start","Package":"p"}
 {"Action":"pass","Package":"p","Test":"TestOK","Elapsed":0.1}
 {"Action":"output","Package":"p","Test":"TestBad","Output":"printed by bad\n"}
 {"Action":"output","Package":"p","Test":"TestBad/sub","Output":"    a_test.go:4: boom\n"}
+{"Action":"output","Package":"p","Test":"TestBad/sub","Output":"    a_test.go:9: log 1 of the server:\n"}
+{"Action":"output","Package":"p","Test":"TestBad/sub","Output":"        a line of the log\n"}
+{"Action":"output","Package":"p","Test":"TestBad/sub","Output":"    a_test.go:9: log 2 of the server:\n"}
+{"Action":"output","Package":"p","Test":"TestBad/sub","Output":"    a_test.go:9: log 3 of the server:\n"}
+{"Action":"output","Package":"p","Test":"TestBad/sub","Output":"    a_test.go:9: log 4 of the server:\n"}
+{"Action":"output","Package":"p","Test":"TestBad/sub","Output":"    a_test.go:9: log 5 of the server:\n"}
+{"Action":"output","Package":"p","Test":"TestBad/sub","Output":"    a_test.go:9: log 6 of the server:\n"}
 {"Action":"fail","Package":"p","Test":"TestBad/sub","Elapsed":0}
 {"Action":"fail","Package":"p","Test":"TestBad","Elapsed":0}
 {"Action":"output","Package":"p","Output":"PASS\n"}
@@ -67,8 +74,11 @@ func TestTable(t *testing.T) {
 		t.Fatalf("want the two slowest, q then p:\n%s", got)
 	}
 	// Then the failed subtest with its message, not its parent, and the
-	// test a timeout cut short.
-	if want := "FAILED TestBad/sub (p)\n    a_test.go:4: boom\nUNFINISHED TestHang (q)\n    hang_test.go:9: waiting on\n"; !strings.HasSuffix(got, want) {
+	// test a timeout cut short. The headers of the dumps its cleanups
+	// printed after the message fill what room is left, not all of it.
+	if want := "FAILED TestBad/sub (p)\n    a_test.go:4: boom\n    a_test.go:9: log 2 of the server:\n" +
+		"    a_test.go:9: log 3 of the server:\n    a_test.go:9: log 4 of the server:\n" +
+		"    a_test.go:9: log 5 of the server:\n    a_test.go:9: log 6 of the server:\nUNFINISHED TestHang (q)\n    hang_test.go:9: waiting on\n"; !strings.HasSuffix(got, want) {
 		t.Errorf("the failures do not end the table, want %q:\n%s", want, got)
 	}
 	if !strings.Contains(got, "1 ok, 2 failed") || !strings.Contains(got, "total (wall clock) 10m12s") {
