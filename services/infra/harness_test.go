@@ -268,6 +268,42 @@ func (e *e2e) provisionResults(jobID string) []*messages.ProvisionerResult {
 	return out
 }
 
+// runStates is every run's job, state, status, attempt and owner, on one
+// line (for a failure message).
+func (e *e2e) runStates() string {
+	rows, err := e.pool.Query(context.Background(), `SELECT job_id, state, coalesce(status, ''), attempt, coalesce(owner, '') FROM runs ORDER BY created_at`)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for rows.Next() {
+		var job, state, status, owner string
+		var attempt int
+		if err := rows.Scan(&job, &state, &status, &attempt, &owner); err != nil {
+			return err.Error()
+		}
+		out = append(out, fmt.Sprintf("%s %s/%s #%d by %s", job, state, status, attempt, owner))
+	}
+	if err := rows.Err(); err != nil {
+		return err.Error()
+	}
+	return strings.Join(out, ", ")
+}
+
+// pendingEntries is the group's pending entries of streamName (id,
+// consumer, idle time, deliveries) on one line (for a failure message).
+func (e *e2e) pendingEntries(streamName string) string {
+	ps, err := e.rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: streamName, Group: "infra", Start: "-", End: "+", Count: 100}).Result()
+	if err != nil {
+		return err.Error()
+	}
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, fmt.Sprintf("%s on %s idle %s x%d", p.ID, p.Consumer, p.Idle.Round(time.Millisecond), p.RetryCount))
+	}
+	return fmt.Sprintf("%d [%s]", len(ps), strings.Join(out, ", "))
+}
+
 // waitProvision waits for the first result of jobID.
 func (e *e2e) waitProvision(jobID string, timeout time.Duration) *messages.ProvisionerResult {
 	e.t.Helper()
