@@ -190,27 +190,23 @@ func TestContainers(t *testing.T) {
 		wcancel()
 		out := s.Logs(ctx, demo)
 		if err != nil || code != 0 {
-			// First on one line, which make test's summary keeps: what
-			// held the server when the demo gave up.
-			row := func(q string) string {
+			// The database's answers, errors included: nothing may end
+			// the test before it says why.
+			query := func(q string) string {
 				out, err := s.Exec(ctx, s.container("postgres", 1), "psql", "-U", "autoprov", "-d", "autoprov", "-tAc", q)
 				if err != nil {
 					return err.Error()
 				}
-				return strings.Join(strings.Fields(out), " ")
+				return out
 			}
+			// First on one line, which make test's summary keeps: what
+			// held the server when the demo gave up.
 			t.Errorf("demo's end: runs [%s]; leases [%s]",
-				row("SELECT string_agg(job_id || ' ' || kind || ' ' || state || '/' || coalesce(status, '') || ' #' || attempt, ', ' ORDER BY created_at) FROM runs"),
-				row("SELECT string_agg(key || ' by ' || job, ', ') FROM run_leases"))
+				strings.Join(strings.Fields(query("SELECT string_agg(job_id || ' ' || kind || ' ' || state || '/' || coalesce(status, '') || ' #' || attempt, ', ' ORDER BY created_at) FROM runs")), " "),
+				strings.Join(strings.Fields(query("SELECT string_agg(key || ' by ' || job, ', ') FROM run_leases")), " "))
 			t.Fatalf("demo exited %d (%v):\n%s\ninfra, without its waiting lines:\n%s\nthe database:\n%s",
 				code, err, lastLines(out, 40), lastLines(dropLines(s.Logs(ctx, s.container("infra", 1)), "entry not done yet", "waiting for another run"), 80),
-				runState(func(q string) string {
-					out, err := s.Exec(ctx, s.container("postgres", 1), "psql", "-U", "autoprov", "-d", "autoprov", "-tAc", q)
-					if err != nil {
-						return err.Error()
-					}
-					return out
-				}))
+				runState(query))
 		}
 		t.Logf("demo output (last lines):\n%s", lastLines(out, 15))
 		if got := psql("SELECT status FROM servers WHERE handle = 'local-target'"); got != "READY" {

@@ -271,23 +271,13 @@ func (e *e2e) provisionResults(jobID string) []*messages.ProvisionerResult {
 // runStates is every run's job, state, status, attempt and owner, on one
 // line (for a failure message).
 func (e *e2e) runStates() string {
-	rows, err := e.pool.Query(context.Background(), `SELECT job_id, state, coalesce(status, ''), attempt, coalesce(owner, '') FROM runs ORDER BY created_at`)
+	var out string
+	err := e.pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(format('%s %s/%s #%s by %s',
+		job_id, state, coalesce(status, ''), attempt, coalesce(owner, '')), ', ' ORDER BY created_at), '') FROM runs`).Scan(&out)
 	if err != nil {
 		return err.Error()
 	}
-	var out []string
-	for rows.Next() {
-		var job, state, status, owner string
-		var attempt int
-		if err := rows.Scan(&job, &state, &status, &attempt, &owner); err != nil {
-			return err.Error()
-		}
-		out = append(out, fmt.Sprintf("%s %s/%s #%d by %s", job, state, status, attempt, owner))
-	}
-	if err := rows.Err(); err != nil {
-		return err.Error()
-	}
-	return strings.Join(out, ", ")
+	return out
 }
 
 // pendingEntries is the group's pending entries of streamName (id,
@@ -304,18 +294,21 @@ func (e *e2e) pendingEntries(streamName string) string {
 	return fmt.Sprintf("%d [%s]", len(ps), strings.Join(out, ", "))
 }
 
-// waitProvision waits for the first result of jobID.
+// waitProvision waits for the first result of jobID; running out of
+// timeout names the runs and the queue's pending entries.
 func (e *e2e) waitProvision(jobID string, timeout time.Duration) *messages.ProvisionerResult {
 	e.t.Helper()
-	var got *messages.ProvisionerResult
-	testenv.WaitFor(e.t, timeout, "result of "+jobID, func() bool {
+	deadline := time.Now().Add(timeout)
+	for {
 		if rs := e.provisionResults(jobID); len(rs) > 0 {
-			got = rs[0]
-			return true
+			return rs[0]
 		}
-		return false
-	})
-	return got
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after %v waiting for the result of %s; runs: %s; pending: %s",
+				timeout, jobID, e.runStates(), e.pendingEntries(messages.StreamProvisionerQueue))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // waitAcked waits until infra's group got every entry of streamName and

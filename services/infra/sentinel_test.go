@@ -63,13 +63,7 @@ func TestSentinelFailoverLosesNothing(t *testing.T) {
 	deadline := time.Now().Add(8 * time.Minute)
 	for i := range requests {
 		id := fmt.Sprintf("job-%d", i)
-		for len(e.provisionResults(id)) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("no result for %s after 8 minutes; runs: %s; pending: %s", id, e.runStates(), e.pendingEntries(messages.StreamProvisionerQueue))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		r := e.provisionResults(id)[0]
+		r := e.waitProvision(id, time.Until(deadline))
 		if r.Status != messages.StatusSucceeded {
 			t.Errorf("%s: %s %+v", id, r.Status, r.Error)
 		}
