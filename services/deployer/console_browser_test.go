@@ -6,9 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,6 +206,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// The stand-in infra: a deployment with correlation id "live" waits
 	// for release, one with "hold" until it is cancelled.
 	release, hold, releaseJob := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var jobRuns atomic.Int32
 	infra := &fakeinfra.Infra{DB: db, Redis: rdb, Queue: messages.StreamAnsibleDeployQueue, Results: messages.StreamDeployResults,
 		Logs: runlog.NewPostgres(db, 1<<20), PlanFor: func(m *messages.AnsibleDeployMessage) fakeinfra.Plan {
 			switch m.CorrelationID {
@@ -212,12 +215,18 @@ func TestConsoleInBrowser(t *testing.T) {
 				return fakeinfra.Plan{Tasks: 3, TaskDelay: 300 * time.Millisecond, Hold: release, EventMessage: "\x1b[0;33m" + xss + "\x1b[0m"}
 			case "hold":
 				return fakeinfra.Plan{Hold: hold}
+			case "unreachable":
+				return fakeinfra.Plan{Status: messages.StatusUnreachable, Kind: messages.KindSSHUnreachable}
 			}
 			return fakeinfra.Plan{Tasks: 1}
 		},
 		// An Ansible job waits for releaseJob; its task names hold markup.
 		JobQueue: messages.StreamAnsibleJobQueue, JobResults: messages.StreamJobResults,
+		// The first waits for releaseJob; the next (run again) fails.
 		JobPlanFor: func(*messages.AnsibleJobMessage) fakeinfra.Plan {
+			if jobRuns.Add(1) > 1 {
+				return fakeinfra.Plan{Tasks: 1, Status: messages.StatusFailed, TaskName: "fails"}
+			}
 			return fakeinfra.Plan{Tasks: 2, TaskDelay: 300 * time.Millisecond, Hold: releaseJob, TaskName: xss}
 		}}
 	infraDone := make(chan struct{})
@@ -282,12 +291,21 @@ func TestConsoleInBrowser(t *testing.T) {
 			if err == nil {
 				violations, err = axeViolations(sctx, axe)
 			}
+			// Nothing wider than the screen: the page does not scroll
+			// sideways.
+			var wide int
+			if err == nil {
+				wide, err = chromedp.Run(sctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth - window.innerWidth`))
+			}
 			cancel()
 			if err != nil {
 				t.Fatalf("screenshot %s: %v", name, err)
 			}
 			if violations != "[]" {
 				t.Errorf("%s at the %s's size: accessibility violations (axe-core):\n%s", name, size.label, violations)
+			}
+			if wide > 0 {
+				t.Errorf("%s at the %s's size: the page is %d px wider than the screen", name, size.label, wide)
 			}
 			if err := os.WriteFile(filepath.Join(shots, name+"-"+size.label+".png"), png, 0o644); err != nil {
 				t.Fatal(err)
@@ -385,7 +403,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	waitFor("provisioning run appears", `document.querySelector("#runs").textContent.includes("`+jobID+`")`, false)
 	res := &messages.ProvisionerResult{Outcome: messages.Outcome{JobID: jobID, RequestID: "1-1", Status: messages.StatusFailed,
-		Error: &messages.ErrorInfo{Kind: messages.KindPlaybookFailed, Message: "verify_server.yml failed"}, FailedTask: &messages.FailedTask{Name: xss, Host: "evil-1", Message: "boom"}},
+		Error: &messages.ErrorInfo{Kind: messages.KindPlaybookFailed, Message: "verify_server.yml failed"}, FailedTask: &messages.FailedTask{Name: xss, Host: "evil-1", Message: "boom"},
+		Hosts: map[string]messages.HostRecap{"evil-1": {Ok: 17, Changed: 4, Failed: 1, Skipped: 3}}},
 		Playbooks: []messages.PlaybookOutcome{{Playbook: "setup_server.yml", Status: "succeeded"}, {Playbook: "verify_server.yml", Status: "failed", ErrorKind: "playbook_failed"}}}
 	enc, err := messages.EncodeResult(res)
 	if err != nil {
@@ -401,8 +420,36 @@ func TestConsoleInBrowser(t *testing.T) {
 	if got := text("main"); !strings.Contains(got, "verify_server.yml") || !strings.Contains(got, xss) {
 		t.Fatalf("provisioning run page:\n%s", got)
 	}
+	// Its recap per host (the page answered 500 once for reading it).
+	if got := strings.Fields(text("table.recap tbody")); !slices.Equal(got, []string{"evil-1", "17", "4", "1", "0", "3"}) {
+		t.Fatalf("provisioning run's recap: %q", got)
+	}
 	screenshot("provision-run")
 	w.check(t, "provisioning run")
+	// A later run that succeeds, with its recap.
+	okID := "prov-" + testenv.Unique("")
+	if _, _, err := store.StartRun(ctx, db, store.RunStart{JobID: okID, Kind: "provision", Stream: messages.StreamProvisionerQueue,
+		RequestID: "1-2", Target: "evil-1", ServerHandle: "evil-1", Playbook: "setup_server.yml", Owner: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	ok := &messages.ProvisionerResult{Outcome: messages.Outcome{JobID: okID, RequestID: "1-2", Status: messages.StatusSucceeded,
+		Hosts: map[string]messages.HostRecap{"evil-1": {Ok: 21, Changed: 2}}},
+		Playbooks: []messages.PlaybookOutcome{{Playbook: "setup_server.yml", Status: "succeeded"}, {Playbook: "verify_server.yml", Status: "succeeded"}}}
+	if enc, err = messages.EncodeResult(ok); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.FinishRun(ctx, db, okID, 1, "succeeded", "", enc); err != nil {
+		t.Fatal(err)
+	}
+	run("provisioning run succeeded", chromedp.Navigate(base+"/ui/runs/provision/"+okID), chromedp.WaitVisible(chromedp.CSS("#playbooks")))
+	if got := text("#run-status"); got != "succeeded" {
+		t.Fatalf("provisioning run's second attempt: status %q", got)
+	}
+	if got := strings.Fields(text("table.recap tbody")); !slices.Equal(got, []string{"evil-1", "21", "2", "0", "0", "0"}) {
+		t.Fatalf("provisioning run's second recap: %q", got)
+	}
+	screenshot("provision-run-succeeded")
+	w.check(t, "provisioning run succeeded")
 
 	// The deployment form shows the API's validation next to the field.
 	w.expecting(422)
@@ -445,6 +492,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	waitFor("full log after the end", `!!document.querySelector("#full-log")`, true)
 	screenshot("deployment-done")
 	w.check(t, "deployment done")
+
+	// Run again, filled in from it: this time the server does not answer.
+	run("deploy again", chromedp.Click(chromedp.CSS("#run-again")), chromedp.WaitVisible(chromedp.CSS("#deploy-submit")))
+	waitFor("the form filled in", `document.getElementById("f-server_ip").value === "198.51.100.7" && document.getElementById("f-port").value === "8080"`, false)
+	run("deploy again submitted", chromedp.SetValue(chromedp.CSS("#f-correlation_id"), "unreachable"),
+		chromedp.Click(chromedp.CSS("#deploy-submit")), chromedp.WaitVisible(chromedp.CSS("#run-status")))
+	waitFor("unreachable", `document.querySelector("#run-status").textContent.trim() === "unreachable"`, true)
+	waitFor("its outcome shown", `document.querySelector("main").textContent.includes("ssh_unreachable")`, true)
+	screenshot("deployment-unreachable")
+	w.check(t, "deployment unreachable")
 
 	// Cancel one.
 	run("deploy to cancel", chromedp.Navigate(base+"/ui/deploy"), chromedp.WaitVisible(chromedp.CSS("#deploy-submit")),
@@ -533,6 +590,17 @@ func TestConsoleInBrowser(t *testing.T) {
 			document.querySelector('#full-log a.ln[href="#L1"]') !== null; })()`, false)
 	w.check(t, "log search")
 
+	// Run again, filled in from it: this run fails, and says where.
+	run("job again", chromedp.Click(chromedp.CSS("#run-again")), chromedp.WaitVisible(chromedp.CSS("#job-submit")))
+	waitFor("the job form filled in", `document.getElementById("f-source.repository").value === "https://git.example.com/org/playbooks.git"`, false)
+	run("job again submitted", chromedp.Click(chromedp.CSS("#job-submit")), chromedp.WaitVisible(chromedp.CSS("#run-status")))
+	waitFor("the job failed", `document.querySelector("#run-status").textContent.trim() === "failed" && !!document.querySelector("#failed-task")`, true)
+	if got := text("#failed-task"); !strings.Contains(got, "fails 1") || !strings.Contains(got, "web-1") && !strings.Contains(got, "db-1") {
+		t.Fatalf("failed job's task: %q", got)
+	}
+	screenshot("job-failed")
+	w.check(t, "job failed")
+
 	// The runs list holds deployments, jobs and provisioning runs, newest
 	// first.
 	run("runs", chromedp.Navigate(base+"/ui/runs"), chromedp.WaitVisible(chromedp.CSS("#runs")))
@@ -570,6 +638,17 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("overview counts: %q", got)
 	}
 	screenshot("overview")
+	// The chart's labels stay readable at a phone's width (they were about
+	// 5 px high once).
+	run("overview on a phone", chromedp.EmulateViewport(390, 844))
+	labels, err := chromedp.Run(bctx, chromedp.Evaluate[[]float64](`Array.from(document.querySelectorAll("#runs-chart text")).map(e => e.getBoundingClientRect().height)`))
+	if err != nil || len(labels) == 0 {
+		t.Fatalf("the chart's labels: %v %v", labels, err)
+	}
+	if low := slices.Min(labels); low < 10 {
+		t.Errorf("a chart label is %.1f px high at a phone's width, want at least 10", low)
+	}
+	run("overview on a laptop", chromedp.EmulateViewport(1366, 768))
 	w.check(t, "overview")
 	run("keys", chromedp.Navigate(base+"/ui/keys"), chromedp.WaitVisible(chromedp.CSS("#keys")))
 	screenshot("keys")

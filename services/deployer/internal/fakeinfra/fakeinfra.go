@@ -36,8 +36,11 @@ type Plan struct {
 	// or the job is cancelled.
 	Hold <-chan struct{}
 	// Status is the final status (default succeeded); failed gives kind
-	// playbook_failed.
+	// playbook_failed, any other Kind.
 	Status messages.Status
+	// Kind is the error kind of a run that did not succeed (default
+	// playbook_failed); only playbook_failed names a failed task.
+	Kind messages.ErrorKind
 	// Output is the run's output (default: a line per task).
 	Output string
 	// EventMessage is put in each host event (to make events big).
@@ -251,14 +254,19 @@ func (f *Infra) run(ctx context.Context, rs runSpec) error {
 		status = messages.StatusCancelled
 	case status == messages.StatusSucceeded:
 		res.Succeed()
-	default:
+	case cmp.Or(plan.Kind, messages.KindPlaybookFailed) == messages.KindPlaybookFailed:
 		res.Fail(status, messages.KindPlaybookFailed, "a task failed")
 		res.FailedTask = &messages.FailedTask{Name: cmp.Or(plan.TaskName, "task") + " 1", Host: rs.hosts[0], Play: rs.play, Message: "boom"}
+	default:
+		res.Fail(status, plan.Kind, "the run ended "+string(status))
 	}
 	res.Playbook = rs.playbook
 	res.Hosts = map[string]messages.HostRecap{}
 	for _, h := range rs.hosts {
 		res.Hosts[h] = messages.HostRecap{Ok: 2, Changed: changed}
+		if status == messages.StatusUnreachable {
+			res.Hosts[h] = messages.HostRecap{Unreachable: 1}
+		}
 	}
 	output := plan.Output
 	if output == "" {
