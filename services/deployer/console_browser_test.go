@@ -622,6 +622,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Queues: a dead letter is replayed.
 	run("queues", chromedp.Navigate(base+"/ui/queues"), chromedp.WaitVisible(chromedp.CSS("table.dead")))
 	screenshot("queues")
+	// Dropping one asks first; Cancel leaves it.
+	run("drop", chromedp.Click(chromedp.CSS(`table.dead button.danger`)), chromedp.WaitVisible(chromedp.CSS(`input[name="confirm"] ~ .actions button.danger`)))
+	if got := text("h1"); !strings.Contains(got, "?") {
+		t.Fatalf("the drop's confirmation asks %q", got)
+	}
+	screenshot("confirm-drop")
+	run("drop cancelled", chromedp.Click(chromedp.CSS(`.actions a`)), chromedp.WaitVisible(chromedp.CSS("table.dead")))
+	w.check(t, "drop asks first")
 	run("replay", chromedp.Click(chromedp.CSS(`table.dead button.secondary`)), chromedp.WaitVisible(chromedp.CSS(".flash")))
 	if got := text(".flash"); !strings.Contains(got, "replayed as") {
 		t.Fatalf("replay: %q", got)
@@ -656,6 +664,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("credentials", chromedp.Navigate(base+"/ui/credentials"), chromedp.WaitVisible(chromedp.CSS("#credentials")))
 	screenshot("credentials")
 	w.check(t, "credentials")
+	// A run that does not exist: a page that says so, not a bare error.
+	w.expecting(404)
+	run("no such job", chromedp.Navigate(base+"/ui/runs/job/00000000-0000-4000-8000-000000000000"), chromedp.WaitVisible(chromedp.CSS("main h1")))
+	if got := text("main"); !strings.Contains(got, "Not Found") || !strings.Contains(got, "no job has this id") {
+		t.Fatalf("a missing job's page:\n%s", got)
+	}
+	screenshot("not-found")
+	w.check(t, "not found")
 
 	// Sign out: the session is gone.
 	run("sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#key")))

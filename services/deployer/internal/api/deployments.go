@@ -231,9 +231,15 @@ func (a *API) find(w http.ResponseWriter, r *http.Request, write bool) (*deploym
 	return d, true
 }
 
+// deploymentError answers err of reading a deployment or job: 404 naming
+// what the route asked for, or the store's error.
 func (a *API) deploymentError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, deployments.ErrNotFound) {
-		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no deployment has this id")
+		what := "deployment"
+		if strings.Contains(r.URL.Path, "/jobs/") {
+			what = "job"
+		}
+		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no "+what+" has this id")
 		return
 	}
 	a.internal(w, r, "read deployment", err)

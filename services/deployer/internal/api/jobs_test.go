@@ -274,6 +274,10 @@ func TestJobTenancyAndCancel(t *testing.T) {
 			t.Errorf("%s %s: %d for A's job, %d for an unknown one", route.method, route.suffix, resp.StatusCode, uresp.StatusCode)
 		}
 	}
+	// The refusal names what the route asked for.
+	if _, body := e.Do("GET", "/api/v1/jobs/"+unknown, keyB, nil); !strings.Contains(string(body), "no job has this id") {
+		t.Errorf("an unknown job: %s", body)
+	}
 	if _, body := e.Do("GET", "/api/v1/jobs", keyB, nil); strings.Contains(string(body), j.ID) {
 		t.Error("B lists A's job")
 	}
