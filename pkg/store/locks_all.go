@@ -201,15 +201,21 @@ func (l *RunLocks) claim(ctx context.Context, leave bool) ([]int64, error) {
 }
 
 // Busy reports whether a run holds any of targets now: a probe that takes
-// the locks of job jobID on them without waiting and gives them back at
+// the locks of job w.Job on them without waiting and gives them back at
 // once. A caller with work to do before its run (an Ansible job's
 // checkout) looks first, so that a job waiting for busy hosts does that
 // work once, when they are free, not at every look. A job running
 // elsewhere is not busy here: the run's own locking answers it. A target
-// is busy too while a run that came first waits for it (JoinLines); the
-// probe keeps the job's place in the lines.
-func (lk *Locker) Busy(ctx context.Context, jobID string, targets []string) (bool, error) {
-	l, err := lk.AcquireAll(ctx, jobID, targets, LockOptions{NoWait: true, probe: true})
+// is busy too while a run that came first waits for it (JoinLines).
+//
+// A probe that finds the targets free reserves them: while it holds their
+// locks, w joins their lines (or keeps its place there), so a job probing
+// after it finds it ahead and waits instead of preparing too, only to
+// find the targets taken when its preparation is done. The run leaves the
+// lines when it takes its locks; a job that ends before its run leaves
+// them with LeaveLines (or its place goes stale after WaitStale).
+func (lk *Locker) Busy(ctx context.Context, w Waiter, targets []string) (bool, error) {
+	l, err := lk.AcquireAll(ctx, w.Job, targets, LockOptions{NoWait: true, probe: true})
 	switch {
 	case errors.Is(err, ErrTargetBusy):
 		return true, nil
@@ -218,5 +224,8 @@ func (lk *Locker) Busy(ctx context.Context, jobID string, targets []string) (boo
 	case err != nil:
 		return false, err
 	}
-	return false, l.Release(ctx)
+	l.mu.Lock()
+	_, jerr := JoinLines(ctx, l.conn, w, targets) // on the locks' connection, while they are held
+	l.mu.Unlock()
+	return false, errors.Join(jerr, l.Release(ctx))
 }

@@ -96,10 +96,10 @@ func TestLockerBusy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if busy, err := lk.Busy(ctx, "job-probe", []string{"b-1", "b-2"}); err != nil || !busy {
+	if busy, err := lk.Busy(ctx, store.Waiter{Job: "job-probe"}, []string{"b-1", "b-2"}); err != nil || !busy {
 		t.Fatalf("Busy with b-2 held = %v, %v; want true", busy, err)
 	}
-	if busy, err := lk.Busy(ctx, "job-probe", []string{"b-1", "b-3"}); err != nil || busy {
+	if busy, err := lk.Busy(ctx, store.Waiter{Job: "job-probe"}, []string{"b-1", "b-3"}); err != nil || busy {
 		t.Fatalf("Busy of free targets = %v, %v; want false", busy, err)
 	}
 	for _, key := range []int64{store.TargetLockKey("b-1"), store.TargetLockKey("b-3"), store.JobLockKey("job-probe")} {
@@ -110,8 +110,50 @@ func TestLockerBusy(t *testing.T) {
 	if err := run.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if busy, err := lk.Busy(ctx, "job-probe", []string{"b-2"}); err != nil || busy {
+	if busy, err := lk.Busy(ctx, store.Waiter{Job: "job-probe"}, []string{"b-2"}); err != nil || busy {
 		t.Fatalf("Busy after the run let go = %v, %v; want false", busy, err)
+	}
+}
+
+// TestFreeProbeReserves: a probe that finds its targets free keeps them
+// for its job while it prepares: a job probing after it finds them busy
+// (and so does a run trying to take them), until the first takes its
+// locks or gives its place up (LeaveLines).
+func TestFreeProbeReserves(t *testing.T) {
+	t.Parallel()
+	pool, lk := newLocker(t)
+	ctx := context.Background()
+	first := store.Waiter{Job: "first", Stream: "q", Entry: "1-0"}
+	if busy, err := lk.Busy(ctx, first, []string{"r-1", "r-2"}); err != nil || busy {
+		t.Fatalf("first probe = %v, %v; want free", busy, err)
+	}
+	if busy, err := lk.Busy(ctx, store.Waiter{Job: "second", Stream: "q", Entry: "2-0"}, []string{"r-2"}); err != nil || !busy {
+		t.Fatalf("a probe after a free one = %v, %v; want busy (reserved)", busy, err)
+	}
+	if _, err := lk.Acquire(ctx, "deploy", "r-1", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrTargetBusy) {
+		t.Fatalf("a run on a reserved target = %v, want ErrTargetBusy", err)
+	}
+	// The first takes its locks: it leaves the lines, and hands over to
+	// the second when it ends.
+	run, err := lk.AcquireAll(ctx, "first", []string{"r-1", "r-2"}, store.LockOptions{NoWait: true})
+	if err != nil {
+		t.Fatalf("the reserving job's run: %v", err)
+	}
+	if lines, err := store.JobLines(ctx, pool, "first"); err != nil || len(lines) != 0 {
+		t.Fatalf("lines of the running job = %+v, %v; want none", lines, err)
+	}
+	if err := run.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A job that reserved and gave up (its checkout failed) holds no one.
+	if busy, err := lk.Busy(ctx, first, []string{"r-3"}); err != nil || busy {
+		t.Fatalf("probe of r-3 = %v, %v; want free", busy, err)
+	}
+	if err := store.LeaveLines(ctx, pool, "first"); err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := lk.Busy(ctx, store.Waiter{Job: "third"}, []string{"r-3"}); err != nil || busy {
+		t.Fatalf("a probe after the reservation was given up = %v, %v; want free", busy, err)
 	}
 }
 
@@ -161,7 +203,7 @@ func TestLinesKeepArrivalOrder(t *testing.T) {
 	if lines, err := store.JobLines(ctx, pool, "narrow"); err != nil || len(lines) != 1 || lines[0].Ahead != 1 {
 		t.Fatalf("narrow run's lines = %+v, %v; want one ahead at l-2", lines, err)
 	}
-	if busy, err := lk.Busy(ctx, "wide", []string{"l-1", "l-2"}); err != nil || !busy {
+	if busy, err := lk.Busy(ctx, store.Waiter{Job: "wide", Stream: "q", Entry: "wide-0"}, []string{"l-1", "l-2"}); err != nil || !busy {
 		t.Fatalf("probe of the wide run = %v, %v; want busy", busy, err)
 	}
 	// The run that frees l-1 hands over to the wide run, first in both
@@ -178,7 +220,7 @@ func TestLinesKeepArrivalOrder(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if busy, err := lk.Busy(ctx, "wide", []string{"l-1", "l-2"}); err != nil || busy {
+	if busy, err := lk.Busy(ctx, store.Waiter{Job: "wide", Stream: "q", Entry: "wide-0"}, []string{"l-1", "l-2"}); err != nil || busy {
 		t.Fatalf("probe of the wide run after l-1 freed = %v, %v; want free", busy, err)
 	}
 	if _, err := try("narrow", "l-2"); !errors.Is(err, store.ErrTargetBusy) {

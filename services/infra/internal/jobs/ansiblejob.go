@@ -229,13 +229,18 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 		// A job whose hosts another run holds waits before its checkout
 		// (and requirements), not after: it comes back until they are
 		// free and prepares once (a probe; runLocked takes the locks).
+		// A free probe reserves the hosts (their lines) for the checkout's
+		// time; a checkout that fails gives them up at once.
 		at := time.Now()
-		busy, err := h.Locker.Busy(ctx, j.id, j.targets)
+		busy, err := h.Locker.Busy(ctx, store.Waiter{Job: j.id, Stream: msg.Stream, Entry: msg.ID}, j.targets)
 		j.steps.add(stepLocks, at)
 		if err == nil && busy {
 			return j.waitBusy(ctx, strings.Join(j.targets, " "), store.ErrTargetBusy)
 		}
 		if err := aj.checkout(ctx); err != nil {
+			if lerr := store.LeaveLines(ctx, h.DB, j.id); lerr != nil {
+				j.log.Warn().Err(lerr).Msg("could not leave the lines: its places go stale")
+			}
 			return aj.early(ctx, err)
 		}
 	}
