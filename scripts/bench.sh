@@ -5,7 +5,9 @@
 # them once; BENCH='regexp' selects benchmarks. BENCH_JOBS (default 200)
 # sizes BenchmarkJobsVsBare (services/deployer: jobs through the API and 4
 # infra replicas against a bare ansible-playbook loop); BenchmarkCheckout
-# (services/infra/internal/sources) times a job's source step.
+# (services/infra/internal/sources) times a job's source step;
+# BENCH_TICK_SIZES (default 100000,1000000) sizes the scheduler's
+# BenchmarkTick, printed side by side.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"

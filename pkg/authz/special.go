@@ -171,7 +171,7 @@ func (g *Guard) allowed(ip netip.Addr) bool {
 // ownAddressesTTL is how long the Guard keeps this host's addresses: a
 // source of 100,000 servers is checked in one sync, and listing the
 // interfaces for each address (a system call, about 80 µs) made a tick
-// eight times slower (BenchmarkTick100k).
+// eight times slower (BenchmarkTick).
 const ownAddressesTTL = 5 * time.Second
 
 // cachedInterfaceAddrs returns list, answered from a copy at most ttl old.

@@ -85,12 +85,66 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
-// BenchmarkTick100k: one reconcile tick over a fleet of 100,000 servers in
-// mixed states, with 1% of them changing at their source and 1% due for a
-// job (1,000 queued per tick). It reports the tick's time (all of it
-// Postgres round trips and the merge) by phase, and the process's RSS.
-func BenchmarkTick100k(b *testing.B) {
-	const n = 100_000
+// BenchmarkTick: one reconcile tick over a fleet in mixed states, with 1%
+// of it changing at its source and 1% due for a job, at each size of
+// BENCH_TICK_SIZES (default 100000,1000000), under the scheduler binary's
+// default memory limit. It reports the tick's time (all of it Postgres
+// round trips and the merge) by phase, the process's peak RSS during the
+// ticks and the first listing's time, and prints the sizes side by side.
+func BenchmarkTick(b *testing.B) {
+	sizes := []int{100_000, 1_000_000}
+	if v := os.Getenv("BENCH_TICK_SIZES"); v != "" {
+		sizes = nil
+		for f := range strings.SplitSeq(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 100 {
+				b.Fatalf("BENCH_TICK_SIZES: %q is not a fleet size (at least 100)", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	var rows []tickFigures
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("servers=%d", n), func(b *testing.B) {
+			rows = append(rows, benchTick(b, n))
+		})
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "\nreconcile tick, 1%% changing and 1%% due, GOMEMLIMIT 128 MiB (median of 5 ticks)\n%-28s", "servers")
+	for _, r := range rows {
+		fmt.Fprintf(&out, "%14d", r.servers)
+	}
+	for _, line := range []struct {
+		label string
+		val   func(tickFigures) float64
+		unit  string
+	}{
+		{"ms a tick", func(r tickFigures) float64 { return r.tick }, "%14.0f"},
+		{"  of which in Postgres", func(r tickFigures) float64 { return r.db }, "%14.0f"},
+		{"  sync phase", func(r tickFigures) float64 { return r.sync }, "%14.0f"},
+		{"  due phase", func(r tickFigures) float64 { return r.due }, "%14.1f"},
+		{"  queue+stuck phases", func(r tickFigures) float64 { return r.queue }, "%14.0f"},
+		{"MB peak RSS during ticks", func(r tickFigures) float64 { return r.peakMB }, "%14.0f"},
+		{"first listing, s", func(r tickFigures) float64 { return r.firstListing.Seconds() }, "%14.1f"},
+	} {
+		fmt.Fprintf(&out, "\n%-28s", line.label)
+		for _, r := range rows {
+			fmt.Fprintf(&out, line.unit, line.val(r))
+		}
+	}
+	fmt.Fprintf(os.Stderr, "%s\n(goals of issue 35 at 1M: < 2,000 ms a tick, < 300 MB, first listing < 20 s; at 100k: < 150 ms)\n", out.String())
+}
+
+// tickFigures are one size's medians.
+type tickFigures struct {
+	servers                    int
+	tick, db, sync, due, queue float64 // ms
+	peakMB                     float64
+	firstListing               time.Duration
+}
+
+// benchTick measures ticks over a fleet of n servers.
+func benchTick(b *testing.B, n int) tickFigures {
 	ctx := context.Background()
 	// As the scheduler binary does unless GOMEMLIMIT is set.
 	debug.SetMemoryLimit(128 << 20)
@@ -175,6 +229,8 @@ func BenchmarkTick100k(b *testing.B) {
 		"(phases: sync %.0f, due %.1f, queue+stuck %.0f); first listing %v; RSS %.0f MB, peak during the ticks %.0f MB "+
 		"(%.0f MB during set-up); load %s\n",
 		n, med(took), med(dbT), med(syncT), med(dueT), med(queueT), firstSync.Round(time.Millisecond), cur, peak, peakBefore, loadavg())
+	return tickFigures{servers: n, tick: med(took), db: med(dbT), sync: med(syncT), due: med(dueT), queue: med(queueT),
+		peakMB: peak, firstListing: firstSync}
 }
 
 // dbTimer sums the time queries spend in Postgres (sent to answered).
