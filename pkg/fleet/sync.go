@@ -96,9 +96,18 @@ func (d *Detected) normalize() {
 	}
 }
 
-// Hash fingerprints what the source says of the server.
+// Hash fingerprints what the source says of the server (stored in
+// servers.source_hash, hex).
 func (d *Detected) Hash() string {
-	b := make([]byte, 0, 128)
+	fp := d.fingerprint()
+	return hex.EncodeToString(fp[:])
+}
+
+// fingerprint is Hash's 16 bytes: the first half of a SHA-256 over the
+// fields, the labels in key order.
+func (d *Detected) fingerprint() [16]byte {
+	var buf [256]byte
+	b := buf[:0]
 	b = append(b, d.Address...)
 	b = append(b, 0)
 	b = strconv.AppendInt(b, int64(d.SSHPort), 10)
@@ -106,7 +115,8 @@ func (d *Detected) Hash() string {
 		b = append(b, 0)
 		b = append(b, s...)
 	}
-	keys := make([]string, 0, len(d.Labels))
+	var keyBuf [16]string
+	keys := keyBuf[:0]
 	for k := range d.Labels {
 		keys = append(keys, k)
 	}
@@ -122,10 +132,15 @@ func (d *Detected) Hash() string {
 		// says nothing stay what they were before owners existed.
 		b = append(b, 0, 0)
 		b = append(b, "projects="...)
-		b = append(b, strings.Join(d.Projects, ",")...)
+		for i, p := range d.Projects {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, p...)
+		}
 	}
 	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:16])
+	return [16]byte(sum[:16])
 }
 
 // SyncRequest is one source's complete listing, merged by the caller with
@@ -181,160 +196,40 @@ func OrphanLimit(live int, f float64) int {
 	return min(live-1, max(1, int(math.Floor(f*float64(live)+1e-9))))
 }
 
-type existing struct {
-	hash, status string
-}
-
-// Sync applies a source's listing: new servers are created NEW, changed
-// ones updated (address, port, user, labels, provider id), ORPHANED ones
-// that are listed again return to the status they had (READY, FAILED,
-// UNREACHABLE, or the state of a job still in flight; NEW otherwise), and
-// servers of the source it no longer lists become ORPHANED (never deleted).
-// Unchanged servers cost no write. Every status change has its history
-// row. Call Sync only for a source whose listing succeeded: a failing
-// source must change nothing.
+// Sync applies a source's complete listing at once (see SourceSync): new
+// servers are created NEW, changed ones updated, ORPHANED ones listed again
+// return, and servers of the source no longer listed (and not in Keep)
+// become ORPHANED. Unchanged servers cost no write. Call Sync only for a
+// source whose listing succeeded: a failing source must change nothing.
+// The scheduler streams its sources through BeginSync instead.
 func (s *Store) Sync(ctx context.Context, req SyncRequest) (SyncStats, error) {
-	var st SyncStats
-	if req.Source == "" || req.Source == SourceManual {
-		return st, fmt.Errorf("%w: sync needs a detector source, not %q", ErrInvalid, req.Source)
+	snap := NewSnapshot()
+	if err := s.LoadSnapshot(ctx, snap); err != nil {
+		return SyncStats{}, err
 	}
-	if err := checkActor(req.Actor); err != nil {
-		return st, err
-	}
-	st.Listed = len(req.Servers)
-	listed := make(map[string]*Detected, len(req.Servers))
-	for i := range req.Servers {
-		d := &req.Servers[i]
-		d.normalize()
-		if err := d.Validate(); err != nil {
-			return st, fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
-		if listed[d.Handle] != nil {
-			return st, fmt.Errorf("%w: server %q listed twice by %s", ErrInvalid, d.Handle, req.Source)
-		}
-		listed[d.Handle] = d
-	}
-	rows, err := s.db.Query(ctx, `SELECT handle, COALESCE(source_hash, ''), status FROM servers WHERE source = $1`, req.Source)
+	ss, err := s.BeginSync(ctx, snap, req)
 	if err != nil {
-		return st, fmt.Errorf("servers of %s: %w", req.Source, err)
+		return SyncStats{}, err
 	}
-	have := make(map[string]existing)
-	var h, hash, status string
-	if _, err := pgx.ForEachRow(rows, []any{&h, &hash, &status}, func() error {
-		have[h] = existing{hash: hash, status: status}
-		return nil
-	}); err != nil {
-		return st, fmt.Errorf("servers of %s: %w", req.Source, err)
-	}
-
-	var fresh, changedList []*Detected
-	var returned, vanished []string
+	defer ss.Rollback(ctx)
+	listed := make(map[string]bool, len(req.Servers))
 	for _, d := range req.Servers {
-		d := listed[d.Handle]
-		e, ok := have[d.Handle]
-		switch {
-		case !ok:
-			fresh = append(fresh, d)
-		case e.hash != d.Hash():
-			changedList = append(changedList, d)
-		default:
-			st.Unchanged++
+		if listed[d.Handle] {
+			return SyncStats{}, fmt.Errorf("%w: server %q listed twice by %s", ErrInvalid, d.Handle, req.Source)
 		}
-		if ok && e.status == StatusOrphaned {
-			returned = append(returned, d.Handle)
+		listed[d.Handle] = true
+		p, err := snap.Prepare(d)
+		if err != nil {
+			return SyncStats{}, err
+		}
+		if err := ss.Add(ctx, &p); err != nil {
+			return SyncStats{}, err
 		}
 	}
-	live := 0
-	for h, e := range have {
-		if e.status == StatusOrphaned {
-			continue
-		}
-		live++
-		if listed[h] == nil && !req.Keep[h] {
-			vanished = append(vanished, h)
-		}
+	for h := range req.Keep {
+		snap.Keep(h)
 	}
-	if req.MaxOrphanFraction > 0 {
-		if limit := OrphanLimit(live, req.MaxOrphanFraction); len(vanished) > limit {
-			return st, fmt.Errorf("source %s no longer lists %d of its %d servers (limit %d at fraction %g): %w",
-				req.Source, len(vanished), live, limit, req.MaxOrphanFraction, ErrTooManyOrphans)
-		}
-	}
-	slices.Sort(vanished)
-	now := s.now()
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		var hist historyBatch
-		if len(fresh) > 0 {
-			n, skipped, orphans, err := s.upsert(ctx, tx, req, fresh, &hist)
-			if err != nil {
-				return err
-			}
-			st.Detected, st.Skipped = n, skipped
-			returned = append(returned, orphans...)
-		}
-		if len(changedList) > 0 {
-			a := newDetectedArrays(changedList)
-			tag, err := tx.Exec(ctx, `UPDATE servers s SET address = x.address, ssh_port = x.port, ssh_user = x.usr,
-					labels = x.labels::jsonb, provider_id = COALESCE(NULLIF(x.provider, ''), s.provider_id),
-					ssh_key_ref = COALESCE(NULLIF(x.keyref, ''), s.ssh_key_ref), source_hash = x.hash, last_seen_at = $9,
-					projects = CASE WHEN x.has_projects THEN string_to_array(x.projects, ',')
-						WHEN s.projects_from_source THEN '{}' ELSE s.projects END,
-					projects_from_source = x.has_projects
-				FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-						$11::text[], $12::boolean[])
-					AS x(handle, address, port, usr, labels, provider, keyref, hash, projects, has_projects)
-				WHERE s.handle = x.handle AND s.source = $10`,
-				a.handles, a.addresses, a.ports, a.users, a.labels, a.providers, a.keyrefs, a.hashes, now, req.Source,
-				a.projects, a.hasProjects)
-			if err != nil {
-				return fmt.Errorf("update servers of %s: %w", req.Source, err)
-			}
-			st.Updated = int(tag.RowsAffected())
-		}
-		if len(returned) > 0 {
-			rows, err := tx.Query(ctx, `UPDATE servers SET
-					status = CASE WHEN orphaned_from IN ('READY', 'FAILED', 'UNREACHABLE') THEN orphaned_from
-						WHEN orphaned_from IN ('QUEUED', 'PROVISIONING') AND pending_job_id IS NOT NULL THEN orphaned_from
-						ELSE 'NEW' END,
-					orphaned_from = NULL, last_seen_at = $2
-				WHERE handle = ANY($1) AND status = 'ORPHANED' AND source = $3 RETURNING handle, status`, returned, now, req.Source)
-			if err != nil {
-				return fmt.Errorf("return servers of %s: %w", req.Source, err)
-			}
-			var h, to string
-			if _, err := pgx.ForEachRow(rows, []any{&h, &to}, func() error {
-				st.Returned++
-				hist.add(History{Handle: h, Event: EventReturned, From: StatusOrphaned, To: to,
-					Reason: "listed by " + req.Source + " again", Actor: req.Actor})
-				return nil
-			}); err != nil {
-				return fmt.Errorf("return servers of %s: %w", req.Source, err)
-			}
-		}
-		if len(vanished) > 0 {
-			rows, err := tx.Query(ctx, `UPDATE servers s SET orphaned_from = s.status, status = 'ORPHANED'
-				FROM servers old WHERE old.handle = s.handle
-				  AND s.handle = ANY($1) AND s.source = $2 AND s.status <> 'ORPHANED'
-				RETURNING s.handle, old.status`, vanished, req.Source)
-			if err != nil {
-				return fmt.Errorf("orphan servers of %s: %w", req.Source, err)
-			}
-			var h, from string
-			if _, err := pgx.ForEachRow(rows, []any{&h, &from}, func() error {
-				st.Orphaned++
-				hist.add(History{Handle: h, Event: EventOrphaned, From: from, To: StatusOrphaned,
-					Reason: req.Source + " no longer lists it", Actor: req.Actor})
-				return nil
-			}); err != nil {
-				return fmt.Errorf("orphan servers of %s: %w", req.Source, err)
-			}
-		}
-		return hist.write(ctx, tx, now)
-	})
-	if err != nil {
-		return SyncStats{Listed: st.Listed}, err
-	}
-	return st, nil
+	return ss.Finish(ctx)
 }
 
 type detectedArrays struct {
@@ -343,9 +238,10 @@ type detectedArrays struct {
 	hasProjects                                                             []bool
 }
 
-func newDetectedArrays(list []*Detected) detectedArrays {
+func newDetectedArrays(list []Detected) detectedArrays {
 	var a detectedArrays
-	for _, d := range list {
+	for i := range list {
+		d := &list[i]
 		lb, _ := json.Marshal(d.Labels) // a map of strings always marshals
 		a.handles = append(a.handles, d.Handle)
 		a.addresses = append(a.addresses, d.Address)
@@ -367,7 +263,7 @@ func newDetectedArrays(list []*Detected) detectedArrays {
 // sources it may take over from; others with the same handle are skipped.
 // It returns how many it wrote and skipped, and the taken-over servers that
 // are ORPHANED (to return).
-func (s *Store) upsert(ctx context.Context, tx pgx.Tx, req SyncRequest, list []*Detected, hist *historyBatch) (int, int, []string, error) {
+func (s *Store) upsert(ctx context.Context, tx pgx.Tx, req SyncRequest, list []Detected, hist *historyBatch) (int, int, []string, error) {
 	a := newDetectedArrays(list)
 	takeOver := req.TakeOverFrom
 	if takeOver == nil {

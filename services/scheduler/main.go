@@ -14,18 +14,12 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/cli"
 )
 
-// defaultMemoryLimit is the Go runtime's soft memory limit unless
-// GOMEMLIMIT says otherwise: a tick over a large fleet makes short-lived
-// garbage, and the limit makes the collector return it instead of letting
-// the heap double (see docs/performance.md).
-const defaultMemoryLimit = 128 << 20
-
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == cli.Command {
 		cli.Main(os.Args[2:])
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(defaultMemoryLimit)
+		debug.SetMemoryLimit(app.DefaultMemoryLimit)
 	}
 	service.Main(service.Program[*app.Config]{
 		Name:       app.Name,

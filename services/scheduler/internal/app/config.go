@@ -24,6 +24,15 @@ const Summary = "keeps the fleet in Postgres in sync with its sources and queues
 // DefaultAdminAddr is where the admin server listens unless ADMIN_ADDR says otherwise.
 const DefaultAdminAddr = "127.0.0.1:9101"
 
+// DefaultMemoryLimit is the Go runtime's soft memory limit unless
+// GOMEMLIMIT says otherwise. A tick keeps about 150 bytes a server between
+// ticks (the fleet's snapshot and the addresses claimed, ~145 MB at a
+// million) and makes short-lived garbage as sources list: the limit makes
+// the collector return that garbage instead of letting the heap double,
+// and must stay well above what the tick keeps, or the collector runs
+// without pause (see docs/performance.md).
+const DefaultMemoryLimit = 256 << 20
+
 // Config is the configuration of the service, read from the environment by
 // service.Load.
 type Config struct {

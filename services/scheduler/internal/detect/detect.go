@@ -3,8 +3,9 @@
 //
 // Each source is a Detector (inventory, time4vps, ec2 in the packages
 // below); servers inserted into the servers table by hand are the source
-// "manual" and need none. The Manager runs every detector, merges their
-// listings and hands each source's share to fleet.Sync.
+// "manual" and need none. The Manager lists the sources one after another
+// in precedence order, merges each streamed listing into a snapshot of the
+// fleet and hands each source's share to its fleet.SourceSync.
 //
 // Merge rules (documented in docs/scheduler.md):
 //
@@ -37,8 +38,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,9 +53,11 @@ type Detector interface {
 	// Name is the source's name, stored in servers.source: "static:<path>",
 	// "time4vps", "ec2".
 	Name() string
-	// Detect returns every server the source has now. An error means the
-	// listing is unknown (never "no servers").
-	Detect(ctx context.Context) ([]fleet.Detected, error)
+	// Detect calls yield with every server the source has now, as it reads
+	// them (a provider's pages stream through without being held). An
+	// error, its own or yield's, means the listing is unknown (never "no
+	// servers"): nothing of the source changes.
+	Detect(ctx context.Context, yield func(fleet.Detected) error) error
 }
 
 // Options configure a Manager.
@@ -81,6 +82,10 @@ type Manager struct {
 	detectors []Detector
 	opts      Options
 	m         *metrics
+	// Reused from tick to tick: the fleet as the tick began, and the
+	// handles and addresses claimed so far in the tick (precedence).
+	snap   *fleet.Snapshot
+	claims claims
 }
 
 // NewManager returns a Manager over detectors, in precedence order (first
@@ -106,7 +111,8 @@ func NewManager(f *fleet.Store, detectors []Detector, opts Options) (*Manager, e
 		}
 		opts.Guard = g
 	}
-	return &Manager{fleet: f, detectors: detectors, opts: opts, m: newMetrics(opts.Registerer)}, nil
+	return &Manager{fleet: f, detectors: detectors, opts: opts, m: newMetrics(opts.Registerer),
+		snap: fleet.NewSnapshot(), claims: newClaims()}, nil
 }
 
 // Sources returns the names of the detectors, in precedence order.
@@ -172,116 +178,71 @@ func (r Report) Err() error {
 	return errors.Join(errs...)
 }
 
-type listing struct {
-	servers []fleet.Detected
-	err     error
-	took    time.Duration
-}
-
-// Sync runs every detector at once, merges their listings and applies them.
-// It returns a report per source; a failing source does not stop the
-// others. The error is for the fleet's own failures (Postgres).
+// Sync lists every source in precedence order and applies each listing as
+// it streams in (fleet.SourceSync): a server is compared with the fleet as
+// the tick began and written only when it changed, so a tick costs about a
+// map lookup per unchanged server and memory does not hold any listing.
+// Each source's changes commit together at the end of the tick, after every
+// source has listed (a server another source lists is not orphaned), or not
+// at all: a failing source changes nothing. It returns a report per source;
+// the error is for the fleet's own failures (Postgres).
 func (m *Manager) Sync(ctx context.Context) (Report, error) {
 	var rep Report
 	if len(m.detectors) == 0 {
 		return rep, nil
 	}
-	lists := make([]listing, len(m.detectors))
-	var wg sync.WaitGroup
-	for i, d := range m.detectors {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			dctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
-			defer cancel()
-			start := time.Now()
-			servers, err := d.Detect(dctx)
-			if err == nil && dctx.Err() != nil {
-				err = dctx.Err()
-			}
-			lists[i] = listing{servers: servers, err: err, took: time.Since(start)}
-		}()
+	if err := m.fleet.LoadSnapshot(ctx, m.snap); err != nil {
+		return rep, err
 	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		return rep, ctx.Err()
-	}
-
 	manual, err := m.manualServers(ctx)
 	if err != nil {
 		return rep, err
 	}
-	// Merge in precedence order: the first source to claim a handle or an
-	// address wins.
-	// Sized up front: with a large fleet, growing the maps and the winners'
-	// lists step by step was about 40 % of the bytes a tick allocated.
-	listed := len(manual)
-	for _, l := range lists {
-		listed += len(l.servers)
-	}
-	handleOwner := make(map[string]string, listed)
-	addrOwner := make(map[string]string, listed) // address:port -> handle
+	m.claims.reset()
 	for h, a := range manual {
-		handleOwner[h] = fleet.SourceManual
-		addrOwner[a] = h
+		m.snap.ClaimHandle(h, ownerManual)
+		m.claims.address(a.address, a.port)
 	}
-	winners := make([][]fleet.Detected, len(m.detectors))
+	known := m.snap.Sources()
 	reports := make([]SourceReport, len(m.detectors))
+	syncs := make([]*fleet.SourceSync, len(m.detectors))
+	defer func() {
+		for _, ss := range syncs {
+			if ss != nil {
+				ss.Rollback(ctx)
+			}
+		}
+	}()
 	for i, d := range m.detectors {
 		r := &reports[i]
-		r.Source, r.Err, r.Took = d.Name(), lists[i].err, lists[i].took
-		if r.Err != nil {
+		r.Source = d.Name()
+		ss, err := m.fleet.BeginSync(ctx, m.snap, m.request(i, known))
+		if err != nil {
+			return rep, err
+		}
+		start := time.Now()
+		err = m.list(ctx, i, r, ss)
+		r.Took = time.Since(start)
+		if ctx.Err() != nil {
+			ss.Rollback(ctx)
+			return rep, ctx.Err()
+		}
+		if err != nil {
+			ss.Rollback(ctx)
+			r.Err = err
 			continue
 		}
-		winners[i] = make([]fleet.Detected, 0, len(lists[i].servers))
-		for _, s := range lists[i].servers {
-			if err := s.Validate(); err != nil {
-				r.Invalid++
-				m.opts.Logger.Warn().Str("source", d.Name()).Err(err).Msg("server skipped: invalid")
-				continue
-			}
-			if rf := m.refusal(s); rf != nil {
-				r.Refused = append(r.Refused, *rf)
-				m.m.refused.WithLabelValues(d.Name(), rf.Class).Inc()
-				m.opts.Logger.Warn().Str("source", d.Name()).Str("server", rf.Handle).Str("address", rf.Address).
-					Str("class", rf.Class).Str("reason", rf.Reason).Msg("server refused: its address may not be a target; the rest of the source goes on")
-				continue
-			}
-			port := s.SSHPort
-			if port == 0 {
-				port = 22
-			}
-			addr := s.Address + ":" + strconv.Itoa(port)
-			if owner, ok := handleOwner[s.Handle]; ok {
-				if owner != d.Name() {
-					r.Duplicates++
-					m.opts.Logger.Debug().Str("source", d.Name()).Str("server", s.Handle).Str("owner", owner).
-						Msg("duplicate: the server belongs to a source of higher precedence")
-				} else {
-					r.Invalid++
-					m.opts.Logger.Warn().Str("source", d.Name()).Str("server", s.Handle).Msg("server listed twice by its source: skipped")
-				}
-				continue
-			}
-			if h, ok := addrOwner[addr]; ok {
-				r.Duplicates++
-				m.opts.Logger.Debug().Str("source", d.Name()).Str("server", s.Handle).Str("same_as", h).
-					Msg("duplicate: another server has this address and port")
-				continue
-			}
-			handleOwner[s.Handle], addrOwner[addr] = d.Name(), s.Handle
-			winners[i] = append(winners[i], s)
-		}
-	}
-
-	known, err := m.knownSources(ctx)
-	if err != nil {
-		return rep, err
+		syncs[i] = ss
 	}
 	for i, d := range m.detectors {
 		r := &reports[i]
-		if r.Err == nil {
-			r.Stats, r.Err = m.apply(ctx, i, winners[i], handleOwner, known)
+		if ss := syncs[i]; ss != nil {
+			syncs[i] = nil
+			r.Stats, r.Err = ss.Finish(ctx)
+			if errors.Is(r.Err, fleet.ErrTooManyOrphans) {
+				r.Err = fmt.Errorf("%w; nothing of it was changed: fix the source, or, if the servers are really gone, "+
+					"remove them fewer at a time or set MAX_ORPHAN_FRACTION=1 for one tick", r.Err)
+			}
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
 			}
@@ -301,18 +262,152 @@ func (m *Manager) Sync(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-// apply syncs detector i's winning servers.
-func (m *Manager) apply(ctx context.Context, i int, servers []fleet.Detected, owners map[string]string, known []string) (fleet.SyncStats, error) {
-	name := m.detectors[i].Name()
-	keep := map[string]bool{}
-	for h, owner := range owners {
-		if owner != name {
-			keep[h] = true
+// pageSize is how many servers a source hands over at a time.
+const pageSize = 512
+
+// progressEvery is how many servers of a long listing go by between two
+// progress lines in the log.
+const progressEvery = 100_000
+
+// listed is a server as the source's reader hands it over: prepared, or
+// invalid, or refused.
+type listed struct {
+	p       fleet.Prepared
+	invalid error
+	refusal *Refusal
+}
+
+// list runs detector i and admits what it lists. The source lists in its
+// own goroutine, which also checks and fingerprints each server
+// (fleet.Snapshot.Prepare), and hands the servers over a page at a time to
+// this one, which merges them: reading a source and merging use two cores,
+// with a few pages in flight at most.
+func (m *Manager) list(ctx context.Context, i int, r *SourceReport, ss *fleet.SourceSync) error {
+	dctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
+	defer cancel()
+	pages := make(chan []listed, 2)
+	free := make(chan []listed, 3)
+	var srcErr error
+	go func() {
+		defer close(pages)
+		page := make([]listed, 0, pageSize)
+		send := func() error {
+			select {
+			case pages <- page:
+			case <-dctx.Done():
+				return dctx.Err()
+			}
+			select {
+			case page = <-free:
+			default:
+				page = make([]listed, 0, pageSize)
+			}
+			return nil
+		}
+		srcErr = m.detectors[i].Detect(dctx, func(s fleet.Detected) error {
+			page = append(page, m.prepare(s))
+			if len(page) < pageSize {
+				return nil
+			}
+			return send()
+		})
+		if srcErr == nil && len(page) > 0 {
+			srcErr = send()
+		}
+	}()
+	var err error
+	seen, start := 0, time.Now()
+	for page := range pages {
+		for j := 0; j < len(page) && err == nil; j++ {
+			err = m.admit(dctx, i, r, ss, &page[j])
+		}
+		if seen/progressEvery != (seen+len(page))/progressEvery {
+			m.opts.Logger.Info().Str("source", m.detectors[i].Name()).Int("listed", seen+len(page)).
+				Dur("took", time.Since(start)).Msg("source listing in progress")
+		}
+		seen += len(page)
+		if err != nil {
+			cancel() // the source stops at its next server
+			continue
+		}
+		clear(page) // no strings or maps kept alive by a reused page
+		select {
+		case free <- page[:0]:
+		default:
 		}
 	}
-	// A source may take servers over from sources of lower precedence and
-	// from sources no longer configured, never from manual.
-	var takeOver []string
+	if err == nil {
+		err = srcErr
+	}
+	if err == nil && dctx.Err() != nil {
+		err = dctx.Err()
+	}
+	return err
+}
+
+// prepare checks one listed server: its fields, its address.
+func (m *Manager) prepare(s fleet.Detected) listed {
+	p, err := m.snap.Prepare(s)
+	if err != nil {
+		return listed{invalid: err}
+	}
+	return listed{p: p, refusal: m.refusal(p.Server)}
+}
+
+// admit merges one server of detector i into the tick: an invalid or
+// refused one, or one a source of higher precedence (or manual) has by
+// handle or by address, is skipped and counted; the rest go to the
+// source's sync.
+func (m *Manager) admit(ctx context.Context, i int, r *SourceReport, ss *fleet.SourceSync, l *listed) error {
+	name := m.detectors[i].Name()
+	if l.invalid != nil {
+		r.Invalid++
+		m.opts.Logger.Warn().Str("source", name).Err(l.invalid).Msg("server skipped: invalid")
+		return nil
+	}
+	if rf := l.refusal; rf != nil {
+		r.Refused = append(r.Refused, *rf)
+		m.m.refused.WithLabelValues(name, rf.Class).Inc()
+		m.opts.Logger.Warn().Str("source", name).Str("server", rf.Handle).Str("address", rf.Address).
+			Str("class", rf.Class).Str("reason", rf.Reason).Msg("server refused: its address may not be a target; the rest of the source goes on")
+		return nil
+	}
+	s := &l.p.Server // normalized: the port is set
+	if owner, claimed := m.snap.ClaimedBy(&l.p); claimed {
+		if owner != i {
+			r.Duplicates++
+			m.opts.Logger.Debug().Str("source", name).Str("server", s.Handle).Str("owner", m.ownerName(owner)).
+				Msg("duplicate: the server belongs to a source of higher precedence")
+		} else {
+			r.Invalid++
+			m.opts.Logger.Warn().Str("source", name).Str("server", s.Handle).Msg("server listed twice by its source: skipped")
+		}
+		return nil
+	}
+	if m.claims.addressTaken(s.Address, s.SSHPort) {
+		r.Duplicates++
+		m.opts.Logger.Debug().Str("source", name).Str("server", s.Handle).Str("address", s.Address).Int("port", s.SSHPort).
+			Msg("duplicate: another server has this address and port")
+		return nil
+	}
+	m.snap.Claim(&l.p, i)
+	m.claims.address(s.Address, s.SSHPort)
+	return ss.Add(ctx, &l.p)
+}
+
+func (m *Manager) ownerName(owner int) string {
+	if owner == ownerManual {
+		return fleet.SourceManual
+	}
+	return m.detectors[owner].Name()
+}
+
+// request is detector i's sync request: a source may take servers over
+// from sources of lower precedence and from sources no longer configured,
+// never from manual.
+func (m *Manager) request(i int, known []string) fleet.SyncRequest {
+	name := m.detectors[i].Name()
+	takeOver := []string{}
 	configured := m.Sources()
 	for _, s := range known {
 		idx := slices.Index(configured, s)
@@ -320,54 +415,31 @@ func (m *Manager) apply(ctx context.Context, i int, servers []fleet.Detected, ow
 			takeOver = append(takeOver, s)
 		}
 	}
-	st, err := m.fleet.Sync(ctx, fleet.SyncRequest{
-		Source: name, Servers: servers, Keep: keep, TakeOverFrom: takeOver,
-		MaxOrphanFraction: m.opts.MaxOrphanFraction, Actor: "detector:" + name,
-	})
-	if errors.Is(err, fleet.ErrTooManyOrphans) {
-		err = fmt.Errorf("%w; nothing of it was changed: fix the source, or, if the servers are really gone, "+
-			"remove them fewer at a time or set MAX_ORPHAN_FRACTION=1 for one tick", err)
-	}
-	return st, err
+	slices.Sort(takeOver)
+	return fleet.SyncRequest{Source: name, TakeOverFrom: takeOver,
+		MaxOrphanFraction: m.opts.MaxOrphanFraction, Actor: "detector:" + name}
 }
 
-// manualServers returns the manual servers' handles with address:port.
-func (m *Manager) manualServers(ctx context.Context) (map[string]string, error) {
+type endpoint struct {
+	address string
+	port    int
+}
+
+// manualServers returns the manual servers' handles with address and port.
+func (m *Manager) manualServers(ctx context.Context) (map[string]endpoint, error) {
 	rows, err := m.fleet.DB().Query(ctx, `SELECT handle, address, ssh_port FROM servers WHERE source = 'manual'`)
 	if err != nil {
 		return nil, fmt.Errorf("manual servers: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]string{}
+	out := map[string]endpoint{}
 	for rows.Next() {
 		var h, a string
 		var p int
 		if err := rows.Scan(&h, &a, &p); err != nil {
 			return nil, fmt.Errorf("manual servers: %w", err)
 		}
-		out[h] = a + ":" + strconv.Itoa(p)
-	}
-	return out, rows.Err()
-}
-
-// knownSources returns the sources present in the servers table.
-func (m *Manager) knownSources(ctx context.Context) ([]string, error) {
-	rows, err := m.fleet.DB().Query(ctx, `WITH RECURSIVE s AS (
-			(SELECT source FROM servers ORDER BY source LIMIT 1)
-			UNION ALL
-			SELECT (SELECT source FROM servers WHERE source > s.source ORDER BY source LIMIT 1) FROM s WHERE s.source IS NOT NULL
-		) SELECT source FROM s WHERE source IS NOT NULL`)
-	if err != nil {
-		return nil, fmt.Errorf("known sources: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, fmt.Errorf("known sources: %w", err)
-		}
-		out = append(out, s)
+		out[h] = endpoint{a, p}
 	}
 	return out, rows.Err()
 }

@@ -107,8 +107,9 @@ func New(ctx context.Context, cfg Config) (*Detector, error) {
 // Name is "ec2".
 func (d *Detector) Name() string { return Source }
 
-// Detect lists the running instances with the configured tags, every page.
-func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
+// Detect lists the running instances with the configured tags, page by
+// page: a page's instances are yielded before the next page is read.
+func (d *Detector) Detect(ctx context.Context, yield func(fleet.Detected) error) error {
 	filters := []types.Filter{{Name: aws.String("instance-state-name"), Values: []string{"running"}}}
 	keys := make([]string, 0, len(d.cfg.Tags))
 	for k := range d.cfg.Tags {
@@ -124,21 +125,22 @@ func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
 		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: vals})
 	}
 	p := ec2.NewDescribeInstancesPaginator(d.client, &ec2.DescribeInstancesInput{Filters: filters, MaxResults: aws.Int32(d.cfg.PageSize)})
-	var out []fleet.Detected
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("ec2: describe instances: %w", err)
+			return fmt.Errorf("ec2: describe instances: %w", err)
 		}
 		for _, r := range page.Reservations {
 			for _, in := range r.Instances {
 				if det, ok := d.server(in); ok {
-					out = append(out, det)
+					if err := yield(det); err != nil {
+						return err
+					}
 				}
 			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
 func (d *Detector) server(in types.Instance) (fleet.Detected, bool) {

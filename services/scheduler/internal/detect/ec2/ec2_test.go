@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"os"
 	"strings"
 	"testing"
@@ -51,6 +52,19 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
+// list collects what d yields.
+func list(ctx context.Context, d *Detector) ([]fleet.Detected, error) {
+	var out []fleet.Detected
+	err := d.Detect(ctx, func(s fleet.Detected) error {
+		out = append(out, s)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func TestDescribeInstancesFiltersAndPages(t *testing.T) {
 	t.Parallel()
 	d, srv := setup(t, Config{Tags: map[string][]string{"env": {"prod", "staging"}, "autoprov": {"*"}}, PageSize: 5})
@@ -65,7 +79,7 @@ func TestDescribeInstancesFiltersAndPages(t *testing.T) {
 		ec2test.Instance{ID: "i-untagged", PublicIP: "203.0.113.102", Tags: map[string]string{"env": "prod"}},
 		ec2test.Instance{ID: "i-private-only", PrivateIP: "10.0.1.1", Tags: map[string]string{"env": "staging", "autoprov": "", SSHUserTag: "ubuntu"}},
 	)
-	got, err := d.Detect(ctx(t))
+	got, err := list(ctx(t), d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +106,7 @@ func TestDescribeInstancesFiltersAndPages(t *testing.T) {
 	// Private addresses, and the ssh user tag.
 	dp, srvp := setup(t, Config{Address: "private", Tags: map[string][]string{"env": {"staging"}}})
 	srvp.Add(ec2test.Instance{ID: "i-private-only", PrivateIP: "10.0.1.1", Tags: map[string]string{"env": "staging", SSHUserTag: "ubuntu"}})
-	got, err = dp.Detect(ctx(t))
+	got, err = list(ctx(t), dp)
 	if err != nil || len(got) != 1 || got[0].Address != "10.0.1.1" || got[0].SSHUser != "ubuntu" {
 		t.Errorf("private: %+v %v", got, err)
 	}
@@ -113,7 +127,7 @@ func TestProjectsTag(t *testing.T) {
 		ec2test.Instance{ID: "i-two", PublicIP: "203.0.113.12", Tags: map[string]string{"env": "prod", ProjectsTag: b + " " + strings.ToUpper(a)}},
 		ec2test.Instance{ID: "i-bad", PublicIP: "203.0.113.13", Tags: map[string]string{"env": "prod", ProjectsTag: "tenant-b"}},
 	)
-	got, err := d.Detect(ctx(t))
+	got, err := list(ctx(t), d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +148,7 @@ func TestErrors(t *testing.T) {
 	t.Run("wrong secret key: AuthFailure, no retry", func(t *testing.T) {
 		t.Parallel()
 		d, srv := setup(t, Config{AccessKeyID: akid, SecretAccessKey: "wrong"})
-		_, err := d.Detect(ctx(t))
+		_, err := list(ctx(t), d)
 		var ae smithy.APIError
 		if !errors.As(err, &ae) || ae.ErrorCode() != "AuthFailure" {
 			t.Fatalf("err = %v, want AuthFailure", err)
@@ -151,13 +165,13 @@ func TestErrors(t *testing.T) {
 		d, srv := setup(t, Config{MaxAttempts: 2})
 		srv.Add(ec2test.Instance{ID: "i-1", PublicIP: "203.0.113.1"})
 		srv.FailNext(2, 503, "Unavailable", "The server is overloaded and can't handle the request.")
-		_, err := d.Detect(ctx(t))
+		_, err := list(ctx(t), d)
 		var ae smithy.APIError
 		if !errors.As(err, &ae) || ae.ErrorCode() != "Unavailable" {
 			t.Fatalf("err = %v, want Unavailable", err)
 		}
 		srv.FailNext(1, 503, "RequestLimitExceeded", "Request limit exceeded.")
-		got, err := d.Detect(ctx(t))
+		got, err := list(ctx(t), d)
 		if err != nil || len(got) != 1 {
 			t.Errorf("a throttled call is retried: %v %v", got, err)
 		}

@@ -61,10 +61,24 @@ func New(path, bin string) (*Detector, error) {
 // Name is "static:<absolute path>".
 func (d *Detector) Name() string { return "static:" + d.path }
 
-// Detect runs ansible-inventory --list. An unreadable or unparsable
+// Detect yields the servers of List.
+func (d *Detector) Detect(ctx context.Context, yield func(fleet.Detected) error) error {
+	servers, err := d.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		if err := yield(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// List runs ansible-inventory --list. An unreadable or unparsable
 // inventory is an error (Ansible is told to fail rather than warn), never
 // an empty listing.
-func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
+func (d *Detector) List(ctx context.Context) ([]fleet.Detected, error) {
 	if _, err := os.Stat(d.path); err != nil {
 		return nil, fmt.Errorf("inventory %s: %w", d.path, err)
 	}

@@ -32,7 +32,7 @@ func detect(t *testing.T, path string) ([]fleet.Detected, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	return d.Detect(ctx)
+	return d.List(ctx)
 }
 
 func byHandle(list []fleet.Detected) map[string]fleet.Detected {

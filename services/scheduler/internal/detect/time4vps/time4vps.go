@@ -50,12 +50,11 @@ func (d *Detector) Name() string { return Source }
 
 // Detect lists the servers. A failure of the list is an error; a failure of
 // one server's details only leaves its os label out until next time.
-func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
+func (d *Detector) Detect(ctx context.Context, yield func(fleet.Detected) error) error {
 	list, err := d.api.ListServers(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("time4vps: list servers: %w", err)
+		return fmt.Errorf("time4vps: list servers: %w", err)
 	}
-	out := make([]fleet.Detected, 0, len(list))
 	for _, s := range list {
 		id := int64(s.ID)
 		if id <= 0 || s.IP == "" {
@@ -71,12 +70,14 @@ func (d *Detector) Detect(ctx context.Context) ([]fleet.Detected, error) {
 		if os := d.os(ctx, id); os != "" {
 			labels["time4vps:os"] = os
 		}
-		out = append(out, fleet.Detected{
+		if err := yield(fleet.Detected{
 			Handle: "time4vps-" + strconv.FormatInt(id, 10), Address: s.IP, SSHUser: d.user,
 			ProviderID: strconv.FormatInt(id, 10), Labels: labels,
-		})
+		}); err != nil {
+			return err
+		}
 	}
-	return out, nil
+	return nil
 }
 
 func (d *Detector) os(ctx context.Context, id int64) string {

@@ -1,0 +1,39 @@
+package detect
+
+import "hash/maphash"
+
+// ownerManual is the owner of manual servers' handles in the snapshot's
+// claims (fleet.Snapshot.Claim); detectors are their index.
+const ownerManual = 32766
+
+// claims are the addresses (with SSH port) the sources claimed so far in a
+// tick, in precedence order (handles are claimed in the fleet's snapshot).
+// Keys are two independent 64-bit hashes (a chance of about 2^-128 that two
+// differ and collide), so the map holds no strings: at a million servers it
+// is about 30 MB the garbage collector need not walk. It is cleared, not
+// reallocated, from tick to tick.
+type claims struct {
+	seeds     [2]maphash.Seed
+	addresses map[[2]uint64]struct{}
+}
+
+func newClaims() claims {
+	return claims{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		addresses: map[[2]uint64]struct{}{}}
+}
+
+func (c *claims) reset() { clear(c.addresses) }
+
+// addressKey mixes the port into both hashes of the address: two
+// endpoints with the same address differ in both words.
+func (c *claims) addressKey(a string, port int) [2]uint64 {
+	p := uint64(port) + 1
+	return [2]uint64{maphash.String(c.seeds[0], a) + p*0x9e3779b97f4a7c15, maphash.String(c.seeds[1], a) ^ p*0xc2b2ae3d27d4eb4f}
+}
+
+func (c *claims) address(a string, port int) { c.addresses[c.addressKey(a, port)] = struct{}{} }
+
+func (c *claims) addressTaken(a string, port int) bool {
+	_, ok := c.addresses[c.addressKey(a, port)]
+	return ok
+}
