@@ -81,6 +81,7 @@ type Server struct {
 	fail      []fault
 	requests  []url.Values
 	tokens    map[string]int // next token -> offset
+	delay     time.Duration
 }
 
 type fault struct {
@@ -149,6 +150,14 @@ func (s *Server) FailNext(n, status int, code, message string) {
 	}
 }
 
+// SetDelay makes every later request wait d before it is answered (a slow
+// provider, a long listing).
+func (s *Server) SetDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delay = d
+}
+
 // Requests returns the form values of the requests served so far.
 func (s *Server) Requests() []url.Values {
 	s.mu.Lock()
@@ -182,7 +191,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		f = &s.fail[0]
 		s.fail = s.fail[1:]
 	}
+	delay := s.delay
 	s.mu.Unlock()
+	select {
+	case <-time.After(delay):
+	case <-r.Context().Done():
+		return
+	}
 	if f != nil {
 		writeError(w, f.status, f.code, f.msg)
 		return
