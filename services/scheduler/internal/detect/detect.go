@@ -76,7 +76,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// Manager merges the sources into the fleet.
+// Manager merges the sources into the fleet. Its Sync is called by one
+// goroutine at a time (the reconcile loop's tick): it reuses its snapshot
+// and claims from tick to tick.
 type Manager struct {
 	fleet     *fleet.Store
 	detectors []Detector
