@@ -13,8 +13,8 @@ import (
 
 // A Snapshot is what the fleet knew of its servers' sources when a tick
 // began: per server its source, the fingerprint of what that source last
-// said (Detected.Hash) and whether it is ORPHANED. A source's sync compares
-// its listing with it server by server as the listing streams in, so a
+// said (servers.source_hash) and whether it is ORPHANED. A source's sync
+// compares its listing with it server by server as the listing streams in, so a
 // server that did not change costs a map lookup and no write, and memory
 // grows with the fleet by about 60 bytes a server, in a few pointer-free
 // arrays the garbage collector does not walk. A Snapshot is reused from tick
@@ -77,9 +77,6 @@ func (s *Snapshot) source(name []byte) uint16 {
 
 // Sources returns the sources that have servers, in no particular order.
 func (s *Snapshot) Sources() []string { return append([]string(nil), s.sources...) }
-
-// Len is the number of servers in the snapshot.
-func (s *Snapshot) Len() int { return len(s.rows) }
 
 // Keep marks the server handle as listed this tick by a source other than
 // its own: its source's sync will not orphan it (the other source takes it
@@ -208,7 +205,7 @@ type SourceSync struct {
 	tx   pgx.Tx
 	now  time.Time
 
-	fresh, changed []Detected
+	fresh, changed []Prepared
 	returned       []string
 	hist           historyBatch
 	st             SyncStats
@@ -245,16 +242,16 @@ func (ss *SourceSync) Add(ctx context.Context, p *Prepared) error {
 	ss.st.Listed++
 	switch {
 	case p.row < 0:
-		ss.fresh = append(ss.fresh, *d)
+		ss.fresh = append(ss.fresh, *p)
 	case int(ss.snap.rows[p.row].src) != ss.src:
 		// Another source's server: taken over if the source may (upsert).
 		ss.snap.rows[p.row].seen = true
-		ss.fresh = append(ss.fresh, *d)
+		ss.fresh = append(ss.fresh, *p)
 	default:
 		r := &ss.snap.rows[p.row]
 		r.seen = true
 		if !r.hasFP || r.fp != p.fp {
-			ss.changed = append(ss.changed, *d)
+			ss.changed = append(ss.changed, *p)
 		} else {
 			ss.st.Unchanged++
 		}

@@ -96,15 +96,9 @@ func (d *Detected) normalize() {
 	}
 }
 
-// Hash fingerprints what the source says of the server (stored in
-// servers.source_hash, hex).
-func (d *Detected) Hash() string {
-	fp := d.fingerprint()
-	return hex.EncodeToString(fp[:])
-}
-
-// fingerprint is Hash's 16 bytes: the first half of a SHA-256 over the
-// fields, the labels in key order.
+// fingerprint is what the source says of the server, stored in hex in
+// servers.source_hash: the first half of a SHA-256 over the fields, the
+// labels in key order.
 func (d *Detected) fingerprint() [16]byte {
 	var buf [256]byte
 	b := buf[:0]
@@ -238,10 +232,10 @@ type detectedArrays struct {
 	hasProjects                                                             []bool
 }
 
-func newDetectedArrays(list []Detected) detectedArrays {
+func newDetectedArrays(list []Prepared) detectedArrays {
 	var a detectedArrays
 	for i := range list {
-		d := &list[i]
+		d := &list[i].Server
 		lb, _ := json.Marshal(d.Labels) // a map of strings always marshals
 		a.handles = append(a.handles, d.Handle)
 		a.addresses = append(a.addresses, d.Address)
@@ -250,7 +244,7 @@ func newDetectedArrays(list []Detected) detectedArrays {
 		a.labels = append(a.labels, string(lb))
 		a.providers = append(a.providers, d.ProviderID)
 		a.keyrefs = append(a.keyrefs, d.SSHKeyRef)
-		a.hashes = append(a.hashes, d.Hash())
+		a.hashes = append(a.hashes, hex.EncodeToString(list[i].fp[:])) // fingerprinted by Prepare
 		// Project ids hold no comma: joined, they fit a text[] of one
 		// dimension (unnest cannot take an array of arrays).
 		a.projects = append(a.projects, strings.Join(d.Projects, ","))
@@ -263,7 +257,7 @@ func newDetectedArrays(list []Detected) detectedArrays {
 // sources it may take over from; others with the same handle are skipped.
 // It returns how many it wrote and skipped, and the taken-over servers that
 // are ORPHANED (to return).
-func (s *Store) upsert(ctx context.Context, tx pgx.Tx, req SyncRequest, list []Detected, hist *historyBatch) (int, int, []string, error) {
+func (s *Store) upsert(ctx context.Context, tx pgx.Tx, req SyncRequest, list []Prepared, hist *historyBatch) (int, int, []string, error) {
 	a := newDetectedArrays(list)
 	takeOver := req.TakeOverFrom
 	if takeOver == nil {
