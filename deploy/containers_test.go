@@ -209,8 +209,17 @@ func TestContainers(t *testing.T) {
 				runState(query))
 		}
 		t.Logf("demo output (last lines):\n%s", lastLines(out, 15))
-		if got := psql("SELECT status FROM servers WHERE handle = 'local-target'"); got != "READY" {
-			t.Errorf("local-target is %q, want READY", got)
+		// The demo ends with infra's result; the scheduler reads it
+		// from provisioner:results and marks the server after that.
+		got := ""
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+			if got = psql("SELECT status FROM servers WHERE handle = 'local-target'"); got == "READY" || time.Now().After(deadline) {
+				break
+			}
+		}
+		if got != "READY" {
+			t.Fatalf("local-target is %q 2 minutes after the demo's success, want READY; the database:\n%s\nscheduler:\n%s",
+				got, runState(psql), lastLines(s.Logs(ctx, s.container("scheduler", 1)), 40))
 		}
 		step("main job done: local-target READY")
 	})
@@ -271,7 +280,7 @@ func TestContainers(t *testing.T) {
 		step("an Ansible job ran sandboxed: infra's key, cache and environment out of its reach")
 	})
 
-	_ = ok && t.Run("infra scaled to 3, the replica running the job killed", func(t *testing.T) {
+	scaled := ok && t.Run("infra scaled to 3, the replica running the job killed", func(t *testing.T) {
 		for range 2 {
 			s.WaitHealthy(ctx, s.Start(ctx, "infra"), 3*time.Minute)
 		}
@@ -350,10 +359,10 @@ func TestContainers(t *testing.T) {
 		codes := s.Down(ctx)
 		for name, code := range codes {
 			if code != 0 && code != 137 || code == 137 && !strings.Contains(name, "-infra-") {
-				t.Errorf("%s exited %d on stop", name, code)
+				t.Errorf("%s exited %d on stop; its last lines:\n%s", name, code, s.lastWords[name])
 			}
 		}
-		if len(codes) < 10 {
+		if scaled && len(codes) < 10 {
 			t.Errorf("stopped %d containers, want the stack's 10: %v", len(codes), codes)
 		}
 		step("stack stopped and removed")

@@ -56,6 +56,9 @@ type stack struct {
 	replicas map[string]int
 	// order lists the services in the order they were first started.
 	order []string
+	// lastWords holds, after Down, the last lines of each container that
+	// exited with a status other than 0: what it said as it failed.
+	lastWords map[string]string
 }
 
 // newStack creates the project's network and volumes.
@@ -311,6 +314,12 @@ func (s *stack) Down(ctx context.Context) map[string]int {
 			var code int
 			fmt.Sscan(out, &name, &code)
 			codes[name] = code
+			if code != 0 {
+				if s.lastWords == nil {
+					s.lastWords = map[string]string{}
+				}
+				s.lastWords[name] = lastLines(s.Logs(ctx, id), 25)
+			}
 		}
 		_, _ = podman(ctx, append([]string{"rm", "-f"}, strings.Fields(ids)...)...)
 	}

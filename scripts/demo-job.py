@@ -67,10 +67,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server-handle", required=True)
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for the result")
+    ap.add_argument("--job-id", help="the job's id (default: demo- and 12 random hex digits)")
     args = ap.parse_args()
 
     r = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:16379/0"))
-    job_id = "demo-" + uuid.uuid4().hex[:12]
+    job_id = args.job_id or "demo-" + uuid.uuid4().hex[:12]
     # Remember where the results stream ends, so a fast result is not missed.
     last = r.xrevrange(RESULTS, count=1)
     results_from = last[0][0] if last else b"0-0"
