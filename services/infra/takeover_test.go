@@ -289,8 +289,11 @@ func TestFreedServerGoesToTheFirstInLine(t *testing.T) {
 	e := newE2E(t, sshd)
 	e.addServer("web-1", sshd)
 	e.control("web-1", map[string]any{"sleep": 6})
-	// A recheck of at most a quarter of the lease can be handed over.
-	p := e.infra("STREAM_CONCURRENCY=2", "STREAM_LEASE=60s", "SERVER_BUSY_RECHECK=15s")
+	// A recheck of at most a quarter of the lease can be handed over. It
+	// is long beside job-1's run (a 6 s play), so that job-2 does not come
+	// back by itself first on a loaded machine: then the server would be
+	// taken without a hand-off, which is what this test must see.
+	p := e.infra("STREAM_CONCURRENCY=2", "STREAM_LEASE=240s", "SERVER_BUSY_RECHECK=60s")
 	e.provision("job-1", "web-1")
 	waitLogged(t, p, time.Minute, "job-1", "starting playbook")
 	entry := e.provision("job-2", "web-1")
@@ -373,8 +376,6 @@ func TestTakeoverSkippedAfterSuccess(t *testing.T) {
 		if got := marked(); got != s.mark {
 			t.Errorf("%s: clean mark %v, want %v", s.job, got, s.mark)
 		}
-		// The runs of a server share one remote tmp dir: runs that skip
-		// the takeover do not leave one each behind.
 		// The runs of a server share one remote tmp dir (its copy tasks
 		// use it): runs that skip the takeover do not leave one each.
 		left, err := filepath.Glob(filepath.Join(remoteHome, ".ansible", "tmp", "autoprov-"+scope+"*"))
