@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/maphash"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,10 +16,11 @@ import (
 // began: per server its source, the fingerprint of what that source last
 // said (servers.source_hash) and whether it is ORPHANED. A source's sync
 // compares its listing with it server by server as the listing streams in, so a
-// server that did not change costs a map lookup and no write, and memory
+// server that did not change costs a lookup and no write, and memory
 // grows with the fleet by about 60 bytes a server, in a few pointer-free
-// arrays the garbage collector does not walk. A Snapshot is reused from tick
-// to tick (Load keeps its arrays); it is not safe for concurrent use.
+// arrays the garbage collector does not walk. A Snapshot is kept from tick
+// to tick: Store.LoadSnapshot reads only the rows changed since its last
+// load (see there). It is not safe for concurrent use.
 type Snapshot struct {
 	seeds   [2]maphash.Seed
 	index   map[snapKey]int32
@@ -29,7 +31,29 @@ type Snapshot struct {
 	srcIdx  map[string]uint16
 	// claims of handles the snapshot does not hold (new servers).
 	claims map[snapKey]int16
+	// xmin is the horizon of the last load: every transaction before it
+	// had ended (pg_snapshot_xmin); 0 before the first load.
+	xmin uint64
+	// fullAt is when every row was last read; dead counts the rows of
+	// deleted servers (out of the index) since then.
+	fullAt time.Time
+	dead   int
+	// listed holds the rows the last tick's listings claimed, in the order
+	// they came; misses counts those a Preparer did not find at the row
+	// after the last one (see Preparer). Many misses reorder the rows.
+	listed []int32
+	misses int
 }
+
+// snapFullEvery is how often a Snapshot reads every row again although
+// the changes say nothing else changed: a bound on what a change the
+// triggers cannot see (a restore of the table, say) costs.
+const snapFullEvery = 10 * time.Minute
+
+// tombstoneKeep is how long a deleted server's tombstone is kept: longer
+// than snapFullEvery, so that a snapshot read only changes since never
+// misses one.
+const tombstoneKeep = time.Hour
 
 // snapKey identifies a handle by two independent 64-bit hashes: two
 // handles share a key with a probability of about 2^-128 a pair.
@@ -42,6 +66,8 @@ type snapRow struct {
 	orphaned bool
 	// seen: listed by some source this tick (so not vanished).
 	seen bool
+	// dead: the server was deleted (the row is out of the index).
+	dead bool
 	// claim is 1 + the owner that claimed the handle this tick, 0 for none.
 	claim int16
 }
@@ -56,13 +82,19 @@ func (s *Snapshot) key(handle string) snapKey {
 	return snapKey{maphash.String(s.seeds[0], handle), maphash.String(s.seeds[1], handle)}
 }
 
-func (s *Snapshot) handle(i int32) string {
+func (s *Snapshot) keyBytes(handle []byte) snapKey {
+	return snapKey{maphash.Bytes(s.seeds[0], handle), maphash.Bytes(s.seeds[1], handle)}
+}
+
+func (s *Snapshot) handleBytes(i int32) []byte {
 	start := uint32(0)
 	if i > 0 {
 		start = s.ends[i-1]
 	}
-	return string(s.text[start:s.ends[i]])
+	return s.text[start:s.ends[i]]
 }
+
+func (s *Snapshot) handle(i int32) string { return string(s.handleBytes(i)) }
 
 // source returns the index of the source name, adding it.
 func (s *Snapshot) source(name []byte) uint16 {
@@ -94,19 +126,49 @@ type Prepared struct {
 	fp     [16]byte
 	key    snapKey
 	row    int32 // -1: not in the snapshot
+	// next: found at the row after the one the Preparer found before.
+	next bool
 }
 
 // Prepare checks d (Detected.Validate) and readies it for Claim and Add.
-// It only reads the snapshot's index, so it may run in another goroutine
-// than the one claiming and adding (a source's reader, say).
+// It only reads the snapshot, so it may run in another goroutine than the
+// one claiming and adding (a source's reader, say). A Preparer does the
+// same faster for a listing in the order of the snapshot's rows.
 func (s *Snapshot) Prepare(d Detected) (Prepared, error) {
+	return (&Preparer{snap: s, next: -1}).Prepare(d)
+}
+
+// A Preparer prepares one listing's servers over a snapshot. Sources list
+// in a stable order, mostly the order their servers were first listed in,
+// which is the order of the snapshot's rows: a Preparer tries the row
+// after the one it found last before it hashes the handle, so that an
+// unchanged listing reads the snapshot from start to end instead of a
+// lookup at random in a map of the whole fleet. Like Prepare, it only
+// reads the snapshot; one Preparer is for one goroutine.
+type Preparer struct {
+	snap *Snapshot
+	next int32 // the row to try first; -1: none
+}
+
+// Preparer returns a Preparer over s, for one listing.
+func (s *Snapshot) Preparer() *Preparer { return &Preparer{snap: s} }
+
+// Prepare is Snapshot.Prepare.
+func (pr *Preparer) Prepare(d Detected) (Prepared, error) {
 	d.normalize()
 	if err := d.Validate(); err != nil {
 		return Prepared{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	p := Prepared{Server: d, fp: d.fingerprint(), key: s.key(d.Handle), row: -1}
+	s := pr.snap
+	p := Prepared{Server: d, fp: d.fingerprint(), row: -1}
+	if i := pr.next; i >= 0 && int(i) < len(s.rows) && !s.rows[i].dead && string(s.handleBytes(i)) == d.Handle {
+		// (The key is for claims of handles the snapshot does not hold.)
+		p.row, pr.next, p.next = i, i+1, true
+		return p, nil
+	}
+	p.key = s.key(d.Handle)
 	if i, ok := s.index[p.key]; ok {
-		p.row = i
+		p.row, pr.next = i, i+1
 	}
 	return p, nil
 }
@@ -129,6 +191,10 @@ func (s *Snapshot) Claim(p *Prepared, owner int) {
 	if p.row >= 0 {
 		if r := &s.rows[p.row]; r.claim == 0 {
 			r.claim = int16(owner) + 1
+			s.listed = append(s.listed, p.row)
+			if !p.next {
+				s.misses++
+			}
 		}
 		return
 	}
@@ -139,24 +205,76 @@ func (s *Snapshot) Claim(p *Prepared, owner int) {
 
 // ClaimHandle is Claim by handle (manual servers, which no source lists).
 func (s *Snapshot) ClaimHandle(handle string, owner int) {
-	p := Prepared{key: s.key(handle), row: -1}
+	p := Prepared{key: s.key(handle), row: -1, next: true} // (not a listing's order)
 	if i, ok := s.index[p.key]; ok {
 		p.row = i
 	}
 	s.Claim(&p, owner)
 }
 
-// LoadSnapshot reads every server's source, fingerprint and orphaned state
-// into snap, replacing what it held.
+// LoadSnapshot brings snap up to the fleet as it is now. A snapshot loaded
+// before reads only what changed since (servers.change_xid and the
+// tombstones of deleted servers, both set by triggers, from the last
+// load's horizon on, so that transactions still in flight then are read
+// once they committed, in whatever order); every snapFullEvery, after a
+// truncation, when a quarter of its rows are dead or when the transaction
+// ids went back (another cluster), it reads every row again. The claims and
+// marks of the last tick are cleared.
 func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
-	clear(snap.index)
-	// The claims of new servers are few from one tick to the next, except
-	// on a first listing: a new map does not keep that one's size.
-	snap.claims = map[snapKey]int16{}
-	snap.rows, snap.text, snap.ends = snap.rows[:0], snap.text[:0], snap.ends[:0]
+	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("fleet snapshot: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var horizon string
+	if err := tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`).Scan(&horizon); err != nil {
+		return fmt.Errorf("fleet snapshot: %w", err)
+	}
+	xmin, err := strconv.ParseUint(horizon, 10, 64)
+	if err != nil {
+		return fmt.Errorf("fleet snapshot: horizon %q: %w", horizon, err)
+	}
+	now := time.Now() // the snapshot's age, not the fleet's clock
+	full := snap.xmin == 0 || xmin < snap.xmin || now.Sub(snap.fullAt) >= snapFullEvery || snap.dead > len(snap.rows)/4
+	var gone [][]byte
+	if !full {
+		rows, err := tx.Query(ctx, `SELECT handle FROM server_tombstones WHERE xid >= $1::text::xid8`, strconv.FormatUint(snap.xmin, 10))
+		if err != nil {
+			return fmt.Errorf("fleet snapshot: tombstones: %w", err)
+		}
+		for rows.Next() {
+			v := rows.RawValues()
+			if len(v) != 1 || v[0] == nil {
+				full = true // truncated
+				break
+			}
+			gone = append(gone, bytes.Clone(v[0]))
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("fleet snapshot: tombstones: %w", err)
+		}
+	}
+	query := `SELECT handle, source, COALESCE(source_hash, ''), status FROM servers`
+	var args []any
+	if full {
+		clear(snap.index)
+		snap.rows, snap.text, snap.ends, snap.dead = snap.rows[:0], snap.text[:0], snap.ends[:0], 0
+	} else {
+		for _, h := range gone {
+			k := snap.keyBytes(h)
+			if i, ok := snap.index[k]; ok {
+				delete(snap.index, k)
+				snap.rows[i].dead = true
+				snap.dead++
+			}
+		}
+		query += ` WHERE change_xid >= $1::text::xid8`
+		args = append(args, strconv.FormatUint(snap.xmin, 10))
+	}
 	// Every column is text, whose binary and text forms are the same bytes:
 	// the raw values are read without an allocation a row.
-	rows, err := s.db.Query(ctx, `SELECT handle, source, COALESCE(source_hash, ''), status FROM servers`)
+	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("fleet snapshot: %w", err)
 	}
@@ -172,15 +290,79 @@ func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
 			_, err := hex.Decode(r.fp[:], v[2])
 			r.hasFP = err == nil
 		}
+		k := snap.keyBytes(v[0])
+		if i, ok := snap.index[k]; ok && !full {
+			snap.rows[i] = r
+			continue
+		}
 		snap.text = append(snap.text, v[0]...)
 		snap.ends = append(snap.ends, uint32(len(snap.text)))
-		snap.index[snapKey{maphash.Bytes(snap.seeds[0], v[0]), maphash.Bytes(snap.seeds[1], v[0])}] = int32(len(snap.rows))
+		snap.index[k] = int32(len(snap.rows))
 		snap.rows = append(snap.rows, r)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("fleet snapshot: %w", err)
 	}
+	rows.Close()
+	if !full && snap.misses > len(snap.rows)/8 {
+		snap.reorder()
+	}
+	if !full {
+		for i := range snap.rows {
+			snap.rows[i].seen, snap.rows[i].claim = false, 0
+		}
+	}
+	snap.listed, snap.misses = snap.listed[:0], 0
+	// The claims of new servers are few from one tick to the next, except
+	// on a first listing: a new map does not keep that one's size.
+	snap.claims = map[snapKey]int16{}
+	snap.xmin = xmin
+	if full {
+		snap.fullAt = now
+		// Tombstones no snapshot needs any more (each reads all again
+		// within snapFullEvery).
+		if _, err := s.db.Exec(ctx, `DELETE FROM server_tombstones WHERE deleted_at < now() - $1::interval`,
+			tombstoneKeep.String()); err != nil {
+			return fmt.Errorf("fleet snapshot: prune tombstones: %w", err)
+		}
+	}
 	return nil
+}
+
+// reorder puts the rows in the order the last tick's listings claimed
+// them, the rows no listing claimed after them in their order, and drops
+// the dead ones: the next listings in the same order find each row right
+// after the one before (Preparer). It costs about what a load of every row
+// costs, once, when a tick found many rows out of order (the table's
+// order after a first load, which updates change, or a source that
+// reordered its listing).
+func (s *Snapshot) reorder() {
+	n := len(s.rows)
+	placed := make([]bool, n)
+	order := make([]int32, 0, n-s.dead)
+	for _, i := range s.listed {
+		if int(i) < n && !placed[i] && !s.rows[i].dead {
+			placed[i] = true
+			order = append(order, i)
+		}
+	}
+	for i := range s.rows {
+		if !placed[i] && !s.rows[i].dead {
+			order = append(order, int32(i))
+		}
+	}
+	rows := make([]snapRow, 0, len(order))
+	text := make([]byte, 0, len(s.text))
+	ends := make([]uint32, 0, len(order))
+	clear(s.index)
+	for _, i := range order {
+		h := s.handleBytes(i)
+		text = append(text, h...)
+		ends = append(ends, uint32(len(text)))
+		s.index[s.keyBytes(h)] = int32(len(rows))
+		rows = append(rows, s.rows[i])
+	}
+	s.rows, s.text, s.ends, s.dead = rows, text, ends, 0
 }
 
 // syncBatch is how many servers a SourceSync writes in one statement.
@@ -334,7 +516,7 @@ func (ss *SourceSync) Finish(ctx context.Context) (SyncStats, error) {
 	if ss.src >= 0 {
 		for i := range ss.snap.rows {
 			r := &ss.snap.rows[i]
-			if int(r.src) != ss.src || r.orphaned {
+			if int(r.src) != ss.src || r.orphaned || r.dead {
 				continue
 			}
 			live++

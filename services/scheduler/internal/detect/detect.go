@@ -183,7 +183,7 @@ func (r Report) Err() error {
 // Sync lists every source in precedence order and applies each listing as
 // it streams in (fleet.SourceSync): a server is compared with the fleet as
 // the tick began and written only when it changed, so a tick costs about a
-// map lookup per unchanged server and memory does not hold any listing.
+// lookup per unchanged server and memory does not hold any listing.
 // Each source's changes commit together at the end of the tick, after every
 // source has listed (a server another source lists is not orphaned), or not
 // at all: a failing source changes nothing. It returns a report per source;
@@ -203,7 +203,7 @@ func (m *Manager) Sync(ctx context.Context) (Report, error) {
 	m.claims.reset()
 	for h, a := range manual {
 		m.snap.ClaimHandle(h, ownerManual)
-		m.claims.address(a.address, a.port)
+		m.claims.claimAddress(a.address, a.port)
 	}
 	known := m.snap.Sources()
 	reports := make([]SourceReport, len(m.detectors))
@@ -306,8 +306,9 @@ func (m *Manager) list(ctx context.Context, i int, r *SourceReport, ss *fleet.So
 			}
 			return nil
 		}
+		pr := m.snap.Preparer()
 		srcErr = m.detectors[i].Detect(dctx, func(s fleet.Detected) error {
-			page = append(page, m.prepare(s))
+			page = append(page, m.prepare(pr, s))
 			if len(page) < pageSize {
 				return nil
 			}
@@ -348,8 +349,8 @@ func (m *Manager) list(ctx context.Context, i int, r *SourceReport, ss *fleet.So
 }
 
 // prepare checks one listed server: its fields, its address.
-func (m *Manager) prepare(s fleet.Detected) listed {
-	p, err := m.snap.Prepare(s)
+func (m *Manager) prepare(pr *fleet.Preparer, s fleet.Detected) listed {
+	p, err := pr.Prepare(s)
 	if err != nil {
 		return listed{invalid: err}
 	}
@@ -386,14 +387,13 @@ func (m *Manager) admit(ctx context.Context, i int, r *SourceReport, ss *fleet.S
 		}
 		return nil
 	}
-	if m.claims.addressTaken(s.Address, s.SSHPort) {
+	if m.claims.claimAddress(s.Address, s.SSHPort) {
 		r.Duplicates++
 		m.opts.Logger.Debug().Str("source", name).Str("server", s.Handle).Str("address", s.Address).Int("port", s.SSHPort).
 			Msg("duplicate: another server has this address and port")
 		return nil
 	}
 	m.snap.Claim(&l.p, i)
-	m.claims.address(s.Address, s.SSHPort)
 	return ss.Add(ctx, &l.p)
 }
 

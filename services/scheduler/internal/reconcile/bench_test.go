@@ -198,6 +198,13 @@ func benchTick(b *testing.B, n int) tickFigures {
 	var took, syncT, dueT, queueT, dbT []time.Duration
 	queued := 0
 	const ticks = 5
+	if path := os.Getenv("BENCH_TICK_CPU_PROFILE"); path != "" {
+		// The ticks only, not the first listing.
+		if f, err := os.Create(fmt.Sprintf("%s.%d", path, n)); err == nil && pprof.StartCPUProfile(f) == nil {
+			defer f.Close()
+			defer pprof.StopCPUProfile()
+		}
+	}
 	b.ResetTimer()
 	for i := range ticks {
 		b.StopTimer()
