@@ -368,16 +368,22 @@ func TestTakenLeaseLosesLocks(t *testing.T) {
 func TestLeaseFromBeforeARestartStandsUntilItExpires(t *testing.T) {
 	pool := testenv.Pool(t)
 	ctx := context.Background()
+	// expires is the target's old lease's end (the job's, written a moment
+	// later on a loaded machine, may end after the target is taken).
 	var expires time.Time
-	for _, k := range []struct {
+	for i, k := range []struct {
 		key int64
 		job string
 	}{{store.TargetLockKey("web-9"), "job-old"}, {store.JobLockKey("job-9"), "job-9"}} {
+		var end time.Time
 		if err := pool.QueryRow(ctx, `
 			INSERT INTO run_leases (key, holder, job, epoch, expires_at)
 			VALUES ($1, 'before-the-restart', $2, '2000-01-01', now() + interval '3 seconds')
-			RETURNING expires_at`, k.key, k.job).Scan(&expires); err != nil {
+			RETURNING expires_at`, k.key, k.job).Scan(&end); err != nil {
 			t.Fatal(err)
+		}
+		if i == 0 {
+			expires = end
 		}
 	}
 	if _, err := store.AcquireRunLocks(ctx, pool, "job-1", "web-9", store.LockOptions{NoWait: true}); !errors.Is(err, store.ErrTargetBusy) {
