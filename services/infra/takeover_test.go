@@ -289,11 +289,14 @@ func TestFreedServerGoesToTheFirstInLine(t *testing.T) {
 	e := newE2E(t, sshd)
 	e.addServer("web-1", sshd)
 	e.control("web-1", map[string]any{"sleep": 6})
-	// A recheck of at most a quarter of the lease can be handed over. It
-	// is long beside job-1's run (a 6 s play), so that job-2 does not come
-	// back by itself first on a loaded machine: then the server would be
-	// taken without a hand-off, which is what this test must see.
-	p := e.infra("STREAM_CONCURRENCY=2", "STREAM_LEASE=240s", "SERVER_BUSY_RECHECK=60s")
+	// A recheck of at most a quarter of the lease can be handed over, and
+	// it must come well within store.WaitStale (15 s; a waiter not seen for
+	// that long has left its line, and is handed nothing): at 15 s, a play
+	// that ended just after it left job-2 stale until its recheck was
+	// claimed again; at 60 s, a 21 s play on a loaded machine did. Every
+	// 5 s, job-2 is fresh whenever job-1 ends, and its recheck (a few ms
+	// of each 5 s) seldom runs at that very moment.
+	p := e.infra("STREAM_CONCURRENCY=2", "STREAM_LEASE=60s", "SERVER_BUSY_RECHECK=5s")
 	e.provision("job-1", "web-1")
 	waitLogged(t, p, time.Minute, "job-1", "starting playbook")
 	entry := e.provision("job-2", "web-1")
