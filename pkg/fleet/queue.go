@@ -123,15 +123,20 @@ func (s *Store) Queue(ctx context.Context, jobs []Job, actor string) ([]string, 
 	now := s.now()
 	var queued []string
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		// The jobs are joined once, to the rows they lock: the plan Postgres
+		// keeps for a statement run many times (a generic plan, from the
+		// sixth run on) scanned a second join of them once a row, which
+		// took 22 s a tick for 10,000 jobs.
 		rows, err := tx.Query(ctx, `
 			WITH j AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS j(handle, version, job_id, action)),
-			old AS (SELECT s.handle, s.status FROM servers s JOIN j USING (handle) WHERE s.version = j.version ORDER BY s.handle FOR UPDATE OF s)
-			UPDATE servers s SET status = 'QUEUED', pending_job_id = j.job_id, pending_action = j.action,
+			old AS (SELECT s.handle, s.status, j.version, j.job_id, j.action FROM servers s JOIN j USING (handle)
+				WHERE s.version = j.version ORDER BY s.handle FOR UPDATE OF s)
+			UPDATE servers s SET status = 'QUEUED', pending_job_id = old.job_id, pending_action = old.action,
 				queued_at = $5, requested_action = NULL, requested_by = NULL, requested_at = NULL,
 				retries_exhausted = false,
-				last_recovery_at = CASE WHEN j.action = 'recovery' THEN $5 ELSE s.last_recovery_at END
-			FROM j, old
-			WHERE s.handle = j.handle AND old.handle = j.handle AND s.version = j.version
+				last_recovery_at = CASE WHEN old.action = 'recovery' THEN $5 ELSE s.last_recovery_at END
+			FROM old
+			WHERE s.handle = old.handle AND s.version = old.version
 			  AND s.pending_job_id IS NULL AND s.status <> 'ORPHANED'
 			RETURNING s.handle, old.status`, handles, versions, jobIDs, actions, now)
 		if err != nil {
