@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,16 +51,28 @@ type Snapshot struct {
 // triggers cannot see (a restore of the table, say) costs.
 const snapFullEvery = 10 * time.Minute
 
-// tombstoneKeep is how long a deleted server's tombstone is kept: longer
-// than snapFullEvery, so that a snapshot read only changes since never
-// misses one.
-const tombstoneKeep = time.Hour
+// snapManyChanges is the least number of changes since the last load
+// that, when they are also over a quarter of the rows, make a load read
+// every row instead.
+const snapManyChanges = 10_000
+
+// changeKeep is how long the log of changes (server_changes) keeps a
+// change: longer than snapFullEvery, so that a snapshot that reads only
+// changes since its last load never misses one.
+const changeKeep = time.Hour
 
 // snapKey identifies a handle by two independent 64-bit hashes: two
 // handles share a key with a probability of about 2^-128 a pair.
 type snapKey [2]uint64
 
 type snapRow struct {
+	// ver is the source's version of the server (Prepared.Version) when
+	// a sync of this process last found it unchanged, 0 for none; read
+	// by a Preparer while the sync writes it, so through sync/atomic.
+	ver uint64
+	// endpoint is the caller's key of the server's endpoint then
+	// (Prepared.Endpoint).
+	endpoint [2]uint64
 	fp       [16]byte
 	src      uint16
 	hasFP    bool
@@ -123,9 +136,18 @@ func (s *Snapshot) Keep(handle string) {
 // found in the snapshot: what Claim and SourceSync.Add need.
 type Prepared struct {
 	Server Detected
-	fp     [16]byte
-	key    snapKey
-	row    int32 // -1: not in the snapshot
+	// Version is what the source says is the version of its listing of
+	// the server (0: it says none), Endpoint a key of the server's address
+	// and port of the caller's choosing: a server added unchanged with a
+	// version is known by them in the ticks after (Preparer.Known), so
+	// that its source need not build it nor the caller check it again.
+	Version  uint64
+	Endpoint [2]uint64
+	// known: found by Preparer.Known; Server holds only the handle.
+	known bool
+	fp    [16]byte
+	key   snapKey
+	row   int32 // -1: not in the snapshot
 	// next: found at the row after the one the Preparer found before.
 	next bool
 }
@@ -135,7 +157,7 @@ type Prepared struct {
 // one claiming and adding (a source's reader, say). A Preparer does the
 // same faster for a listing in the order of the snapshot's rows.
 func (s *Snapshot) Prepare(d Detected) (Prepared, error) {
-	return (&Preparer{snap: s, next: -1}).Prepare(d)
+	return (&Preparer{snap: s, next: -1, src: -1}).Prepare(d)
 }
 
 // A Preparer prepares one listing's servers over a snapshot. Sources list
@@ -148,10 +170,59 @@ func (s *Snapshot) Prepare(d Detected) (Prepared, error) {
 type Preparer struct {
 	snap *Snapshot
 	next int32 // the row to try first; -1: none
+	src  int   // the listing's source in the snapshot, -1 when it has no servers there
 }
 
-// Preparer returns a Preparer over s, for one listing.
-func (s *Snapshot) Preparer() *Preparer { return &Preparer{snap: s} }
+// Preparer returns a Preparer over s, for one listing of the source.
+func (s *Snapshot) Preparer(source string) *Preparer {
+	pr := &Preparer{snap: s, src: -1}
+	if i, ok := s.srcIdx[source]; ok {
+		pr.src = int(i)
+	}
+	return pr
+}
+
+// find returns the row of handle, or -1.
+func (pr *Preparer) find(handle string) (row int32, next bool, key snapKey) {
+	s := pr.snap
+	if i := pr.next; i >= 0 && int(i) < len(s.rows) && !s.rows[i].dead && string(s.handleBytes(i)) == handle {
+		// (The key is for claims of handles the snapshot does not hold.)
+		pr.next = i + 1
+		return i, true, key
+	}
+	key = s.key(handle)
+	if i, ok := s.index[key]; ok {
+		pr.next = i + 1
+		return i, false, key
+	}
+	return -1, false, key
+}
+
+// Known reports whether the listing's source said version of handle in
+// an earlier tick of this process, and a sync found the server unchanged
+// then, and nothing changed it in the fleet since (a load of the snapshot
+// that reads its row again forgets the version). Then p stands for the
+// server as listed then: its source need not build it, and Claim and
+// SourceSync.Add take it as unchanged. Version 0 is never known.
+func (pr *Preparer) Known(handle string, version uint64) (p Prepared, known bool) {
+	if version == 0 || pr.src < 0 {
+		return Prepared{}, false
+	}
+	row, next, _ := pr.find(handle)
+	if row < 0 {
+		return Prepared{}, false
+	}
+	r := &pr.snap.rows[row]
+	if atomic.LoadUint64(&r.ver) != version || int(r.src) != pr.src || r.orphaned {
+		return Prepared{}, false
+	}
+	return Prepared{Server: Detected{Handle: handle}, Version: version, Endpoint: r.endpoint, known: true,
+		fp: r.fp, row: row, next: next}, true
+}
+
+// Known reports whether p was found by Preparer.Known (only its handle
+// is set).
+func (p *Prepared) Known() bool { return p.known }
 
 // Prepare is Snapshot.Prepare.
 func (pr *Preparer) Prepare(d Detected) (Prepared, error) {
@@ -159,17 +230,8 @@ func (pr *Preparer) Prepare(d Detected) (Prepared, error) {
 	if err := d.Validate(); err != nil {
 		return Prepared{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	s := pr.snap
-	p := Prepared{Server: d, fp: d.fingerprint(), row: -1}
-	if i := pr.next; i >= 0 && int(i) < len(s.rows) && !s.rows[i].dead && string(s.handleBytes(i)) == d.Handle {
-		// (The key is for claims of handles the snapshot does not hold.)
-		p.row, pr.next, p.next = i, i+1, true
-		return p, nil
-	}
-	p.key = s.key(d.Handle)
-	if i, ok := s.index[p.key]; ok {
-		p.row, pr.next = i, i+1
-	}
+	p := Prepared{Server: d, fp: d.fingerprint()}
+	p.row, p.next, p.key = pr.find(d.Handle)
 	return p, nil
 }
 
@@ -203,6 +265,11 @@ func (s *Snapshot) Claim(p *Prepared, owner int) {
 	}
 }
 
+// EndTick lets go of what only the tick needed: the claims of handles the
+// snapshot does not hold (on a first listing, the whole fleet's), which
+// would otherwise stay until the next load.
+func (s *Snapshot) EndTick() { s.claims = map[snapKey]int16{} }
+
 // ClaimHandle is Claim by handle (manual servers, which no source lists).
 func (s *Snapshot) ClaimHandle(handle string, owner int) {
 	p := Prepared{key: s.key(handle), row: -1, next: true} // (not a listing's order)
@@ -213,9 +280,8 @@ func (s *Snapshot) ClaimHandle(handle string, owner int) {
 }
 
 // LoadSnapshot brings snap up to the fleet as it is now. A snapshot loaded
-// before reads only what changed since (servers.change_xid and the
-// tombstones of deleted servers, both set by triggers, from the last
-// load's horizon on, so that transactions still in flight then are read
+// before reads only what changed since (the handles that statement
+// triggers log in server_changes, from the last load's horizon on, so that transactions still in flight then are read
 // once they committed, in whatever order); every snapFullEvery, after a
 // truncation, when a quarter of its rows are dead or when the transaction
 // ids went back (another cluster), it reads every row again. The claims and
@@ -236,24 +302,18 @@ func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
 	}
 	now := time.Now() // the snapshot's age, not the fleet's clock
 	full := snap.xmin == 0 || xmin < snap.xmin || now.Sub(snap.fullAt) >= snapFullEvery || snap.dead > len(snap.rows)/4
-	var gone [][]byte
 	if !full {
-		rows, err := tx.Query(ctx, `SELECT handle FROM server_tombstones WHERE xid >= $1::text::xid8`, strconv.FormatUint(snap.xmin, 10))
-		if err != nil {
-			return fmt.Errorf("fleet snapshot: tombstones: %w", err)
+		// A NULL handle in the log is a truncation: read everything. So
+		// are many changes (a first listing): one read of the table in
+		// its order costs less than as many lookups, and keeps the rows
+		// in the order they were listed (Preparer).
+		var changes int
+		var truncated bool
+		if err := tx.QueryRow(ctx, `SELECT count(*), COALESCE(bool_or(handle IS NULL), false) FROM server_changes WHERE xid >= $1::text::xid8`,
+			strconv.FormatUint(snap.xmin, 10)).Scan(&changes, &truncated); err != nil {
+			return fmt.Errorf("fleet snapshot: changes: %w", err)
 		}
-		for rows.Next() {
-			v := rows.RawValues()
-			if len(v) != 1 || v[0] == nil {
-				full = true // truncated
-				break
-			}
-			gone = append(gone, bytes.Clone(v[0]))
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("fleet snapshot: tombstones: %w", err)
-		}
+		full = truncated || changes > max(snapManyChanges, len(snap.rows)/4)
 	}
 	query := `SELECT handle, source, COALESCE(source_hash, ''), status FROM servers`
 	var args []any
@@ -261,15 +321,11 @@ func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
 		clear(snap.index)
 		snap.rows, snap.text, snap.ends, snap.dead = snap.rows[:0], snap.text[:0], snap.ends[:0], 0
 	} else {
-		for _, h := range gone {
-			k := snap.keyBytes(h)
-			if i, ok := snap.index[k]; ok {
-				delete(snap.index, k)
-				snap.rows[i].dead = true
-				snap.dead++
-			}
-		}
-		query += ` WHERE change_xid >= $1::text::xid8`
+		// The handles logged from the horizon on, each looked up: one
+		// servers no longer holds was deleted or renamed away (no source).
+		query = `SELECT c.handle, s.source, COALESCE(s.source_hash, ''), s.status
+			FROM (SELECT DISTINCT handle FROM server_changes WHERE xid >= $1::text::xid8 AND handle IS NOT NULL) c
+			LEFT JOIN servers s ON s.handle = c.handle`
 		args = append(args, strconv.FormatUint(snap.xmin, 10))
 	}
 	// Every column is text, whose binary and text forms are the same bytes:
@@ -285,12 +341,20 @@ func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
 		if len(v) != 4 {
 			return fmt.Errorf("fleet snapshot: %d columns", len(v))
 		}
+		k := snap.keyBytes(v[0])
+		if v[1] == nil { // (changes only) deleted, or renamed away
+			if i, ok := snap.index[k]; ok {
+				delete(snap.index, k)
+				snap.rows[i].dead = true
+				snap.dead++
+			}
+			continue
+		}
 		r := snapRow{src: snap.source(v[1]), orphaned: bytes.Equal(v[3], orphaned)}
 		if len(v[2]) == 2*len(r.fp) {
 			_, err := hex.Decode(r.fp[:], v[2])
 			r.hasFP = err == nil
 		}
-		k := snap.keyBytes(v[0])
 		if i, ok := snap.index[k]; ok && !full {
 			snap.rows[i] = r
 			continue
@@ -319,11 +383,11 @@ func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
 	snap.xmin = xmin
 	if full {
 		snap.fullAt = now
-		// Tombstones no snapshot needs any more (each reads all again
-		// within snapFullEvery).
-		if _, err := s.db.Exec(ctx, `DELETE FROM server_tombstones WHERE deleted_at < now() - $1::interval`,
-			tombstoneKeep.String()); err != nil {
-			return fmt.Errorf("fleet snapshot: prune tombstones: %w", err)
+		// Changes no snapshot needs any more (each reads all again within
+		// snapFullEvery).
+		if _, err := s.db.Exec(ctx, `DELETE FROM server_changes WHERE at < now() - $1::interval`,
+			changeKeep.String()); err != nil {
+			return fmt.Errorf("fleet snapshot: prune changes: %w", err)
 		}
 	}
 	return nil
@@ -436,6 +500,13 @@ func (ss *SourceSync) Add(ctx context.Context, p *Prepared) error {
 			ss.changed = append(ss.changed, *p)
 		} else {
 			ss.st.Unchanged++
+			if p.Version != 0 && atomic.LoadUint64(&r.ver) != p.Version {
+				// As the fleet holds it, whether or not the sync commits:
+				// known from the next tick on (Preparer.Known, which reads
+				// the endpoint only once it saw this version stored).
+				r.endpoint = p.Endpoint
+				atomic.StoreUint64(&r.ver, p.Version)
+			}
 		}
 		if r.orphaned {
 			ss.returned = append(ss.returned, d.Handle)

@@ -77,20 +77,20 @@ func TestSnapshotFollowsChanges(t *testing.T) {
 	check("first load")
 	fullAt := kept.fullAt
 
-	// Only a status changed: nothing to read, the row keeps its change
-	// xid (and its update can be HOT).
-	changeXID := func(h string) string {
+	// Only a status changed: nothing logged, nothing to read (and the
+	// update can be HOT: no index of servers tracks changes).
+	changes := func(h string) int {
 		t.Helper()
-		var xid string
-		if err := db.QueryRow(ctx, `SELECT change_xid::text FROM servers WHERE handle = $1`, h).Scan(&xid); err != nil {
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM server_changes WHERE handle = $1`, h).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		return xid
+		return n
 	}
-	xid := changeXID("a-1")
+	logged := changes("a-1")
 	exec(`UPDATE servers SET status = 'READY' WHERE handle = 'a-1'`)
-	if got := changeXID("a-1"); got != xid {
-		t.Errorf("a status change moved a-1's change xid from %s to %s", xid, got)
+	if got := changes("a-1"); got != logged {
+		t.Errorf("a status change logged %d changes of a-1, want none", got-logged)
 	}
 	if n := check("a status change"); n != 0 {
 		t.Errorf("the kept snapshot appended %d rows, want none", n)
@@ -104,11 +104,11 @@ func TestSnapshotFollowsChanges(t *testing.T) {
 	if kept.fullAt != fullAt {
 		t.Fatal("the kept snapshot read every row again")
 	}
-	if got := changeXID("a-2"); got != xid {
-		t.Errorf("a-2, listed unchanged, has the change xid %s, want %s (its creation's)", got, xid)
+	if got := changes("a-2"); got != 1 {
+		t.Errorf("a-2, listed unchanged, has %d logged changes, want 1 (its creation)", got)
 	}
-	if got := changeXID("a-1"); got == xid {
-		t.Errorf("a-1, changed at its source, kept the change xid %s", got)
+	if got := changes("a-1"); got != logged+1 {
+		t.Errorf("a-1, changed at its source, has %d logged changes, want %d", got, logged+1)
 	}
 
 	// Deleted, renamed, and deleted then created again.
@@ -142,12 +142,12 @@ func TestSnapshotFollowsChanges(t *testing.T) {
 	if kept.fullAt == fullAt {
 		t.Error("after a truncation the kept snapshot did not read every row again")
 	}
-	var tombstones int
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM server_tombstones`).Scan(&tombstones); err != nil {
+	var truncations int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM server_changes WHERE handle IS NULL`).Scan(&truncations); err != nil {
 		t.Fatal(err)
 	}
-	if tombstones == 0 {
-		t.Error("no tombstones kept: the deletes and the truncation left none")
+	if truncations != 1 {
+		t.Errorf("the change log holds %d truncations, want 1", truncations)
 	}
 }
 
@@ -165,7 +165,7 @@ func TestPreparerFindsRows(t *testing.T) {
 	}
 	snap.rows[3].dead = true
 	delete(snap.index, snap.key("h-3"))
-	pr := snap.Preparer()
+	pr := snap.Preparer("")
 	for _, tc := range []struct {
 		handle string
 		row    int32
@@ -209,7 +209,7 @@ func TestSnapshotTakesTheListingsOrder(t *testing.T) {
 		if err := s.LoadSnapshot(ctx, snap); err != nil {
 			t.Fatal(err)
 		}
-		pr := snap.Preparer()
+		pr := snap.Preparer("")
 		for i := len(servers) - 1; i >= 0; i-- {
 			p, err := pr.Prepare(servers[i])
 			if err != nil || p.row < 0 {

@@ -32,10 +32,14 @@ func (c *claims) addressKey(a string, port int) [2]uint64 {
 }
 
 // claimAddress claims the address and port unless they were claimed
-// before, and reports whether they were: one map assignment, not a lookup
-// and an assignment (at a million servers, each is a cache miss).
-func (c *claims) claimAddress(a string, port int) (taken bool) {
+// before, and reports whether they were.
+func (c *claims) claimAddress(a string, port int) (taken bool) { return c.claim(c.addressKey(a, port)) }
+
+// claim claims an endpoint by its key (addressKey): one map assignment,
+// not a lookup and an assignment (at a million servers, each is a cache
+// miss).
+func (c *claims) claim(k [2]uint64) (taken bool) {
 	n := len(c.addresses)
-	c.addresses[c.addressKey(a, port)] = struct{}{}
+	c.addresses[k] = struct{}{}
 	return len(c.addresses) == n
 }

@@ -60,6 +60,25 @@ type Detector interface {
 	Detect(ctx context.Context, yield func(fleet.Detected) error) error
 }
 
+// A ChangeDetector is a Detector that can tell what changed: each of its
+// servers has a version, a number (never 0) that changes whenever what the
+// source says of the server does (a generation, a provider's change
+// marker, a hash of the raw record). The Manager asks known(handle,
+// version) first: when it answers true, it holds the server as listed at
+// that version in an earlier tick, with nothing changed in the fleet
+// since, and the detector goes on to the next server without building this
+// one; otherwise the detector hands the server over with yield. Such a
+// tick costs per unchanged server a handle and a number, not a check,
+// a fingerprint and a merge. Servers listed unchanged in this way are not
+// checked against the address guard again: every server is, after a
+// restart and at each full read of the fleet (fleet.Snapshot, at least
+// every 10 minutes), and whenever its version changes.
+type ChangeDetector interface {
+	Detector
+	DetectChanges(ctx context.Context, known func(handle string, version uint64) bool,
+		yield func(s fleet.Detected, version uint64) error) error
+}
+
 // Options configure a Manager.
 type Options struct {
 	// Timeout bounds one detector's Detect (default 2m).
@@ -205,6 +224,7 @@ func (m *Manager) Sync(ctx context.Context) (Report, error) {
 		m.snap.ClaimHandle(h, ownerManual)
 		m.claims.claimAddress(a.address, a.port)
 	}
+	defer m.snap.EndTick()
 	known := m.snap.Sources()
 	reports := make([]SourceReport, len(m.detectors))
 	syncs := make([]*fleet.SourceSync, len(m.detectors))
@@ -306,14 +326,28 @@ func (m *Manager) list(ctx context.Context, i int, r *SourceReport, ss *fleet.So
 			}
 			return nil
 		}
-		pr := m.snap.Preparer()
-		srcErr = m.detectors[i].Detect(dctx, func(s fleet.Detected) error {
-			page = append(page, m.prepare(pr, s))
+		pr := m.snap.Preparer(m.detectors[i].Name())
+		emit := func(l listed) error {
+			page = append(page, l)
 			if len(page) < pageSize {
 				return nil
 			}
 			return send()
-		})
+		}
+		if cd, ok := m.detectors[i].(ChangeDetector); ok {
+			srcErr = cd.DetectChanges(dctx, func(handle string, version uint64) bool {
+				p, known := pr.Known(handle, version)
+				// A page that cannot be sent (the listing ends) is
+				// left to the next yield to report.
+				return known && emit(listed{p: p}) == nil
+			}, func(s fleet.Detected, version uint64) error {
+				l := m.prepare(pr, s)
+				l.p.Version = version
+				return emit(l)
+			})
+		} else {
+			srcErr = m.detectors[i].Detect(dctx, func(s fleet.Detected) error { return emit(m.prepare(pr, s)) })
+		}
 		if srcErr == nil && len(page) > 0 {
 			srcErr = send()
 		}
@@ -375,7 +409,10 @@ func (m *Manager) admit(ctx context.Context, i int, r *SourceReport, ss *fleet.S
 			Str("class", rf.Class).Str("reason", rf.Reason).Msg("server refused: its address may not be a target; the rest of the source goes on")
 		return nil
 	}
-	s := &l.p.Server // normalized: the port is set
+	s := &l.p.Server // normalized: the port is set (only the handle, when known)
+	if !l.p.Known() {
+		l.p.Endpoint = m.claims.addressKey(s.Address, s.SSHPort)
+	}
 	if owner, claimed := m.snap.ClaimedBy(&l.p); claimed {
 		if owner != i {
 			r.Duplicates++
@@ -387,7 +424,7 @@ func (m *Manager) admit(ctx context.Context, i int, r *SourceReport, ss *fleet.S
 		}
 		return nil
 	}
-	if m.claims.claimAddress(s.Address, s.SSHPort) {
+	if m.claims.claim(l.p.Endpoint) {
 		r.Duplicates++
 		m.opts.Logger.Debug().Str("source", name).Str("server", s.Handle).Str("address", s.Address).Int("port", s.SSHPort).
 			Msg("duplicate: another server has this address and port")
