@@ -356,6 +356,12 @@ func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
 			r.hasFP = err == nil
 		}
 		if i, ok := snap.index[k]; ok && !full {
+			// A change read again (the horizon held back by a transaction
+			// anywhere in the cluster) or undone finds the row as the
+			// snapshot has it: what its source's version said still holds.
+			if o := &snap.rows[i]; o.src == r.src && o.fp == r.fp && o.hasFP == r.hasFP && o.orphaned == r.orphaned {
+				r.ver, r.endpoint = atomic.LoadUint64(&o.ver), o.endpoint
+			}
 			snap.rows[i] = r
 			continue
 		}
