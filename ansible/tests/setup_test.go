@@ -40,11 +40,24 @@ func readHostState(t *testing.T) hostState {
 		t.Fatalf("nft list tables on the test machine: %v: %s", err, out)
 	}
 	return hostState{
-		nftTables:  string(out),
+		nftTables:  inetTables(string(out)),
 		swappiness: readFile(t, "/proc/sys/vm/swappiness"),
 		swaps:      readFile(t, "/proc/swaps"),
 		somaxconn:  readFile(t, "/proc/sys/net/core/somaxconn"),
 	}
+}
+
+// inetTables keeps, of nft's list of tables, those of the inet family,
+// the one the firewall role writes: other processes of the test machine
+// (podman's networks, in iptables' ip tables) may add theirs meanwhile.
+func inetTables(list string) string {
+	var keep []string
+	for _, line := range strings.Split(list, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "table inet ") {
+			keep = append(keep, strings.TrimSpace(line))
+		}
+	}
+	return strings.Join(keep, "\n")
 }
 
 // TestSetupServer provisions a fresh Debian target with setup_server.yml,
