@@ -104,7 +104,7 @@ func (c *Consumer) dispatchClaimed(ctx context.Context, st *streamState, msgs []
 			runCounts = append(runCounts, n)
 		}
 	}
-	c.dispatch(st, run, runCounts, sent, c.cfg.MaxDeliveries, time.Time{})
+	c.dispatch(st, run, runCounts, sent, c.cfg.MaxDeliveries, sent)
 }
 
 // deliveryCounts returns the delivery count of each entry pending for this

@@ -66,7 +66,7 @@ type delivery struct {
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	overLimit bool      // claimed past the delivery limit: dead-letter without running
-	ready     time.Time // read (not claimed): when the reader took its slot (Message.Pickup)
+	ready     time.Time // when the consumer took its slot (Message.Pickup)
 	handOff   *handOffs // where the handler hands its slot (HandOff)
 
 	// Guarded by Consumer.mu.

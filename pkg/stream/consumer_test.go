@@ -102,10 +102,11 @@ func TestKilledConsumerEntryIsReclaimed(t *testing.T) {
 	}
 	killedAt := time.Now()
 
-	var deliveries atomic.Int64
+	var deliveries, pickup atomic.Int64
 	rec := newRecorder(1)
 	rec.fn = func(_ context.Context, msg *stream.Message) error {
 		deliveries.Store(msg.Deliveries)
+		pickup.Store(int64(msg.Pickup))
 		return nil
 	}
 	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: lease}, rec))
@@ -117,6 +118,11 @@ func TestKilledConsumerEntryIsReclaimed(t *testing.T) {
 	t.Logf("redelivered %v after kill -9 (lease %v)", time.Since(killedAt).Round(time.Millisecond), lease)
 	if d := deliveries.Load(); d != 2 {
 		t.Fatalf("deliveries = %d, want 2", d)
+	}
+	// A claimed entry's pickup counts from its claim round, not from its
+	// arrival or its first consumer's death.
+	if p := time.Duration(pickup.Load()); p <= 0 || p >= lease {
+		t.Errorf("the claimed entry's Pickup = %v, want in (0, %v): from its claim to its start", p, lease)
 	}
 	testenv.WaitFor(t, 5*time.Second, "ack", func() bool { return pendingCount(t, rdb, s, g) == 0 })
 }

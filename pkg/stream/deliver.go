@@ -202,8 +202,8 @@ func (c *Consumer) readError(ctx context.Context, sts []*streamState, op string,
 // The caller holds one slot per entry, which the worker releases. counts
 // gives the entries' delivery counts (nil: first delivery); entries whose
 // count exceeds limit (when limit > 0) are dead-lettered without running.
-// ready is when the reader took the slots of entries it read (zero for
-// claimed ones): see Message.Pickup.
+// ready is when the consumer took the entries' slots (its reader, a claim
+// round, a hand-off): see Message.Pickup.
 func (c *Consumer) dispatch(st *streamState, msgs []redis.XMessage, counts []int64, renewSent time.Time, limit int64, ready time.Time) {
 	if len(msgs) == 0 {
 		return

@@ -101,7 +101,9 @@ func (c *Consumer) handOff(entries []Entry) bool {
 		c.log.Info().Str("stream", st.name).Str("msg_id", e.ID).Int64("deliveries", n).
 			Msg("handed the slot to an entry that waited for what its run freed")
 		c.emit(EventHandedOff, st.name, e.ID)
-		c.dispatch(st, msgs[:1], []int64{n}, sent, c.cfg.MaxDeliveries, time.Time{})
+		// Its pickup counts from the claim, right after the slot's last
+		// handler returned: the time from one run's end to the next start.
+		c.dispatch(st, msgs[:1], []int64{n}, sent, c.cfg.MaxDeliveries, sent)
 		return true
 	}
 	return false

@@ -15,6 +15,8 @@ import (
 // it (stream.HandOff): the waiting entry runs again as soon as the handler
 // returned, long before its Later delay is over, without a delivery
 // counted, and on the one slot there is. An entry that runs is not taken.
+// Its Message.Pickup is the time from the holder's return to its start,
+// not the time it waited released.
 func TestHandOffRunsTheWaitingEntryAtOnce(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.Redis(t)
@@ -23,6 +25,7 @@ func TestHandOffRunsTheWaitingEntryAtOnce(t *testing.T) {
 	type look struct {
 		at         time.Time
 		deliveries int64
+		pickup     time.Duration
 	}
 	var mu sync.Mutex
 	looks := map[string][]look{}
@@ -32,7 +35,7 @@ func TestHandOffRunsTheWaitingEntryAtOnce(t *testing.T) {
 	ev := newEvents()
 	h := stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
 		mu.Lock()
-		looks[string(msg.Data())] = append(looks[string(msg.Data())], look{time.Now(), msg.Deliveries})
+		looks[string(msg.Data())] = append(looks[string(msg.Data())], look{time.Now(), msg.Deliveries, msg.Pickup})
 		n := len(looks["waiter"])
 		mu.Unlock()
 		switch string(msg.Data()) {
@@ -83,6 +86,9 @@ func TestHandOffRunsTheWaitingEntryAtOnce(t *testing.T) {
 	}
 	if w[1].deliveries != 1 {
 		t.Errorf("the waiter's second run counted delivery %d, want 1 (Later does not count)", w[1].deliveries)
+	}
+	if gap := w[1].at.Sub(returned); w[1].pickup <= 0 || w[1].pickup > gap {
+		t.Errorf("the handed-off waiter's Pickup %v, want in (0, %v] (from the holder's return to its start)", w[1].pickup, gap)
 	}
 	if n := ev.count(stream.EventHandedOff, waiterID); n != 1 {
 		t.Errorf("%d hand-offs to the waiter, want 1", n)

@@ -41,9 +41,11 @@ type Message struct {
 	// Pickup is how long the entry waited for this consumer, which had a
 	// handler slot for it, before its handler started: from the later of
 	// the entry's arrival in the stream (the time in its id, Redis's clock)
-	// and the moment the consumer's reader took the slot, to the start.
-	// It is the consumer's idle time between runs. 0 for an entry claimed
-	// or re-read after an earlier delivery.
+	// and the moment the consumer took the slot for it, to the start. The
+	// slot is taken by the reader for an entry it reads, by the claim
+	// round for an entry claimed or re-read, and at the hand-off for one
+	// handed a slot just freed (HandOff). It is the consumer's idle time
+	// between runs; the time an entry waited released (Later) is not in it.
 	Pickup time.Duration
 }
 
