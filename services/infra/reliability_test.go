@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
@@ -131,16 +135,23 @@ func TestSIGTERMWhileWaitingForBusyServerReleasesTheRequest(t *testing.T) {
 // it may stop and start.
 func newE2EOwnPostgres(t *testing.T, sshd *testenv.SSHD) (*e2e, *testenv.PostgresServer) {
 	t.Helper()
-	pg := testenv.StartPostgresServer(t)
 	e := newE2E(t, sshd)
+	return e, e.ownPostgres()
+}
+
+// ownPostgres moves e, before any infra starts, onto a Postgres server of
+// the test's own, which it may stop and start, and returns that server.
+func (e *e2e) ownPostgres() *testenv.PostgresServer {
+	e.t.Helper()
+	pg := testenv.StartPostgresServer(e.t)
 	e.dsn = pg.URL()
 	pool, err := store.Open(context.Background(), e.dsn)
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	e.t.Cleanup(pool.Close)
 	e.pool = pool
-	return e, pg
+	return pg
 }
 
 // A Postgres outage in the middle of a job (a restart: every session
@@ -240,6 +251,131 @@ func TestPostgresOutageStopsNoRunningPlay(t *testing.T) {
 		}
 	}
 	if dead := e.results(messages.StreamProvisionerQueue + ":dead"); len(dead) != 0 {
+		t.Errorf("%d dead letters, want none", len(dead))
+	}
+}
+
+// outagePlay holds its host for hold seconds and then until the test's
+// marker outage-over exists, so that the whole outage falls within every
+// play however long the plays took to start; it records its start and end
+// per host in spans.log, as slowPlay does.
+const outagePlay = `- name: Through the outage
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Hold the host through the outage
+      ansible.builtin.shell: >-
+        echo "start job {{ inventory_hostname }} $(date +%s.%N)" >> {{ out }}/spans.log;
+        sleep {{ hold }};
+        for i in $(seq 600); do [ -e {{ out }}/outage-over ] && break; sleep 0.5; done;
+        echo "end job {{ inventory_hostname }} $(date +%s.%N)" >> {{ out }}/spans.log
+      changed_when: true
+`
+
+// jobSpans returns the plays on each host of spans.log (slowPlay's and
+// outagePlay's records): a start opens one, the next end on its host
+// closes it (end 0: it never finished).
+func (w *jobWorld) jobSpans() map[string][]span {
+	w.t.Helper()
+	out := map[string][]span{}
+	path := filepath.Join(w.out, "spans.log")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return out
+	}
+	// "<start|end> job <host> <unix time>"
+	for _, fs := range w.recordsIn(path) {
+		ts, _ := strconv.ParseFloat(fs[3], 64)
+		host := fs[2]
+		ss := out[host]
+		switch {
+		case fs[0] == "start":
+			out[host] = append(ss, span{token: host, playbook: fs[1], start: ts})
+		case fs[0] == "end" && len(ss) > 0 && ss[len(ss)-1].end == 0:
+			ss[len(ss)-1].end = ts
+		default:
+			w.t.Errorf("%s on %s with no play running there", fs[0], host)
+		}
+	}
+	return out
+}
+
+// The twin of TestPostgresOutageStopsNoRunningPlay for Ansible jobs: a
+// Postgres outage of 20 s while 20 jobs run their plays (some over two
+// hosts: a job holds one lock per host, each with its lease) stops none of
+// them: each keeps its hosts' locks through their leases (RUN_LOCK_LEASE),
+// takes them again when Postgres is back, and finishes; no play runs
+// twice, every job has exactly one result, from its first attempt.
+func TestPostgresOutageStopsNoRunningJobPlay(t *testing.T) {
+	t.Parallel()
+	const (
+		n     = 20 // jobs
+		pairs = 4  // of them over two hosts each
+	)
+	w := newJobWorld(t, n+pairs)
+	pg := w.ownPostgres()
+	w.repo.Commit(t, map[string]string{"outage.yml": outagePlay})
+	w.start("STREAM_CONCURRENCY="+strconv.Itoa(n), "DB_OUTAGE_WAIT=3m", "RUN_LOCK_LEASE=60s") // migrates the database
+
+	jobHosts := map[string][]string{} // job id: its hosts
+	next := 0
+	for i := range n {
+		id := fmt.Sprintf("job-outage-%02d", i)
+		hosts := map[string]messages.Vars{}
+		size := 1
+		if i >= n-pairs {
+			size = 2 // the last jobs, over two hosts each
+		}
+		for range size {
+			name := fmt.Sprintf("h%02d", next)
+			hosts[name] = w.host(next)
+			jobHosts[id] = append(jobHosts[id], name)
+			next++
+		}
+		m := w.job(id, hosts, "outage.yml")
+		m.Options.ExtraVars["hold"] = int64(30)
+		w.submit(m)
+	}
+	if next != n+pairs {
+		t.Fatalf("%d hosts used, want %d", next, n+pairs)
+	}
+	testenv.WaitFor(t, 3*time.Minute, "every play to start on every host", func() bool {
+		return len(w.jobSpans()) == n+pairs
+	})
+
+	stopped := float64(time.Now().UnixNano()) / 1e9
+	pg.Stop()
+	time.Sleep(20 * time.Second)
+	pg.Start()
+	restarted := float64(time.Now().UnixNano()) / 1e9
+	if err := os.WriteFile(filepath.Join(w.out, "outage-over"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	for id := range jobHosts {
+		jobStatus(t, w.waitJob(id, 3*time.Minute), messages.StatusSucceeded, "")
+	}
+	w.waitAcked(messages.StreamAnsibleJobQueue, time.Minute)
+	spans := w.jobSpans()
+	for id, hosts := range jobHosts {
+		if n := len(w.jobResults(id)); n != 1 {
+			t.Errorf("%s: %d results, want exactly 1", id, n)
+		}
+		for _, h := range hosts {
+			ss := spans[h]
+			if len(ss) != 1 || ss[0].end == 0 {
+				t.Errorf("%s on %s: plays = %+v, want one, finished (none stopped, none run twice)", id, h, ss)
+				continue
+			}
+			assertNoOverlap(t, ss)
+			if ss[0].start > stopped || ss[0].end < restarted {
+				t.Errorf("%s on %s: play [%.3f, %.3f] does not span the outage [%.3f, %.3f]", id, h, ss[0].start, ss[0].end, stopped, restarted)
+			}
+		}
+		if run := w.run(id); run.State != store.RunDone || run.Attempt != 1 {
+			t.Errorf("%s: run = state %s attempt %d, want done at its first attempt", id, run.State, run.Attempt)
+		}
+	}
+	if dead := w.results(messages.StreamAnsibleJobQueue + stream.DeadLetterSuffix); len(dead) != 0 {
 		t.Errorf("%d dead letters, want none", len(dead))
 	}
 }
