@@ -329,6 +329,8 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 		return &Result{Outcome: OutcomeCancelled, ExitCode: -1, Hosts: map[string]Recap{}, StartedAt: now, FinishedAt: now,
 			Err: errors.New(spec.Redact(fmt.Sprintf("cancelled before start: %v", context.Cause(ctx))))}, nil
 	}
+	var steps Steps
+	lap := newLapper()
 	rd, err := r.newRunDir(spec.JobID, true)
 	if err != nil {
 		return nil, err
@@ -348,6 +350,7 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 	if err := rd.writeJobInputs(&js, keys, markers); err != nil {
 		return nil, err
 	}
+	lap.to(&steps.RunDir)
 	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
 	if err != nil {
 		return nil, err
@@ -357,6 +360,7 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 		return nil, err
 	}
 	defer ag.close()
+	lap.to(&steps.Agent)
 
 	spec.argv = r.jobArgv(rd, &js)
 	spec.env = []string{
@@ -375,8 +379,11 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 	// What earlier runs left on the hosts stops before the play starts
 	// (a host whose scope's last run succeeded is skipped, see remote.go).
 	takeover, stop := r.takeoverJob(ctx, rd, &js, keys, markers, log)
+	lap.to(&steps.Takeover)
+	// It ran before ansible-playbook's start: the play waited for all of it.
+	steps.TakeoverWait = steps.Takeover
 	if stop != nil {
-		stop.Takeover = takeover
+		stop.Takeover, stop.Steps = takeover, steps
 		return stop, nil
 	}
 	e := &execution{r: r, spec: spec, rd: rd, log: log}
@@ -393,6 +400,9 @@ func (r *Runner) RunJob(ctx context.Context, js JobSpec) (*Result, error) {
 		return nil, err
 	}
 	res.Takeover = takeover
+	steps.Start = e.startTook()
+	steps.Play = e.playTook()
+	res.Steps = steps
 	switch res.Outcome {
 	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
 		stoppedRecap(res, &js, &e.events)

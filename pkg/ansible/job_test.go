@@ -1,10 +1,13 @@
 package ansible
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
 
 // TestValidateJob: a job spec's hosts, groups, options and environment
@@ -125,5 +128,30 @@ func TestJobInputs(t *testing.T) {
 	argv := r.jobArgv(d, &js)
 	if s := strings.Join(argv, " "); strings.Contains(s, "vault-pw-canary") || !strings.Contains(s, "--vault-password-file=") {
 		t.Errorf("argv %q", s)
+	}
+}
+
+// A job's run reports its runner steps as a one-host run does: the run
+// directory, the agent, the takeover (before ansible-playbook starts, so
+// waited for whole), the start and the play, which is part of the time
+// from the start to the exit.
+func TestRunJobReportsItsSteps(t *testing.T) {
+	t.Parallel()
+	s := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	r, _ := newTestRunner(t, nil)
+	dir := jobDir(t, "- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n", "")
+	res, err := r.RunJob(context.Background(), jobOn(s, dir))
+	if err != nil || res.Outcome != OutcomeSucceeded {
+		t.Fatalf("RunJob: %v %+v", err, res)
+	}
+	st := res.Steps
+	if st.RunDir <= 0 || st.Agent <= 0 || st.Takeover <= 0 || st.Start <= 0 || st.Play <= 0 {
+		t.Errorf("steps %+v: want every one counted", st)
+	}
+	if st.TakeoverWait != st.Takeover {
+		t.Errorf("takeover %v, waited %v: a job's takeover runs before its play, which waits for all of it", st.Takeover, st.TakeoverWait)
+	}
+	if ran := res.ExitedAt.Sub(res.StartedAt); st.Play > ran {
+		t.Errorf("play %v, more than ansible-playbook's %v from exec to exit", st.Play, ran)
 	}
 }

@@ -84,6 +84,9 @@ type Steps struct {
 	// Start is from exec to ansible-playbook running (runguard's start,
 	// its exec of ansible-playbook).
 	Start time.Duration
+	// Play is ansible-playbook running, from its start to its exit, less
+	// its wait at the gate for the takeover.
+	Play time.Duration
 }
 
 // result collects the finished run's Result.

@@ -450,6 +450,23 @@ func (e *execution) gateWait() time.Duration {
 	return max(at.Sub(time.Unix(0, started)), 0)
 }
 
+// playTook is how long ansible-playbook ran (Steps.Play); valid once it
+// exited.
+func (e *execution) playTook() time.Duration {
+	exited := e.exitedAt()
+	if exited.IsZero() || e.started.IsZero() {
+		return 0
+	}
+	// e.started is when exec returned: the child ran from there on, less
+	// runguard's own start when guarded.
+	began := e.started.Add(e.startTook() - time.Duration(e.t.spawned-e.t.spawning))
+	d := exited.Sub(began)
+	if e.gate != nil {
+		d -= e.gateWait()
+	}
+	return max(d, 0)
+}
+
 // exitedAt is when ansible-playbook exited (see Result.ExitedAt); valid
 // once the child was reaped and the control socket drained.
 func (e *execution) exitedAt() time.Time {

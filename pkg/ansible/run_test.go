@@ -760,6 +760,10 @@ func TestRunTakeoverOverlapsStartup(t *testing.T) {
 	if res.Takeover == nil || res.Steps.Takeover < time.Duration(held.Load()) || res.Steps.TakeoverWait <= 0 || res.Steps.TakeoverWait > res.Steps.Takeover {
 		t.Errorf("Takeover %+v, steps %+v: want the takeover reported, its wait part of it", res.Takeover, res.Steps)
 	}
+	// The play's step leaves out its wait at the gate.
+	if ran := res.ExitedAt.Sub(res.StartedAt); res.Steps.Play <= 0 || res.Steps.Play > ran-res.Steps.TakeoverWait {
+		t.Errorf("play step %v, want in (0, %v]: from exec to exit less the wait at the gate", res.Steps.Play, ran-res.Steps.TakeoverWait)
+	}
 }
 
 // TestRunStopsTaskBeforeGate: a playbook that reports a task while the

@@ -362,12 +362,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 		}
 	}()
 	var steps Steps
-	mark := time.Now()
-	lap := func(d *time.Duration) {
-		now := time.Now()
-		*d += now.Sub(mark)
-		mark = now
-	}
+	lap := newLapper()
 	rd, err := r.newRunDir(spec.JobID, false)
 	if err != nil {
 		return nil, err
@@ -382,7 +377,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	if err := rd.writeInputs(&spec, key, marker); err != nil {
 		return nil, err
 	}
-	lap(&steps.RunDir)
+	lap.to(&steps.RunDir)
 	ag, err := startAgent(rd.agentSock, spec.SSHKeys)
 	if err != nil {
 		return nil, err
@@ -398,14 +393,14 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 			rd.binds = append(rd.binds, mount{path: rd.warm.sockDir, writable: true})
 		}
 	}
-	lap(&steps.Agent)
+	lap.to(&steps.Agent)
 
 	g, err := rd.newGate()
 	if err != nil {
 		return nil, err
 	}
 	defer g.close()
-	lap(&steps.RunDir)
+	lap.to(&steps.RunDir)
 
 	e := &execution{r: r, spec: &spec, rd: rd, log: log, gate: g}
 	e.t.runCalled = called
@@ -443,6 +438,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec) (*Result, error) {
 	steps.Takeover = td.took
 	steps.TakeoverWait = e.gateWait()
 	steps.Start = e.startTook()
+	steps.Play = e.playTook()
 	res.Steps = steps
 	switch res.Outcome {
 	case OutcomeCancelled, OutcomeTimeout, OutcomeIdleTimeout:
@@ -558,4 +554,17 @@ func (r *Runner) cleanupRemote(ctx context.Context, rd *runDir, spec *Spec, key 
 	log.Info().Int("stopped", rep.Stopped).Int("killed", rep.Killed).Dur("took", rep.Duration).
 		Msgf("cleanup stopped %d processes of the stopped run on the target", rep.Stopped)
 	return rep
+}
+
+// lapper times consecutive steps: each lap counts the time since the last
+// one (or since newLapper) to a step.
+type lapper struct{ mark time.Time }
+
+func newLapper() *lapper { return &lapper{mark: time.Now()} }
+
+// to adds the time since the last lap to d.
+func (l *lapper) to(d *time.Duration) {
+	now := time.Now()
+	*d += now.Sub(l.mark)
+	l.mark = now
 }

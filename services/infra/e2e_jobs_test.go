@@ -811,9 +811,12 @@ func TestAnsibleJobRoles(t *testing.T) {
 	if hub.Downloads() != 1 {
 		t.Errorf("%d downloads from the Galaxy stand-in after a second job with the same collection, want 1", hub.Downloads())
 	}
-	// The job-only steps are in the step breakdown, once per job.
+	// Every step of a job is in the step breakdown, once per job: the
+	// job-only ones, and the pipeline's (a deploy's server lookup aside).
 	metrics := infra.metrics(t)
-	for _, step := range []string{"inventory", "checkout", "requirements", "authorization"} {
+	for _, step := range []string{"pickup", "decode", "inventory", "authorization", "locks", "checkout", "requirements",
+		"playbooks", "run_record", "secrets", "ssh_check", "run_dir", "agent", "takeover", "process_start", "play",
+		"log_store", "result"} {
 		m := regexp.MustCompile(`autoprov_infra_job_step_seconds_count\{step="` + step + `"\} (\d+)`).FindStringSubmatch(metrics)
 		if m == nil || m[1] != "3" {
 			t.Errorf("step %s observed %v times, want 3 (one per job)", step, m)

@@ -389,7 +389,8 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	aj.steps.add(stepRequirements, at)
+	at = aj.steps.add(stepRequirements, at)
+	defer aj.steps.add(stepPlaybooks, at)
 	aj.env = env
 	switch s.Type {
 	case messages.SourceRole:
@@ -448,16 +449,19 @@ func checkoutField(err error) string {
 // run is the job's run under its locks: credentials, SSH checks, the
 // playbooks in order.
 func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
+	at := time.Now()
 	keys, err := aj.sshKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
+	aj.steps.add(stepSecrets, at)
 	if err := aj.checkHosts(ctx, keys); err != nil {
 		return nil, err
 	}
 	if aj.allBlocked() {
 		return aj.blockedOutcome(), nil
 	}
+	at = time.Now()
 	vault, err := aj.secret(ctx, "credentials.vault_password", aj.m.Credentials.VaultPassword)
 	if err != nil {
 		return nil, err
@@ -466,15 +470,11 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 	if err != nil {
 		return nil, err
 	}
+	aj.steps.add(stepSecrets, at)
 	spec := ansible.JobSpec{
 		Spec: ansible.Spec{
 			JobID: aj.id, Vars: aj.vars, SSHKeys: keys.all, Redact: aj.red.RedactString,
-			TimeoutCap: aj.timeoutCap, OnOutput: aj.onOutput(), OnEvent: aj.prog.fromAnsible,
-			OnStart: func(int) {
-				if aj.playStarted.IsZero() {
-					aj.playStarted = aj.h.Now()
-				}
-			},
+			TimeoutCap: aj.timeoutCap, OnOutput: aj.onOutput(), OnEvent: aj.prog.fromAnsible, OnStart: aj.onStart,
 		},
 		Dir:              aj.dir,
 		Hosts:            aj.jobHosts(),
@@ -504,6 +504,7 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 		if err != nil {
 			return nil, fmt.Errorf("run %s: %w", name, err)
 		}
+		aj.steps.addRun(res.Steps)
 		aj.playEnded = cmp.Or(res.ExitedAt, res.FinishedAt)
 		aj.job.reportRemote(res, "the job's hosts", nil)
 		for h, r := range res.Hosts {

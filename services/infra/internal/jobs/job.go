@@ -86,7 +86,7 @@ func (h *Handler) newJob(msg *stream.Message, kind string, result any, out *mess
 		res:          h.Secrets.WithRedactor(red),
 		project:      h.Project.WithRedactor(red),
 	}
-	if msg.Pickup > 0 { // read, not claimed or re-read
+	if msg.Pickup > 0 {
 		j.steps.set(stepPickup, msg.Pickup)
 	}
 	return j

@@ -388,6 +388,9 @@ func (aj *ansibleJob) sshKeys(ctx context.Context) (*jobKeys, error) {
 // first use. A host that fails keeps its reason and is run as unreachable;
 // only infrastructure errors (Postgres) and cancellation end the job here.
 func (aj *ansibleJob) checkHosts(ctx context.Context, keys *jobKeys) error {
+	// The checks run side by side, each on a copy of the job: the step is
+	// their wall time, counted here.
+	defer aj.steps.add(stepSSHCheck, time.Now())
 	sem := make(chan struct{}, aj.cfg.SSHChecks)
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
@@ -51,7 +50,6 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 	for k, v := range vars {
 		all[k] = v
 	}
-	var execAt time.Time // this play's ansible-playbook started
 	pctx, span := j.startSpan(ctx, spanPlay, attribute.String("autoprov.playbook", playbook))
 	res, err := j.h.Runner.Run(pctx, ansible.Spec{
 		Timeout:     limits.Timeout,
@@ -66,12 +64,7 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		TimeoutCap:  j.timeoutCap,
 		OnOutput:    j.onOutput(),
 		OnEvent:     j.prog.fromAnsible,
-		OnStart: func(int) {
-			execAt = time.Now()
-			if j.playStarted.IsZero() {
-				j.playStarted = j.h.Now()
-			}
-		},
+		OnStart:     j.onStart,
 	})
 	if err == nil && res.Outcome != ansible.OutcomeSucceeded {
 		span.SetAttributes(attribute.String("autoprov.play_outcome", string(res.Outcome)))
@@ -88,11 +81,6 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		return nil, fmt.Errorf("run %s: %w", playbook, err)
 	}
 	j.steps.addRun(res.Steps)
-	if !execAt.IsZero() && !res.ExitedAt.IsZero() {
-		// The wait at the gate for the takeover is counted there.
-		j.steps.d[stepPlay] += max(res.ExitedAt.Sub(execAt)-res.Steps.TakeoverWait, 0)
-		j.steps.seen[stepPlay] = true
-	}
 	j.reportRemote(res, "the server", func(ev *zerolog.Event) *zerolog.Event {
 		if j.server == nil { // else the job's logger names the server
 			ev = ev.Str("host", ep.alias).Str("address", ep.address)
@@ -122,6 +110,14 @@ func (j *job) play(ctx context.Context, playbook string, ep endpoint, hostKey st
 		}
 	}
 	return res, nil
+}
+
+// onStart notes when the job's first ansible-playbook started (the
+// runner's Spec.OnStart).
+func (j *job) onStart(int) {
+	if j.playStarted.IsZero() {
+		j.playStarted = j.h.Now()
+	}
 }
 
 // reportRemote logs (and counts) what the run stopped on where (the server,

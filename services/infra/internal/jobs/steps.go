@@ -23,6 +23,7 @@ const (
 	stepLocks                     // taking the job's and the server's locks
 	stepCheckout                  // an Ansible job's source fetched and checked out
 	stepRequirements              // an Ansible job's Galaxy requirements installed (or copied from the cache)
+	stepPlaybooks                 // an Ansible job's playbooks found in the checkout, or its role's play generated
 	stepRunRecord                 // the run row and the server's transition before the play
 	stepSecrets                   // resolving the SSH key and the request's secrets
 	stepSSHCheck                  // the SSH check (0 when a recent one was reused)
@@ -45,6 +46,7 @@ var stepNames = [numSteps]string{
 	stepLocks:         "locks",
 	stepCheckout:      "checkout",
 	stepRequirements:  "requirements",
+	stepPlaybooks:     "playbooks",
 	stepRunRecord:     "run_record",
 	stepSecrets:       "secrets",
 	stepSSHCheck:      "ssh_check",
@@ -82,10 +84,10 @@ func (st *steps) set(s step, d time.Duration) {
 	st.seen[s] = true
 }
 
-// addRun counts the runner's own steps of one play.
+// addRun counts the runner's steps of one play: its own, and the play's.
 func (st *steps) addRun(rs ansible.Steps) {
 	for s, d := range map[step]time.Duration{stepRunDir: rs.RunDir, stepAgent: rs.Agent,
-		stepTakeover: rs.TakeoverWait, stepProcessStart: rs.Start} {
+		stepTakeover: rs.TakeoverWait, stepProcessStart: rs.Start, stepPlay: rs.Play} {
 		st.d[s] += d
 		st.seen[s] = true
 	}
