@@ -1,4 +1,4 @@
-package sourcestest
+package testenv
 
 import (
 	"crypto/sha256"
