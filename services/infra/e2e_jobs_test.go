@@ -1017,3 +1017,87 @@ func TestAnsibleJobWaitsBeforeItsCheckout(t *testing.T) {
 		t.Errorf("holds.log = %v, want the first job's task, then the second's", recs)
 	}
 }
+
+// TestAnsibleJobWaitingPreparesOnce: jobs whose hosts another job holds
+// keep what they prepared while they wait and look again and again: a
+// dynamic inventory's job (its source checked out and its requirements
+// installed first, the plugin's listing, then its host found busy) and a
+// git inventory's (the inventory fetched, then its host found busy) fetch
+// nothing more from git or Galaxy until they run; when their hosts are
+// free they run, once each, and leave no directory behind.
+func TestAnsibleJobWaitingPreparesOnce(t *testing.T) {
+	t.Parallel()
+	w := newJobWorld(t, 2)
+	a, b := w.sshds[0], w.sshds[1]
+	hub := sourcestest.NewGalaxyServer(t, "")
+	hub.Add(t, sourcestest.BuildCollection(t, "acme", "cloud", "1.0.0", map[string]string{"plugins/inventory/static.py": cloudPlugin}))
+	w.repo.Commit(t, map[string]string{
+		"hold.yml": holdPlay, "site.yml": sitePlay, "collections/requirements.yml": "collections:\n  - name: acme.cloud\n",
+		"inventory.ini": fmt.Sprintf("[web]\nt2 ansible_host=%s ansible_port=%d ansible_user=%s\n", b.Host, b.Port, b.User),
+	})
+	workDir := filepath.Join(filepath.Dir(w.e2e.runRoot), "jobs")
+	p := w.start("SERVER_BUSY_RECHECK=200ms", "GALAXY_SERVERS=hub="+hub.URL, "GALAXY_ALLOW_HTTP=true",
+		"PROJ_SECRET_CLOUD=ACME_CLOUD_TOKEN=cloud-secret")
+
+	holder := w.job("job-holder", map[string]messages.Vars{"t1": w.host(0), "t2": w.host(1)}, "hold.yml")
+	holder.Options.ExtraVars["hold"] = int64(30)
+	w.submit(holder)
+	holds := filepath.Join(w.out, "holds.log")
+	testenv.WaitFor(t, 2*time.Minute, "the holder's task to run on both hosts", func() bool {
+		got, _ := os.ReadFile(holds)
+		return strings.Count(string(got), "start ") == 2
+	})
+
+	dynamic := w.job("job-dynamic-waiter", nil, "site.yml")
+	dynamic.Inventory = messages.JobInventory{Type: messages.InventoryDynamic, Plugin: "acme.cloud.static",
+		Config: messages.Vars{"hosts": []any{map[string]any{"name": "t1", "address": a.Host, "port": int64(a.Port), "user": a.User}}}}
+	dynamic.Credentials.Cloud = "env:PROJ_SECRET_CLOUD"
+	gitInv := w.job("job-git-waiter", nil, "site.yml")
+	gitInv.Inventory = messages.JobInventory{Type: messages.InventoryGit, Repository: w.repo.URL, Path: "inventory.ini",
+		Credential: "env:PROJ_SECRET_GIT"}
+	w.submit(dynamic)
+	w.submit(gitInv)
+	looks := func(id string) int {
+		n := 0
+		for line := range strings.Lines(p.Stderr()) {
+			if strings.Contains(line, `"job_id":"`+id+`"`) && strings.Contains(line, "waiting for another run") {
+				n++
+			}
+		}
+		return n
+	}
+	waiting := func(n int) func() bool {
+		return func() bool { return looks("job-dynamic-waiter") >= n && looks("job-git-waiter") >= n }
+	}
+	testenv.WaitFor(t, 2*time.Minute, "both jobs to find their hosts busy", waiting(1))
+	fetched, downloads := w.git.Authorized.Load(), hub.Downloads()
+	testenv.WaitFor(t, 2*time.Minute, "both jobs to look again three times", waiting(4))
+	if len(w.jobResults("job-holder")) != 0 {
+		t.Fatal("the holder finished before the waiters looked again: hold it longer")
+	}
+	if n := w.git.Authorized.Load() - fetched; n != 0 {
+		t.Errorf("the waiting jobs made %d more git requests while their hosts were busy, want 0 (prepared once)", n)
+	}
+	if n := hub.Downloads() - downloads; n != 0 {
+		t.Errorf("the waiting jobs downloaded %d more collections while their hosts were busy, want 0", n)
+	}
+	if downloads != 1 {
+		t.Errorf("%d downloads from the Galaxy stand-in for one requirements set, want 1", downloads)
+	}
+
+	jobStatus(t, w.waitJob("job-holder", 3*time.Minute), messages.StatusSucceeded, "")
+	for _, id := range []string{"job-dynamic-waiter", "job-git-waiter"} {
+		r := w.waitJob(id, 3*time.Minute)
+		jobStatus(t, r, messages.StatusSucceeded, "")
+		if id == "job-git-waiter" && (r.InventoryCommit == "" || r.Commit != r.InventoryCommit) {
+			t.Errorf("%s: commit %q, inventory commit %q, want both the repository's (kept from its first look)", id, r.Commit, r.InventoryCommit)
+		}
+		if rs := w.jobResults(id); len(rs) != 1 {
+			t.Errorf("%s: %d results, want 1", id, len(rs))
+		}
+	}
+	testenv.WaitFor(t, time.Minute, "no job directory left", func() bool {
+		left, _ := filepath.Glob(filepath.Join(workDir, "job-*"))
+		return len(left) == 0
+	})
+}

@@ -98,6 +98,8 @@ func serveAnsibleJobs(cfg *Config, handler *jobs.Handler, guard *authz.Guard, ru
 		Pools:         pools,
 		PoolAccess:    access,
 		WorkDir:       workDir,
+		Prepared:      cfg.Jobs.Prepared,
+		PreparedTTL:   cfg.Jobs.PreparedTTL,
 		MaxHosts:      cmp.Or(cfg.Inventory.MaxHosts, 500),
 		Sources:       jobs.CacheSources{Cache: cache},
 		Inventories:   inventories,

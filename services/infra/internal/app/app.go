@@ -237,6 +237,11 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 			locker.Close()
 			return nil
 		}},
+		{Name: "prepared-jobs", Run: func(ctx context.Context) error {
+			<-ctx.Done() // stops after the consumer: no job looks again then
+			handler.DropPrepared()
+			return nil
+		}},
 		{Name: "consumer", Run: consumer.Run},
 	}, nil
 }

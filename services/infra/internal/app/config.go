@@ -122,6 +122,8 @@ type JobsConfig struct {
 	RedisOutageWait  time.Duration `env:"REDIS_OUTAGE_WAIT" envDefault:"3m" desc:"how long publishing a job's result waits out Redis being unreachable (a restart, a failover) before the request is retried; the play itself goes on through a Redis outage"`
 	Pools            []string      `env:"JOB_POOLS" envDefault:"default" envSeparator:"," desc:"pools of Ansible jobs this instance serves: default (ansible:job:queue) and/or names of ansible:job:queue:<pool>; none: no Ansible jobs"`
 	WorkDir          string        `env:"JOB_WORK_DIR" desc:"parent of the Ansible jobs' private directories (checkouts, generated plays); default: autoprov-jobs next to PLAYBOOK_RUN_ROOT"`
+	Prepared         int           `env:"JOB_PREPARED_MAX" envDefault:"32" desc:"how many Ansible jobs waiting for busy hosts keep what they prepared (checkout, inventory, requirements) on this instance for their next look; the oldest is dropped first"`
+	PreparedTTL      time.Duration `env:"JOB_PREPARED_TTL" envDefault:"15m" desc:"how long a waiting job's preparation is kept for its next look before it is dropped (it prepares again then)"`
 }
 
 // stopMargin is the part of SHUTDOWN_GRACE kept for what follows the

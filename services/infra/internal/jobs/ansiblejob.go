@@ -99,6 +99,12 @@ type AnsibleJobsConfig struct {
 	GalaxyServers []GalaxyServer
 	// SSHChecks is how many hosts of a job are checked at once (0: 8).
 	SSHChecks int
+	// Prepared is how many waiting jobs' preparations (checkouts,
+	// inventories, requirements) this instance keeps for their next look
+	// (0: 32), PreparedTTL how long one is kept (0: 15 minutes); see
+	// prepared.go.
+	Prepared    int
+	PreparedTTL time.Duration
 	// OtherUsers: plays run as other users than this process (the
 	// runner's RunsAsOthers); WorkDir is then traversable (0711), not
 	// listable. The runner hands each job's directory to its run's user.
@@ -121,6 +127,14 @@ func JobStreams(pools []string) []string {
 		}
 	}
 	return out
+}
+
+// DropPrepared removes what waiting Ansible jobs prepared (prepared.go):
+// at shutdown, once the consumer stopped.
+func (h *Handler) DropPrepared() {
+	if h.prepared != nil {
+		h.prepared.close()
+	}
 }
 
 // ServeAnsibleJobs routes the streams of cfg.Pools to the Ansible job
@@ -149,6 +163,7 @@ func (h *Handler) ServeAnsibleJobs(cfg AnsibleJobsConfig) ([]string, error) {
 	if err := os.Chmod(cfg.WorkDir, mode); err != nil {
 		return nil, fmt.Errorf("jobs: work dir: %w", err)
 	}
+	h.prepared = newPreparedJobs(cfg.Prepared, cfg.PreparedTTL)
 	cfg.MaxHosts = cmp.Or(cfg.MaxHosts, messages.MaxJobHosts)
 	cfg.SSHChecks = cmp.Or(cfg.SSHChecks, 8)
 	streams := JobStreams(cfg.Pools)
@@ -161,7 +176,7 @@ func (h *Handler) ServeAnsibleJobs(cfg AnsibleJobsConfig) ([]string, error) {
 }
 
 // handleAnsibleJob handles an AnsibleJobMessage (see the top of this file).
-func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg *AnsibleJobsConfig, runner JobRunner) error {
+func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg *AnsibleJobsConfig, runner JobRunner) (retErr error) {
 	began := time.Now()
 	m, err := messages.DecodeAnsibleJobMessage(msg.Data())
 	res := messages.NewAnsibleJobResult(m, msg.ID)
@@ -200,12 +215,28 @@ func (h *Handler) handleAnsibleJob(ctx context.Context, msg *stream.Message, cfg
 		return aj.early(ctx, err)
 	}
 	j.steps.add(stepAuthorization, at)
-	dir, err := os.MkdirTemp(cfg.WorkDir, "job-")
-	if err != nil {
-		return j.infraError(ctx, fmt.Errorf("job dir: %w", err))
+	// What an earlier look of this request prepared before it found its
+	// hosts busy (prepared.go), or a new directory.
+	entry := stream.Entry{Stream: msg.Stream, ID: msg.ID}
+	aj.prep = h.prepared.take(entry, h.Now())
+	if aj.prep == nil {
+		dir, err := os.MkdirTemp(cfg.WorkDir, "job-")
+		if err != nil {
+			return j.infraError(ctx, fmt.Errorf("job dir: %w", err))
+		}
+		aj.prep = &preparedJob{dir: dir}
+	} else {
+		j.log.Debug().Bool("inventory", aj.prep.inv != nil).Bool("source", aj.prep.src != nil).
+			Msg("prepared at an earlier look: not fetched again")
 	}
-	defer os.RemoveAll(dir)
-	aj.dir = dir
+	defer func() {
+		if errors.Is(retErr, store.ErrTargetBusy) {
+			h.prepared.keep(entry, aj.prep, h.Now()) // it looks again
+			return
+		}
+		h.prepared.drop(aj.prep)
+	}()
+	aj.dir = aj.prep.dir
 	// A dynamic inventory's plugin may come from the source's
 	// requirements: its source is checked out (and they installed) first.
 	// Any other job fetches nothing before its hosts are authorized.
@@ -255,7 +286,8 @@ type ansibleJob struct {
 	runner JobRunner
 	result *messages.AnsibleJobResult
 
-	dir       string     // the job's private directory
+	prep      *preparedJob // what it prepared, at this look or an earlier one
+	dir       string       // the job's private directory (prep.dir)
 	hosts     []*jobHost // in the inventory's order
 	groups    map[string]ansible.JobGroup
 	playbooks []string // absolute paths in the checkout, in order
@@ -355,12 +387,16 @@ func (aj *ansibleJob) targets() []string {
 }
 
 // checkout checks the source out, installs its requirements and finds the
-// playbooks to run.
+// playbooks to run, once per request (prepared.go).
 func (aj *ansibleJob) checkout(ctx context.Context) error {
 	s := aj.m.Source
 	aj.vars = map[string]any{}
 	for k, v := range aj.m.Options.ExtraVars {
 		aj.vars[k] = v
+	}
+	if c := aj.prep.src; c != nil {
+		aj.useCheckout(c)
+		return nil
 	}
 	src := ""
 	at := time.Now()
@@ -429,7 +465,17 @@ func (aj *ansibleJob) checkout(ctx context.Context) error {
 			return &messages.ValidationError{Fields: fields}
 		}
 	}
+	aj.prep.src = &checkedOut{commit: aj.result.Commit, env: aj.env, playbooks: aj.playbooks, names: aj.names}
 	return nil
+}
+
+// useCheckout takes the checkout an earlier look made (prepared.go).
+func (aj *ansibleJob) useCheckout(c *checkedOut) {
+	aj.env, aj.playbooks, aj.names = c.env, c.playbooks, c.names
+	if c.commit != "" {
+		aj.result.Commit = c.commit
+		aj.log = aj.log.With().Str("commit", c.commit).Logger()
+	}
 }
 
 // checkoutField names the request key a checkout error is the fault of

@@ -257,6 +257,8 @@ type Handler struct {
 	routes  *stream.Mux        // stream -> handler
 	cancels *stream.KeyWatcher // cancel keys of running jobs
 	checks  *passedChecks      // SSH checks that passed lately
+	// prepared are what waiting Ansible jobs prepared (ServeAnsibleJobs).
+	prepared *preparedJobs
 }
 
 var _ stream.Handler = (*Handler)(nil)

@@ -40,44 +40,16 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: "inventory.type",
 			Message: string(inv.Type) + " inventories are not enabled on this infra service"}}}
 	}
-	token, err := aj.secret(ctx, "inventory.credential", inv.Credential)
-	if err != nil {
-		return err
-	}
-	spec := inventory.Spec{Kind: string(inv.Type)}
-	field := "inventory"
-	switch inv.Type {
-	case messages.InventoryGit:
-		spec.Repo, spec.Path, field = sources.Repo{URL: inv.Repository, Ref: inv.Ref, Token: token}, inv.Path, "inventory.repository"
-	case messages.InventoryURL:
-		spec.URL, spec.Format, field = inv.URL, urlFormat(inv.URL), "inventory.url"
-		if token != "" {
-			spec.Header, spec.HeaderValue = "Authorization", "Bearer "+token
-		}
-	case messages.InventoryDynamic:
-		spec.Plugin, spec.PluginConfig, field = inv.Plugin, inv.Config, "inventory.plugin"
-		cloud, err := aj.secret(ctx, "credentials.cloud", aj.m.Credentials.Cloud)
-		if err != nil {
+	field := inventoryField(inv.Type)
+	ri := aj.prep.inv
+	if ri == nil {
+		var err error
+		if ri, err = aj.fetchInventory(ctx, field); err != nil {
 			return err
 		}
-		spec.Env = cloudEnv(cloud)
+		aj.prep.inv = ri
 	}
-	file, hosts, commit, err := aj.cfg.Inventories.Resolve(ctx, spec, aj.inventoryRun())
-	switch {
-	case err == nil:
-	case ctx.Err() != nil:
-		return context.Cause(ctx)
-	case errors.Is(err, authz.ErrDenied):
-		aj.log.Warn().Str("reason", err.Error()).Msg("inventory URL refused: nothing fetched")
-		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: "is at an address infra may not reach"}}}
-	case errors.Is(err, inventory.ErrFetch), errors.Is(err, sources.ErrFetch), errors.Is(err, sources.ErrTooLarge) && inv.Type == messages.InventoryGit:
-		return fail(messages.StatusFailed, messages.KindInternal, "inventory: %s", aj.red.RedactString(err.Error()))
-	default:
-		// The inventory itself is wrong: malformed, too many hosts, too
-		// large, connection variables of its own, a path out of its
-		// repository.
-		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: aj.red.RedactString(err.Error())}}}
-	}
+	file, hosts, commit := ri.file, ri.hosts, ri.commit
 	aj.result.InventoryCommit = commit // a git inventory's; "" for the others
 	if len(hosts) > aj.cfg.MaxHosts {
 		return &messages.ValidationError{Fields: []messages.FieldError{{Field: field,
@@ -123,9 +95,68 @@ func (aj *ansibleJob) resolveInventory(ctx context.Context) error {
 		return &messages.ValidationError{Fields: fields}
 	}
 	if inv.Type != messages.InventoryDynamic {
-		aj.invFile, aj.invEnabled = file, inventory.Enabled(spec, file)
+		aj.invFile, aj.invEnabled = file, ri.enabled
 	}
 	return nil
+}
+
+// inventoryField is the request key a problem of an inventory of type t is
+// reported on.
+func inventoryField(t messages.InventoryType) string {
+	switch t {
+	case messages.InventoryGit:
+		return "inventory.repository"
+	case messages.InventoryURL:
+		return "inventory.url"
+	case messages.InventoryDynamic:
+		return "inventory.plugin"
+	}
+	return "inventory"
+}
+
+// fetchInventory resolves a git, URL or dynamic inventory
+// (JobInventories.Resolve), once per request (prepared.go); field is where
+// its problems are reported.
+func (aj *ansibleJob) fetchInventory(ctx context.Context, field string) (*resolvedInventory, error) {
+	inv := aj.m.Inventory
+	token, err := aj.secret(ctx, "inventory.credential", inv.Credential)
+	if err != nil {
+		return nil, err
+	}
+	spec := inventory.Spec{Kind: string(inv.Type)}
+	switch inv.Type {
+	case messages.InventoryGit:
+		spec.Repo, spec.Path = sources.Repo{URL: inv.Repository, Ref: inv.Ref, Token: token}, inv.Path
+	case messages.InventoryURL:
+		spec.URL, spec.Format = inv.URL, urlFormat(inv.URL)
+		if token != "" {
+			spec.Header, spec.HeaderValue = "Authorization", "Bearer "+token
+		}
+	case messages.InventoryDynamic:
+		spec.Plugin, spec.PluginConfig = inv.Plugin, inv.Config
+		cloud, err := aj.secret(ctx, "credentials.cloud", aj.m.Credentials.Cloud)
+		if err != nil {
+			return nil, err
+		}
+		spec.Env = cloudEnv(cloud)
+	}
+	file, hosts, commit, err := aj.cfg.Inventories.Resolve(ctx, spec, aj.inventoryRun())
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return nil, context.Cause(ctx)
+	case errors.Is(err, authz.ErrDenied):
+		aj.log.Warn().Str("reason", err.Error()).Msg("inventory URL refused: nothing fetched")
+		return nil, &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: "is at an address infra may not reach"}}}
+	case errors.Is(err, inventory.ErrFetch), errors.Is(err, sources.ErrFetch), errors.Is(err, sources.ErrTooLarge) && inv.Type == messages.InventoryGit:
+		return nil, fail(messages.StatusFailed, messages.KindInternal, "inventory: %s", aj.red.RedactString(err.Error()))
+	default:
+		// The inventory itself is wrong: malformed, too many hosts, too
+		// large, connection variables of its own, a path out of its
+		// repository.
+		return nil, &messages.ValidationError{Fields: []messages.FieldError{{Field: field, Message: aj.red.RedactString(err.Error())}}}
+	}
+	return &resolvedInventory{file: file, hosts: hosts, commit: commit, enabled: inventory.Enabled(spec, file)}, nil
 }
 
 // refusedInventoryVars are the names among vars an inventory may not set
