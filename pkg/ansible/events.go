@@ -139,8 +139,10 @@ type eventState struct {
 	malformed int
 	stats     map[string]Recap // from the stats event; nil before it
 	derived   map[string]Recap // counted from host_* events
-	failed    *FailedTask      // first non-ignored failure
-	unreached *FailedTask      // first unreachable host
+	// failures are each host's failures that were not ignored (rescued
+	// ones too: only the stats event tells), unreachables its unreachable
+	// results (those of tasks that ignore them too); see firstFailure.
+	failures, unreachables map[string]*hostTrail
 	// answered are the hosts with a result for the task running last
 	// (emptied at each task's start): the others were still on it.
 	answered map[string]bool
@@ -175,14 +177,10 @@ func (s *eventState) add(ev Event) {
 			break
 		}
 		rc.Failed++
-		if s.failed == nil {
-			s.failed = &FailedTask{Name: ev.Task, Host: ev.Host, Play: ev.Play, Message: ev.Msg}
-		}
+		s.failures = addTrail(s.failures, s.count, ev)
 	case EventHostUnreachable:
 		rc.Unreachable++
-		if s.unreached == nil {
-			s.unreached = &FailedTask{Name: ev.Task, Host: ev.Host, Play: ev.Play, Message: ev.Msg}
-		}
+		s.unreachables = addTrail(s.unreachables, s.count, ev)
 	case EventStats:
 		if ev.Stats != nil {
 			s.stats = ev.Stats
@@ -201,6 +199,101 @@ func (s *eventState) hosts() map[string]Recap {
 		return s.stats
 	}
 	return s.derived
+}
+
+// firstFailure is the first failed task that counts: not ignored, not
+// rescued, on a host that was not unreachable (a host that could not be
+// reached is unreachable, whatever its tasks did before). Nil when none.
+func (s *eventState) firstFailure() *FailedTask {
+	return s.first(s.failures, func(r Recap) int {
+		if r.Unreachable > 0 {
+			return 0
+		}
+		return r.Failed
+	})
+}
+
+// firstUnreachable is the first unreachable result that counts (not of a
+// task that ignores unreachable hosts). Nil when none.
+func (s *eventState) firstUnreachable() *FailedTask {
+	return s.first(s.unreachables, func(r Recap) int { return r.Unreachable })
+}
+
+// first is the earliest of the hosts' results in trails that the recap
+// counts: count(recap) of each host's results count, its last ones. Its
+// earlier ones are those the recap does not count as such: failures a
+// rescue caught, unreachable results a task ignored. A host goes on after
+// those and stops at one that counts; only its always sections run after
+// that. Without a stats event the recap is counted from the events: every
+// result counts, and the first one is the host's first.
+func (s *eventState) first(trails map[string]*hostTrail, count func(Recap) int) *FailedTask {
+	hosts := s.hosts()
+	var best *trailEntry
+	for h, t := range trails {
+		if e := t.standing(count(hosts[h])); e != nil && (best == nil || e.seq < best.seq) {
+			best = e
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	ft := best.ft
+	return &ft
+}
+
+// keptTrail is how many of a host's last results a hostTrail keeps: a
+// standing failure and one of an always section after it. Messages are
+// up to 32 KiB each, and a job has many hosts.
+const keptTrail = 2
+
+// hostTrail is a host's results of one kind (failed, unreachable): how
+// many, the first and the last few, numbered in event order.
+type hostTrail struct {
+	n     int
+	first trailEntry
+	last  []trailEntry // oldest first, at most keptTrail
+}
+
+type trailEntry struct {
+	seq int // the event's place in the run (eventState.count)
+	ft  FailedTask
+}
+
+// addTrail adds the host event ev, the run's seq-th event, to its host's
+// trail in trails (made when nil) and returns trails.
+func addTrail(trails map[string]*hostTrail, seq int, ev Event) map[string]*hostTrail {
+	if trails == nil {
+		trails = map[string]*hostTrail{}
+	}
+	t := trails[ev.Host]
+	if t == nil {
+		t = &hostTrail{}
+		trails[ev.Host] = t
+	}
+	e := trailEntry{seq: seq, ft: FailedTask{Name: ev.Task, Host: ev.Host, Play: ev.Play, Message: ev.Msg}}
+	if t.n == 0 {
+		t.first = e
+	}
+	t.n++
+	if len(t.last) == keptTrail {
+		t.last = append(t.last[:0], t.last[1:]...)
+	}
+	t.last = append(t.last, e)
+	return trails
+}
+
+// standing is the first of the host's last count results: the first one
+// that counts (the oldest kept when it is older than those).
+func (t *hostTrail) standing(count int) *trailEntry {
+	switch {
+	case count <= 0 || t.n == 0:
+		return nil
+	case count >= t.n:
+		return &t.first
+	case count <= len(t.last):
+		return &t.last[len(t.last)-count]
+	}
+	return &t.last[0]
 }
 
 // readLines calls fn with every line of r (without the newline) and

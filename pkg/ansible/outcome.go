@@ -16,9 +16,11 @@ type Outcome string
 const (
 	// OutcomeSucceeded: exit 0 and no failed or unreachable host.
 	OutcomeSucceeded Outcome = "succeeded"
-	// OutcomeFailed: a task failed (not ignored, not rescued).
+	// OutcomeFailed: a task failed (not ignored, not rescued) on a host
+	// that was reached, whether other hosts were or not.
 	OutcomeFailed Outcome = "failed"
-	// OutcomeUnreachable: the host could not be reached (or dropped).
+	// OutcomeUnreachable: the host (a host of a job) could not be reached
+	// (or dropped), and no task failed on another one.
 	OutcomeUnreachable Outcome = "unreachable"
 	// OutcomeTimeout: the wall-clock limit was hit and the run was killed.
 	OutcomeTimeout Outcome = "timeout"
@@ -41,9 +43,10 @@ type Result struct {
 	// Hosts is the play recap per host: from the stats event, or counted
 	// from host events when the run died before it.
 	Hosts map[string]Recap
-	// FailedTask is the first failure that decided the outcome: the failed
-	// task, the unreachable host, or for timeout/idle_timeout/cancelled the
-	// task that was running. Nil on success.
+	// FailedTask is the first failure that decided the outcome: the first
+	// failed task (not ignored, not rescued), the first unreachable host
+	// when no task failed, or for timeout/idle_timeout/cancelled the task
+	// that was running. Nil on success.
 	FailedTask *FailedTask
 	// OutputTail is the end of stdout+stderr, redacted.
 	OutputTail string
@@ -151,17 +154,22 @@ type verdict struct {
 }
 
 // classify applies the outcome rules: the runner's own stop reason first;
-// then the events (unreachable before failed; the stats event when there is
-// one, else the host events); the exit code (0 ok, 2 failed hosts, 4
-// unreachable hosts or a parse error, others errors) decides only what the
-// events leave open.
+// then the events (the stats event when there is one, else the host
+// events): a task that failed on a host that was reached before unreachable
+// hosts, and a host's own unreachability before its failures; the exit code
+// (0 ok, 2 failed hosts, 4 unreachable hosts, also with failed ones, or a
+// parse error, others errors) decides only what the events leave open.
 func (v *verdict) classify() (Outcome, *FailedTask, error) {
 	ev := v.ev
-	var anyFailed, anyUnreachable bool
+	var anyFailed bool
+	unreachable := 0
 	for _, h := range ev.hosts() {
-		anyFailed = anyFailed || h.Failed > 0
-		anyUnreachable = anyUnreachable || h.Unreachable > 0
+		anyFailed = anyFailed || (h.Failed > 0 && h.Unreachable == 0)
+		if h.Unreachable > 0 {
+			unreachable++
+		}
 	}
+	failed, unreached := ev.firstFailure(), ev.firstUnreachable()
 	// name is the host of a failure: the event's, else the run's ("" for
 	// a job's, which has no one host); hostOf and onHost phrase it.
 	name := func(ft *FailedTask) string {
@@ -203,16 +211,24 @@ func (v *verdict) classify() (Outcome, *FailedTask, error) {
 			ft = &t
 		}
 		return v.stop, ft, v.stopErr
-	case anyUnreachable || ev.unreached != nil:
+	case anyFailed:
+		// Other hosts unreachable too: ansible-playbook exits 4.
+		if v.code != 2 && (unreachable == 0 || v.code != 4) {
+			v.mismatch = "events show a failed task but the exit code is not 2"
+		}
+		also := ""
+		switch {
+		case unreachable == 1:
+			also = fmt.Sprintf("; %s unreachable", hostOf(unreached))
+		case unreachable > 1:
+			also = fmt.Sprintf("; %s and %d more unreachable", hostOf(unreached), unreachable-1)
+		}
+		return OutcomeFailed, failed, fmt.Errorf("failed on %s%s%s", onHost(failed), describe(failed), also)
+	case unreachable > 0:
 		if v.code != 4 && v.code != 3 {
 			v.mismatch = "events show an unreachable host but the exit code is not 4"
 		}
-		return OutcomeUnreachable, ev.unreached, fmt.Errorf("%s unreachable%s", hostOf(ev.unreached), describe(ev.unreached))
-	case anyFailed || (ev.stats == nil && ev.failed != nil):
-		if v.code != 2 {
-			v.mismatch = "events show a failed task but the exit code is not 2"
-		}
-		return OutcomeFailed, ev.failed, fmt.Errorf("failed on %s%s", onHost(ev.failed), describe(ev.failed))
+		return OutcomeUnreachable, unreached, fmt.Errorf("%s unreachable%s", hostOf(unreached), describe(unreached))
 	case v.code == 0:
 		if ev.stats == nil {
 			v.mismatch = "ansible-playbook exited 0 without a stats event: is the autoprov_events callback enabled?"

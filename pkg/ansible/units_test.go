@@ -92,11 +92,14 @@ func TestDecodeEventRedactsAndCounts(t *testing.T) {
 	if want := time.Date(2026, 1, 2, 3, 4, 5, 2e6, time.UTC); !evs[1].Time.Equal(want) {
 		t.Errorf("time = %v", evs[1].Time)
 	}
-	if st.failed == nil || st.failed.Name != "t2" || st.failed.Message != "real failure" || st.failed.Play != "P" {
-		t.Errorf("first failure = %+v", st.failed)
+	if f := st.failures["h"]; f == nil || f.n != 1 || f.first.ft != (FailedTask{Name: "t2", Host: "h", Play: "P", Message: "real failure"}) {
+		t.Errorf("failures = %+v, want the one not ignored", f)
 	}
-	if st.unreached == nil || st.unreached.Name != "t3" {
-		t.Errorf("unreachable = %+v", st.unreached)
+	if ft := st.firstUnreachable(); ft == nil || ft.Name != "t3" {
+		t.Errorf("unreachable = %+v", ft)
+	}
+	if ft := st.firstFailure(); ft != nil {
+		t.Errorf("first failure %+v of a host that then was unreachable", ft)
 	}
 	if got, want := st.derived["h"], (Recap{OK: 1, Changed: 1, Failed: 1, Unreachable: 1, Ignored: 1}); got != want {
 		t.Errorf("derived = %+v, want %+v", got, want)
@@ -106,11 +109,30 @@ func TestDecodeEventRedactsAndCounts(t *testing.T) {
 	}
 }
 
+// evState is the state after events, then a stats event with stats
+// (none when nil).
+func evState(stats map[string]Recap, events ...Event) *eventState {
+	s := &eventState{}
+	for _, ev := range events {
+		s.add(ev)
+	}
+	if stats != nil {
+		s.add(Event{Type: EventStats, Stats: stats})
+	}
+	return s
+}
+
+// hostEvent is the host event of type typ that reports ft.
+func hostEvent(typ string, ft *FailedTask) Event {
+	return Event{Type: typ, Task: ft.Name, Host: ft.Host, Play: ft.Play, Msg: ft.Message}
+}
+
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	failed := &FailedTask{Name: "t", Host: "h", Message: "m"}
 	gone := &FailedTask{Name: "u", Host: "h", Message: "refused"}
 	running := &FailedTask{Name: "Sleep", Host: "h"}
+	fail, unreach := func(ft *FailedTask) Event { return hostEvent(EventHostFailed, ft) }, func(ft *FailedTask) Event { return hostEvent(EventHostUnreachable, ft) }
 	tests := []struct {
 		name     string
 		v        verdict
@@ -120,16 +142,17 @@ func TestClassify(t *testing.T) {
 	}{
 		{"ok", verdict{code: 0, ev: &eventState{stats: map[string]Recap{"h": {OK: 3}}}}, OutcomeSucceeded, nil, false},
 		{"ok without events", verdict{code: 0, ev: &eventState{}}, OutcomeSucceeded, nil, true},
-		{"failed", verdict{code: 2, ev: &eventState{failed: failed, stats: map[string]Recap{"h": {Failed: 1}}}}, OutcomeFailed, failed, false},
-		{"rescued", verdict{code: 0, ev: &eventState{failed: failed, stats: map[string]Recap{"h": {OK: 1, Rescued: 1}}}}, OutcomeSucceeded, nil, false},
-		{"failed before stats", verdict{code: 137, ev: &eventState{failed: failed}}, OutcomeFailed, failed, true},
-		{"unreachable", verdict{code: 4, ev: &eventState{unreached: gone, stats: map[string]Recap{"h": {Unreachable: 1}}}}, OutcomeUnreachable, gone, false},
-		{"unreachable wins over failed", verdict{code: 4, ev: &eventState{failed: failed, unreached: gone, stats: map[string]Recap{"h": {Failed: 1, Unreachable: 1}}}}, OutcomeUnreachable, gone, false},
+		{"failed", verdict{code: 2, ev: evState(map[string]Recap{"h": {Failed: 1}}, fail(failed))}, OutcomeFailed, failed, false},
+		{"rescued", verdict{code: 0, ev: evState(map[string]Recap{"h": {OK: 1, Rescued: 1}}, fail(failed))}, OutcomeSucceeded, nil, false},
+		{"failed before stats", verdict{code: 137, ev: evState(nil, fail(failed))}, OutcomeFailed, failed, true},
+		{"unreachable", verdict{code: 4, ev: evState(map[string]Recap{"h": {Unreachable: 1}}, unreach(gone))}, OutcomeUnreachable, gone, false},
+		{"unreachable host: its failure does not count", verdict{code: 4, ev: evState(map[string]Recap{"h": {Failed: 1, Unreachable: 1}}, fail(failed), unreach(gone))}, OutcomeUnreachable, gone, false},
+		{"ignored unreachable", verdict{code: 0, ev: evState(map[string]Recap{"h": {OK: 2, Ignored: 1}}, unreach(gone))}, OutcomeSucceeded, nil, false},
 		{"exit 2 without events", verdict{code: 2, ev: &eventState{}}, OutcomeFailed, nil, true},
 		{"parse error", verdict{code: 4, ev: &eventState{}, summary: "ERROR! bad"}, OutcomeError, nil, false},
 		{"crash", verdict{code: 250, ev: &eventState{}}, OutcomeError, nil, false},
 		{"stopped", verdict{stop: OutcomeTimeout, stopErr: errors.New("too long"), code: 143, lastTask: running, ev: &eventState{}}, OutcomeTimeout, &FailedTask{Name: "Sleep", Host: "h", Message: "too long"}, false},
-		{"stopped beats events", verdict{stop: OutcomeCancelled, stopErr: errors.New("c"), code: 143, ev: &eventState{failed: failed}}, OutcomeCancelled, nil, false},
+		{"stopped beats events", verdict{stop: OutcomeCancelled, stopErr: errors.New("c"), code: 143, ev: evState(nil, fail(failed))}, OutcomeCancelled, nil, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -152,6 +175,82 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// TestClassifyJobFailedTask: of a job's hosts, the failed task is the first
+// failure that counts (not ignored, not rescued, on a host that was
+// reached), on any host, before any unreachable host; the first unreachable
+// host only when no task failed.
+func TestClassifyJobFailedTask(t *testing.T) {
+	t.Parallel()
+	ft := func(task, host, msg string) *FailedTask {
+		return &FailedTask{Name: task, Host: host, Play: "P", Message: msg}
+	}
+	fail := func(task, host, msg string) Event { return hostEvent(EventHostFailed, ft(task, host, msg)) }
+	gone := func(task, host string) Event { return hostEvent(EventHostUnreachable, ft(task, host, "refused")) }
+	ok := func(task, host string) Event { return Event{Type: EventHostOK, Task: task, Host: host, Play: "P"} }
+	type recaps = map[string]Recap
+	for _, tt := range []struct {
+		name     string
+		stats    recaps // nil: no stats event
+		events   []Event
+		code     int
+		want     Outcome
+		ft       *FailedTask
+		err      string // the error is this (when set)
+		mismatch bool
+	}{
+		{"unreachable host first, then a failed task", recaps{"down": {Unreachable: 1}, "up": {OK: 1, Failed: 1}},
+			[]Event{gone("Works", "down"), ok("Works", "up"), fail("Breaks", "up", "boom")}, 4,
+			OutcomeFailed, ft("Breaks", "up", "boom"), `failed on up in task "Breaks": boom; host down unreachable`, false},
+		{"failed task first, then an unreachable host", recaps{"down": {Unreachable: 1}, "up": {Failed: 1}},
+			[]Event{fail("Works", "up", "boom"), gone("Other", "down")}, 4,
+			OutcomeFailed, ft("Works", "up", "boom"), "", false},
+		{"a rescued failure on another host does not count", recaps{"a": {OK: 2, Rescued: 1}, "b": {OK: 1, Failed: 1}, "c": {Unreachable: 1}},
+			[]Event{gone("Works", "c"), fail("Try", "a", "caught"), ok("Rescue", "a"), fail("Install", "b", "boom")}, 4,
+			OutcomeFailed, ft("Install", "b", "boom"), "", false},
+		{"a host's rescued failure, then its real one", recaps{"a": {OK: 1, Rescued: 1, Failed: 1}, "b": {Unreachable: 1}},
+			[]Event{fail("Try", "a", "caught"), gone("Works", "b"), ok("Rescue", "a"), fail("Final", "a", "boom")}, 4,
+			OutcomeFailed, ft("Final", "a", "boom"), "", false},
+		{"a failure in an always section after the real one", recaps{"a": {Failed: 2}},
+			[]Event{fail("Main", "a", "boom"), fail("Always", "a", "again")}, 2,
+			OutcomeFailed, ft("Main", "a", "boom"), "", false},
+		{"the first of two hosts' failures", recaps{"a": {Failed: 1}, "b": {Failed: 1}},
+			[]Event{fail("Second", "b", "first"), fail("Later", "a", "then")}, 2,
+			OutcomeFailed, ft("Second", "b", "first"), `failed on b in task "Second": first`, false},
+		{"ignored unreachable host, failed task", recaps{"a": {Failed: 1}, "b": {OK: 2, Ignored: 1}},
+			[]Event{gone("Probe", "b"), fail("Install", "a", "boom")}, 2,
+			OutcomeFailed, ft("Install", "a", "boom"), `failed on a in task "Install": boom`, false},
+		{"several unreachable hosts", recaps{"a": {Failed: 1}, "b": {Unreachable: 1}, "c": {Unreachable: 1}, "d": {Unreachable: 1}},
+			[]Event{gone("Works", "c"), gone("Works", "b"), gone("Works", "d"), fail("Install", "a", "boom")}, 4,
+			OutcomeFailed, ft("Install", "a", "boom"), `failed on a in task "Install": boom; host c and 2 more unreachable`, false},
+		{"killed before stats", nil,
+			[]Event{gone("Works", "down"), fail("Breaks", "up", "boom")}, 137,
+			OutcomeFailed, ft("Breaks", "up", "boom"), `failed on up in task "Breaks": boom; host down unreachable`, true},
+		{"nothing failed: the first unreachable host", recaps{"a": {OK: 2}, "b": {Unreachable: 1}, "c": {Unreachable: 1}},
+			[]Event{gone("Works", "c"), gone("Works", "b")}, 4,
+			OutcomeUnreachable, ft("Works", "c", "refused"), `host c unreachable in task "Works": refused`, false},
+		{"a failure on a host that then was unreachable", recaps{"a": {Failed: 1, Unreachable: 1}, "b": {OK: 1}},
+			[]Event{fail("Main", "a", "boom"), gone("Always", "a")}, 4,
+			OutcomeUnreachable, ft("Always", "a", "refused"), "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := verdict{code: tt.code, ev: evState(tt.stats, tt.events...), alias: jobHostAlias}
+			out, got, err := v.classify()
+			if out != tt.want {
+				t.Errorf("outcome %s, want %s", out, tt.want)
+			}
+			if got == nil || *got != *tt.ft {
+				t.Errorf("failed task %+v, want %+v", got, tt.ft)
+			}
+			if err == nil || (tt.err != "" && err.Error() != tt.err) {
+				t.Errorf("err = %v, want %q", err, tt.err)
+			}
+			if (v.mismatch != "") != tt.mismatch {
+				t.Errorf("mismatch = %q", v.mismatch)
+			}
+		})
+	}
+}
+
 // TestClassifyJobNamesTheHost: a job's run has no one host; its outcome's
 // message names the host of the failure from the events, never the run's
 // placeholder alias ("failed on of the job").
@@ -163,13 +262,13 @@ func TestClassifyJobNamesTheHost(t *testing.T) {
 		code int
 		want string
 	}{
-		{"failed", &eventState{failed: &FailedTask{Name: "Install", Host: "web-2", Message: "boom"}, stats: map[string]Recap{"web-2": {Failed: 1}}}, 2,
+		{"failed", evState(map[string]Recap{"web-2": {Failed: 1}}, hostEvent(EventHostFailed, &FailedTask{Name: "Install", Host: "web-2", Message: "boom"})), 2,
 			`failed on web-2 in task "Install": boom`},
-		{"unreachable", &eventState{unreached: &FailedTask{Name: "Ping", Host: "db-1", Message: "refused"}, stats: map[string]Recap{"db-1": {Unreachable: 1}}}, 4,
+		{"unreachable", evState(map[string]Recap{"db-1": {Unreachable: 1}}, hostEvent(EventHostUnreachable, &FailedTask{Name: "Ping", Host: "db-1", Message: "refused"})), 4,
 			`host db-1 unreachable in task "Ping": refused`},
 		{"unreachable, no host known", &eventState{stats: map[string]Recap{"db-1": {Unreachable: 1}}}, 4,
 			`a host of the job unreachable`},
-		{"failed, no host known", &eventState{failed: &FailedTask{Name: "Install"}}, 2,
+		{"failed, no host known", evState(nil, hostEvent(EventHostFailed, &FailedTask{Name: "Install"})), 2,
 			`failed on a host of the job in task "Install"`},
 	} {
 		v := verdict{code: tt.code, ev: tt.ev, alias: jobHostAlias}
