@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 )
@@ -65,5 +66,63 @@ func TestRunJobFailedTaskOverUnreachable(t *testing.T) {
 	}
 	if res.Err == nil || !strings.Contains(res.Err.Error(), `failed on up in task "Breaks"`) || !strings.Contains(res.Err.Error(), "host down unreachable") {
 		t.Errorf("Err = %v, want the failure on up and the unreachable down", res.Err)
+	}
+}
+
+// TestRunJobTimeoutNamesTheHost: a job whose time runs out while one of
+// its two hosts runs a long task (the other skipped it) has a recap of
+// both hosts, from the events so far, and its failed task is the running
+// task on the host that was running it.
+func TestRunJobTimeoutNamesTheHost(t *testing.T) {
+	t.Parallel()
+	fast := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	slow := testenv.StartSSHD(t, testenv.SSHDOptions{})
+	r, _ := newTestRunner(t, nil)
+	tmp := targetDir(t)
+	play := `- name: Two hosts
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Works
+      ansible.builtin.ping:
+
+    - name: Sleep
+      ansible.builtin.command: sleep 300
+      changed_when: false
+      when: inventory_hostname == "slow"
+      # The target is this machine: keep a killed module's payload in
+      # the test's own directory.
+      environment:
+        TMPDIR: ` + tmp + `
+`
+	js := jobOn(fast, jobDir(t, play, "-"))
+	js.Hosts[0].Alias = "fast"
+	slowHost := hostOf(slow)
+	slowHost.Alias = "slow"
+	js.Hosts = append(js.Hosts, JobHost{Host: slowHost})
+	js.SSHKeys = [][]byte{fast.ClientKey, slow.ClientKey}
+	// Time for ansible-playbook to reach the Sleep task on a loaded
+	// machine (Python starts slowly there).
+	js.Timeout = 30 * time.Second
+	var events eventLog
+	js.OnEvent = events.add
+	res, err := r.RunJob(context.Background(), js)
+	if err != nil {
+		t.Fatalf("RunJob: %v", err)
+	}
+	if res.Outcome != OutcomeTimeout {
+		t.Fatalf("outcome %s exit %d, want timeout: %v\n%s", res.Outcome, res.ExitCode, res.Err, res.OutputTail)
+	}
+	if got, want := res.Hosts["fast"], (Recap{OK: 1, Skipped: 1}); got != want {
+		t.Errorf("recap of fast %+v, want %+v (events %v)", got, want, events.types())
+	}
+	if got, want := res.Hosts["slow"], (Recap{OK: 1}); got != want {
+		t.Errorf("recap of slow %+v, want %+v (events %v)", got, want, events.types())
+	}
+	if ft := res.FailedTask; ft == nil || ft.Name != "Sleep" || ft.Host != "slow" || ft.Play != "Two hosts" {
+		t.Errorf("FailedTask = %+v, want Sleep on slow", ft)
+	}
+	if moduleRunning(tmp) {
+		t.Error("the Sleep task's command still runs after the timeout")
 	}
 }
