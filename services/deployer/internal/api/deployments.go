@@ -250,15 +250,27 @@ func (a *API) deploymentError(w http.ResponseWriter, r *http.Request, err error)
 // restart, a failover) is no bug: it answers 503 with Retry-After, so that
 // clients and CI pipelines retry instead of failing.
 func (a *API) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
-	if store.Unreachable(err) || stream.Unreachable(err) {
+	if unreachable(err) {
 		a.log.Warn().Err(err).Str("request_id", requestID(r.Context())).Msg(what + ": a store cannot be reached")
-		w.Header().Set("Retry-After", strconv.Itoa(int(unreachableRetry/time.Second)))
-		writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable,
-			"the database or Redis cannot be reached right now; retry after the Retry-After delay (a submit with the same Idempotency-Key)")
+		retryLater(w, r, "the database or Redis cannot be reached right now; retry after the Retry-After delay (a submit with the same Idempotency-Key)")
 		return
 	}
 	a.log.Error().Err(err).Str("request_id", requestID(r.Context())).Msg(what)
 	writeProblem(w, r, http.StatusInternalServerError, ProbInternal, "an internal error occurred; the request id is in the logs")
+}
+
+// unreachable reports whether err says Postgres or Redis cannot be
+// reached right now (and a client's own cancellation never does).
+func unreachable(err error) bool { return store.Unreachable(err) || stream.Unreachable(err) }
+
+// retryLater answers 503 with detail and a Retry-After of unreachableRetry:
+// what every 503 for a dependency that is away for now (and will be back)
+// answers, so that clients wait and retry instead of failing. A 503 for
+// what this deployer does not serve (configuration) carries none: waiting
+// would not change it.
+func retryLater(w http.ResponseWriter, r *http.Request, detail string) {
+	w.Header().Set("Retry-After", strconv.Itoa(int(unreachableRetry/time.Second)))
+	writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable, detail)
 }
 
 // unreachableRetry is the Retry-After of a 503 for a store that cannot be

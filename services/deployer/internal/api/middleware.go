@@ -155,8 +155,15 @@ func (a *API) authenticate(scopes ...auth.Scope) func(http.Handler) http.Handler
 			key, err := a.deps.Auth.Authenticate(r.Context(), secret)
 			if err != nil {
 				if !errors.Is(err, auth.ErrNotFound) && !errors.Is(err, auth.ErrRevoked) {
-					a.log.Error().Err(err).Str("request_id", requestID(r.Context())).Msg("authenticate")
-					writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable, "cannot check API keys right now")
+					// Keys cannot be checked: Postgres is away (a key not
+					// cached), or the check failed otherwise (logged as
+					// an error). Either way the key may be fine: 503.
+					ev := a.log.Error()
+					if unreachable(err) {
+						ev = a.log.Warn()
+					}
+					ev.Err(err).Str("request_id", requestID(r.Context())).Msg("authenticate")
+					retryLater(w, r, "cannot check API keys right now; retry after the Retry-After delay")
 					return
 				}
 				if a.limited(w, r, "authfail:"+remoteIP(r), a.cfg.AuthFailureRate, authFailuresSpent) {
