@@ -84,8 +84,15 @@ func (a *API) credentialError(w http.ResponseWriter, r *http.Request, err error)
 		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no credential of this name in the project")
 	case errors.As(err, &se):
 		// Vault's answer (never the value): the operator reads the log.
+		// Vault away (down, sealed, overloaded) passes: retry later; a
+		// refusal (a token without the right) does not.
 		a.log.Error().Err(err).Str("request_id", requestID(r.Context())).Msg("write credential to vault")
-		writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable, "the credential's value could not be written to Vault; nothing was stored")
+		detail := "the credential's value could not be written to Vault; nothing was stored"
+		if secrets.IsUnavailable(err) {
+			retryLater(w, r, detail+"; retry after the Retry-After delay")
+			break
+		}
+		writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable, detail)
 	default:
 		a.internal(w, r, "credentials", err)
 	}

@@ -144,3 +144,27 @@ func TestCredentialValueWithoutVault(t *testing.T) {
 		t.Errorf("stored: %s", body)
 	}
 }
+
+// TestCredentialValueVaultSealed: while Vault cannot take the value (it is
+// sealed), a credential's value answers 503 with a Retry-After and stores
+// nothing; once Vault is back the same request is stored.
+func TestCredentialValueVaultSealed(t *testing.T) {
+	t.Parallel()
+	vault := vaulttest.New(t)
+	vault.EnableKV("", "secret")
+	tok := vault.CreateToken("", vaulttest.TokenSpec{WritePaths: []string{"secret/data/projects/*"}})
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"CREDENTIALS_VAULT_ADDR": vault.URL(), "CREDENTIALS_VAULT_TOKEN": tok}})
+	key := e.Key("cred", []auth.Scope{auth.ScopeCredentialsWrite}, dt.Project)
+	req := map[string]any{"project_id": dt.Project, "name": "db", "value": credentialCanary}
+
+	vault.SetSealed(true)
+	resp, body := e.Do("POST", "/api/v1/credentials", key, req)
+	assertRetryLater(t, "POST /api/v1/credentials with Vault sealed", resp, body)
+	if _, body := e.Do("GET", "/api/v1/credentials", key, nil); len(dt.JSON[api.CredentialList](t, body).Items) != 0 {
+		t.Errorf("stored while Vault was sealed: %s", body)
+	}
+	vault.SetSealed(false)
+	if resp, body := e.Do("POST", "/api/v1/credentials", key, req); resp.StatusCode != 201 {
+		t.Errorf("once Vault is back: %d %s", resp.StatusCode, body)
+	}
+}

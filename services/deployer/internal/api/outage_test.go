@@ -118,7 +118,7 @@ func TestPostgresOutageAnswers503(t *testing.T) {
 	} {
 		for _, req := range requests {
 			resp, body := e.Do(req.method, req.path, keyed.keys[req.role], req.body, req.hdr...)
-			what := req.method + " " + req.path + " (" + keyed.name + ")"
+			what := req.method + " " + req.path + " with Postgres away (" + keyed.name + ")"
 			assertRetryLater(t, what, resp, body)
 		}
 	}
@@ -161,7 +161,7 @@ func TestPostgresOutageAnswers503(t *testing.T) {
 func assertRetryLater(t *testing.T, what string, resp *http.Response, body []byte) {
 	t.Helper()
 	if resp.StatusCode != 503 {
-		t.Errorf("%s with Postgres away: %d, want 503: %s", what, resp.StatusCode, body)
+		t.Errorf("%s: %d, want 503: %s", what, resp.StatusCode, body)
 		return
 	}
 	if p := dt.JSON[api.Problem](t, body); p.Type == "" || p.Status != 503 {
