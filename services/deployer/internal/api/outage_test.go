@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
@@ -172,4 +174,41 @@ func assertRetryLater(t *testing.T, what string, resp *http.Response, body []byt
 	} else if n, err := strconv.Atoi(ra); err != nil || n <= 0 {
 		t.Errorf("%s: Retry-After %q, want a positive number of seconds", what, ra)
 	}
+}
+
+// With Redis out of reach (Postgres up), a deployment's progress stream,
+// which reads its events from Redis, answers 503 with a Retry-After, and
+// streams again once Redis is back.
+func TestRedisOutageEventsAnswer503(t *testing.T) {
+	t.Parallel()
+	opt, err := redis.ParseURL(testenv.RedisDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.StartProxy(t, opt.Addr)
+	opt.Addr = proxy.Addr
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	e := dt.Start(t, dt.Options{Redis: rdb, NoInfra: true, Env: map[string]string{"API_KEY_CACHE_TTL": "10m"}})
+	resp, body := e.Do("POST", "/api/v1/deployments", e.CI, dt.Request())
+	if resp.StatusCode != 202 {
+		t.Fatalf("submit: %d %s", resp.StatusCode, body)
+	}
+	events := "/api/v1/deployments/" + dt.JSON[struct{ ID string }](t, body).ID + "/events"
+
+	proxy.Cut()
+	resp, body = e.Do("GET", events, e.CI, nil)
+	if resp.StatusCode != 503 {
+		t.Fatalf("GET %s with Redis away: %d, want 503: %s", events, resp.StatusCode, body)
+	}
+	if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || n <= 0 {
+		t.Errorf("GET %s with Redis away: Retry-After %q, want a positive number of seconds", events, resp.Header.Get("Retry-After"))
+	}
+
+	proxy.Restore()
+	testenv.WaitFor(t, 30*time.Second, "the stream to open again", func() bool {
+		s := e.OpenSSE(t, events, e.CI, "")
+		defer s.Close()
+		return s.Resp.StatusCode == 200
+	})
 }

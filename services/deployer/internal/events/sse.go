@@ -72,7 +72,10 @@ func (h *Hub) Serve(w http.ResponseWriter, r *http.Request, req Request, cfg Str
 	}
 	sub, err := h.SubscribeKind(ctx, cmp.Or(req.Kind, messages.JobKindDeploy), req.JobID, req.LastEventID)
 	if err != nil {
+		// Redis is away (or the client went): a client that retries
+		// waits the stream's reconnection delay, as after a shutdown.
 		h.cfg.Logger.Warn().Err(err).Str("job_id", req.JobID).Msg("subscribe to progress")
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(time.Second, cfg.Retry.Round(time.Second))/time.Second)))
 		http.Error(w, "progress events are unavailable right now", http.StatusServiceUnavailable)
 		return
 	}
