@@ -24,6 +24,14 @@ const benchJobsPlaybook = `- name: Trivial
       ansible.builtin.ping:
 `
 
+// benchJobsRequirements is the requirements file of v2, the trivial
+// playbook's second repository state: a collection of the Galaxy stand-in
+// that the play does not use (what is measured is its install).
+const benchJobsRequirements = `collections:
+  - name: acme.bench
+    version: 1.0.0
+`
+
 // Shape of BenchmarkJobsVsBare: replicas of infra, each with
 // STREAM_CONCURRENCY=benchJobsSlots, so the bare loop runs
 // benchJobsReplicas*benchJobsSlots plays at a time, over benchJobsTargets.
@@ -51,7 +59,13 @@ const (
 // loop one at a time (goal: within 1.15x), and the same jobs submitted at
 // once (goal: no slower than one after another), with the git fetches per
 // job of each (upload-pack requests the repository server saw: 0 when the
-// cached checkout was current). Run with -benchtime=1x.
+// cached checkout was current). Both API cases run again on v2, the same
+// playbook with a requirements file (a collection from a Galaxy stand-in),
+// infra's cache of installed requirements emptied before each, so that
+// its first jobs meet a requirements set none installed yet: beside the
+// fetches, the Galaxy downloads per job and per distinct requirements set
+// (goal: 1 per distinct repository state and requirements set). Run with
+// -benchtime=1x.
 func BenchmarkJobsVsBare(b *testing.B) {
 	n, seq := 200, 20
 	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS")); err == nil && v > 0 {
@@ -69,8 +83,14 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		token := "ghs_" + testenv.Unique("")
 		repos := b.TempDir()
 		jobRepo(b, repos, benchJobsPlaybook)
+		jobRepoTag(b, repos, "v2", map[string]string{"collections/requirements.yml": benchJobsRequirements})
 		gitURL, git := serveRepos(b, "127.0.0.1", token, repos)
-		stack := startJobStack(b, token, sshds[0].ClientKey)
+		hub := testenv.NewGalaxyServer(b, "")
+		hub.Add(b, testenv.BuildCollection(b, "acme", "bench", "1.0.0",
+			map[string]string{"roles/noop/tasks/main.yml": "- name: Nothing\n  ansible.builtin.meta: noop\n"}))
+		galaxyCache := filepath.Join(b.TempDir(), "galaxy")
+		stack := startJobStack(b, token, sshds[0].ClientKey,
+			"GALAXY_SERVERS=hub="+hub.URL, "GALAXY_ALLOW_HTTP=true", "GALAXY_CACHE_DIR="+galaxyCache)
 		var infras []*testenv.Process
 		for range benchJobsReplicas {
 			infras = append(infras, stack.startInfra(b, fmt.Sprintf("STREAM_CONCURRENCY=%d", benchJobsSlots), "LOG_LEVEL=info"))
@@ -89,13 +109,20 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		bare := func(jobs int) time.Duration {
 			return bareJobLoop(b, stack.root, checkout, invs, jobs, benchJobsReplicas*benchJobsSlots)
 		}
-		viaAPIOn := func(prefix string, on []*testenv.SSHD, jobs int) time.Duration {
-			return apiJobs(b, stack, gitURL, on, prefix, jobs)
+		viaAPIOn := func(prefix, ref string, on []*testenv.SSHD, jobs int) time.Duration {
+			return apiJobs(b, stack, gitURL, ref, on, prefix, jobs)
 		}
-		viaAPI := func(prefix string, jobs int) time.Duration { return viaAPIOn(prefix, sshds, jobs) }
-		// Warm both: page cache, infra's bare clone, first host key pins.
+		viaAPI := func(prefix string, jobs int) time.Duration { return viaAPIOn(prefix, "v1", sshds, jobs) }
+		// Warm both: page cache, infra's bare clone (v2 too: the git side
+		// of its cases is that of v1's), first host key pins.
 		bare(benchJobsTargets)
 		viaAPI("warm", benchJobsTargets)
+		// v2's first jobs, at once over every target: a requirements set
+		// that every replica meets at once (its commit came with v1's
+		// clone, so git-wise it is no new state).
+		wg0, wd0 := git.uploadPacks.Load(), hub.Downloads()
+		viaAPIOn("warm-v2", "v2", sshds, benchJobsTargets)
+		wg1, wd1 := git.uploadPacks.Load(), hub.Downloads()
 
 		b.ResetTimer()
 		c0 := testenv.MachineCPU(b)
@@ -110,13 +137,26 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		// then the same jobs submitted at once, which contend for the host.
 		seqBare := bareJobLoop(b, stack.root, checkout, invs[:1], seq, 1)
 		g0, c4 := git.uploadPacks.Load(), testenv.MachineCPU(b)
-		var seqAPI time.Duration
-		for i := range seq {
-			seqAPI += viaAPIOn(fmt.Sprintf("seq%d", i), sshds[:1], 1)
+		oneByOne := func(prefix, ref string) (d time.Duration) {
+			for i := range seq {
+				d += viaAPIOn(fmt.Sprintf("%s%d", prefix, i), ref, sshds[:1], 1)
+			}
+			return d
 		}
+		seqAPI := oneByOne("seq", "v1")
 		g1, c5 := git.uploadPacks.Load(), testenv.MachineCPU(b)
-		onceAPI := viaAPIOn("once", sshds[:1], seq)
+		onceAPI := viaAPIOn("once", "v1", sshds[:1], seq)
 		g2, c6 := git.uploadPacks.Load(), testenv.MachineCPU(b)
+		// The same on v2, each case's first jobs meeting its requirements
+		// set anew: one distinct repository state and requirements set
+		// per case.
+		emptyDir(b, galaxyCache)
+		d0, g3, c7 := hub.Downloads(), git.uploadPacks.Load(), testenv.MachineCPU(b)
+		seqReqs := oneByOne("seq-v2-", "v2")
+		emptyDir(b, galaxyCache)
+		d1, g4, c8 := hub.Downloads(), git.uploadPacks.Load(), testenv.MachineCPU(b)
+		onceReqs := viaAPIOn("once-v2", "v2", sshds[:1], seq)
+		d2, g5, c9 := hub.Downloads(), git.uploadPacks.Load(), testenv.MachineCPU(b)
 		b.StopTimer()
 		ref := (bare1 + bare2) / 2
 		ratio := api.Seconds() / ref.Seconds()
@@ -129,17 +169,31 @@ func BenchmarkJobsVsBare(b *testing.B) {
 			"bare loop again", bare2.Seconds(), float64(n)/bare2.Seconds(), (c3-c2).Milliseconds()/int64(n),
 			"API / mean of bare", ratio)
 		seqRatio, onceRatio := seqAPI.Seconds()/seqBare.Seconds(), onceAPI.Seconds()/seqAPI.Seconds()
+		reqsRatio := onceReqs.Seconds() / seqReqs.Seconds()
 		perJob := func(a, z int32) float64 { return float64(z-a) / float64(seq) }
-		report += fmt.Sprintf("\n%d jobs of the same playbook on one target\n"+
-			"%-28s %10s %14s %16s\n%-28s %10.2f %14s %16s\n%-28s %10.2f %14d %16.2f\n%-28s %10.2f %14d %16.2f\n"+
-			"%-28s %10.3f (goal <= 1.15)\n%-28s %10.3f (goal <= 1.0)\n",
-			seq, "", "seconds", "CPU ms/job", "git fetches/job",
-			"bare loop, one at a time", seqBare.Seconds(), "-", "-",
-			"API, one after another", seqAPI.Seconds(), (c5-c4).Milliseconds()/int64(seq), perJob(g0, g1),
-			"API, all at once", onceAPI.Seconds(), (c6-c5).Milliseconds()/int64(seq), perJob(g1, g2),
-			"one after another / bare", seqRatio, "all at once / one by one", onceRatio)
+		// Each v2 case is one distinct repository state and requirements
+		// set (the cache emptied before it).
+		const sets = 1
+		perSet := func(a, z int) float64 { return float64(z-a) / sets }
+		row := "%-28s %10.2f %14d %16.2f %16.2f %12.2f\n"
+		report += fmt.Sprintf("\n%d jobs of the same playbook on one target (v2: with a requirements file, "+
+			"infra's Galaxy cache emptied before each case)\n"+
+			"%-28s %10s %14s %16s %16s %12s\n%-28s %10.2f %14s %16s %16s %12s\n%-28s %10.2f %14d %16.2f %16s %12s\n%-28s %10.2f %14d %16.2f %16s %12s\n"+
+			row+row+
+			"%-28s %10.3f (goal <= 1.15)\n%-28s %10.3f (goal <= 1.0)\n%-28s %10.3f (goal <= 1.0)\n",
+			seq, "", "seconds", "CPU ms/job", "git fetches/job", "Galaxy dl/job", "dl/req set",
+			"bare loop, one at a time", seqBare.Seconds(), "-", "-", "-", "-",
+			"API, one after another", seqAPI.Seconds(), (c5-c4).Milliseconds()/int64(seq), perJob(g0, g1), "-", "-",
+			"API, all at once", onceAPI.Seconds(), (c6-c5).Milliseconds()/int64(seq), perJob(g1, g2), "-", "-",
+			"v2, one after another", seqReqs.Seconds(), (c8-c7).Milliseconds()/int64(seq), perJob(g3, g4), float64(d1-d0)/float64(seq), perSet(d0, d1),
+			"v2, all at once", onceReqs.Seconds(), (c9-c8).Milliseconds()/int64(seq), perJob(g4, g5), float64(d2-d1)/float64(seq), perSet(d1, d2),
+			"one after another / bare", seqRatio, "all at once / one by one", onceRatio, "v2: at once / one by one", reqsRatio)
+		report += fmt.Sprintf("v2's first %d jobs (warm-up), at once over %d targets: %.2f git fetches/job, "+
+			"%d Galaxy downloads of its one requirements set (goal 1)\n",
+			benchJobsTargets, benchJobsTargets, float64(wg1-wg0)/benchJobsTargets, wd1-wd0)
 		b.ReportMetric(seqRatio, "seq-api/bare")
 		b.ReportMetric(onceRatio, "once/seq")
+		b.ReportMetric(perSet(d1, d2), "once-downloads/set")
 		b.ReportMetric(api.Seconds(), "api-s")
 		b.ReportMetric(ref.Seconds(), "bare-s")
 		b.ReportMetric(ratio, "api/bare")
@@ -185,18 +239,18 @@ func bareJobLoop(b *testing.B, root, checkout string, invs []string, n, conc int
 	return time.Since(start)
 }
 
-// apiJobs submits n jobs of site.yml at v1 through the API, job i on
+// apiJobs submits n jobs of site.yml at ref through the API, job i on
 // target i mod len(sshds), all at once, waits for every one to succeed and
 // returns the wall time from the first submission to the last result. A
 // submission the key's rate limit (API_RATE_LIMIT) refuses is sent again.
-func apiJobs(b *testing.B, stack *jobStack, gitURL string, sshds []*testenv.SSHD, prefix string, n int) time.Duration {
+func apiJobs(b *testing.B, stack *jobStack, gitURL, ref string, sshds []*testenv.SSHD, prefix string, n int) time.Duration {
 	start := time.Now()
 	ids := make([]string, n)
 	for i := range n {
 		s := sshds[i%len(sshds)]
-		job := fmt.Sprintf(`{"source":{"type":"playbook","repository":%q,"ref":"v1","paths":["site.yml"],"git_credential":"git"},
+		job := fmt.Sprintf(`{"source":{"type":"playbook","repository":%q,"ref":%q,"paths":["site.yml"],"git_credential":"git"},
 			"inventory":{"type":"inline","hosts":{"t%d":{"ansible_host":%q,"ansible_port":%d,"ansible_user":%q}}},
-			"credentials":{"ssh":"ssh"},"options":{"timeout":600}}`, gitURL+"/org/ops.git", i%len(sshds), s.Host, s.Port, s.User)
+			"credentials":{"ssh":"ssh"},"options":{"timeout":600}}`, gitURL+"/org/ops.git", ref, i%len(sshds), s.Host, s.Port, s.User)
 		code, resp := stack.call(b, "POST", "/jobs", job)
 		for code == 429 { // the key's rate limit, as a CI client meets it
 			time.Sleep(100 * time.Millisecond)
@@ -224,4 +278,17 @@ func apiJobs(b *testing.B, stack *jobStack, gitURL string, sshds []*testenv.SSHD
 		}
 	}
 	return time.Since(start)
+}
+
+// emptyDir removes what dir holds, keeping dir.
+func emptyDir(b *testing.B, dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -32,6 +32,28 @@ func jobRepo(tb testing.TB, root, site string) {
 	git("clone", "-q", "--bare", work, filepath.Join(root, "org", "ops.git"))
 }
 
+// jobRepoTag adds a commit to the repository of jobRepo at root, on top
+// of its main branch, that writes files (path: content), and tags it tag.
+func jobRepoTag(tb testing.TB, root, tag string, files map[string]string) {
+	tb.Helper()
+	work := filepath.Join(tb.TempDir(), "work")
+	git := gitRunner(tb, root)
+	git("clone", "-q", filepath.Join(root, "org", "ops.git"), work)
+	for name, content := range files {
+		p := filepath.Join(work, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	git("-C", work, "add", "-A")
+	git("-C", work, "commit", "-q", "-m", tag)
+	git("-C", work, "tag", tag)
+	git("-C", work, "push", "-q", "origin", "main", tag)
+}
+
 // gitRunner returns a function that runs git with args, HOME at home and
 // a fixed author, and fails tb when git does.
 func gitRunner(tb testing.TB, home string) func(args ...string) {
