@@ -3,14 +3,12 @@ package api_test
 import (
 	"context"
 	"net/http"
-	"net/url"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
@@ -34,17 +32,7 @@ type outageRequest struct {
 func TestPostgresOutageAnswers503(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := testenv.Postgres(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.StartProxy(t, u.Host)
-	pool, err := store.Open(ctx, proxy.URL(t, dsn))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, proxy := dt.ProxiedPool(t)
 	keys := auth.NewStore(pool)
 	newKey := func(name string, scopes []auth.Scope, projects ...string) (string, string) {
 		k, secret, err := keys.Create(ctx, auth.NewKey{Name: name, Scopes: scopes, Projects: projects})
