@@ -269,9 +269,14 @@ func unreachable(err error) bool { return store.Unreachable(err) || stream.Unrea
 // what this deployer does not serve (configuration) carries none: waiting
 // would not change it.
 func retryLater(w http.ResponseWriter, r *http.Request, detail string) {
-	w.Header().Set("Retry-After", strconv.Itoa(int(unreachableRetry/time.Second)))
+	RetryAfter(w.Header())
 	writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable, detail)
 }
+
+// RetryAfter sets h's Retry-After to unreachableRetry, the delay of a 503
+// for a store that cannot be reached: the console's pages answer such
+// 503s too.
+func RetryAfter(h http.Header) { h.Set("Retry-After", strconv.Itoa(int(unreachableRetry/time.Second))) }
 
 // unreachableRetry is the Retry-After of a 503 for a store that cannot be
 // reached: about how long a Postgres restart or failover takes.

@@ -28,6 +28,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/pkg/runlog"
 	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
@@ -285,6 +286,7 @@ func (c *Console) session(next http.Handler) http.Handler {
 			return
 		case err != nil:
 			c.log.Error().Err(err).Msg("read session")
+			api.RetryAfter(w.Header()) // Postgres is away, for now
 			c.fail(w, r, http.StatusServiceUnavailable, "Sessions cannot be checked right now.")
 			return
 		}
@@ -347,12 +349,14 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		return
 	case err != nil:
 		c.log.Error().Err(err).Msg("sign in")
+		api.RetryAfter(w.Header())
 		c.showSignin(w, r, http.StatusServiceUnavailable, "API keys cannot be checked right now.")
 		return
 	}
 	token, _, err := c.deps.Sessions.Create(r.Context(), key.ID, c.cfg.SessionTTL)
 	if err != nil {
 		c.log.Error().Err(err).Msg("sign in")
+		api.RetryAfter(w.Header())
 		c.showSignin(w, r, http.StatusServiceUnavailable, "Sessions cannot be made right now.")
 		return
 	}
