@@ -326,7 +326,13 @@ func (g *Galaxy) install(ctx context.Context, runDir, scope string, cs []collect
 	// One install per scope and requirements set at a time: a second job
 	// with the same requirements waits for the first and copies its result.
 	key := g.cacheKey(scope, cs, rs)
-	unlock := g.cache.lock(key)
+	unlock, err := g.cache.lock(ctx, key)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Installed{}, context.Cause(ctx)
+		}
+		return Installed{}, err
+	}
 	defer unlock()
 	hit, err := g.cache.get(key, inst)
 	if err != nil || hit {

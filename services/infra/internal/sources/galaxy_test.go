@@ -302,15 +302,21 @@ func TestGalaxyCacheOncePerProjectAndSet(t *testing.T) {
 		}
 	}
 
-	// Jobs of one project with the same set at once: one download, the
-	// others wait for it and copy.
+	// Jobs of one project with the same set at once, on two replicas
+	// sharing the cache's directory (two Galaxy instances over it): one
+	// download, the others wait for it and copy.
 	const projectC = "7d0f3f4e-5b0a-4c7e-9a51-0c8f4a2b1e03"
+	other, err := NewGalaxy(GalaxyConfig{Servers: []string{"hub=" + hub.URL}, AllowHTTP: true, CacheDir: cacheDir, CacheTTL: time.Hour}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
 	before := hub.Downloads()
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	insts := make([]Installed, 4)
 	for i := range errs {
-		wg.Go(func() { insts[i], errs[i] = g.Install(context.Background(), t.TempDir(), projectC, reqs, nil) })
+		replica := []*Galaxy{g, other}[i%2]
+		wg.Go(func() { insts[i], errs[i] = replica.Install(context.Background(), t.TempDir(), projectC, reqs, nil) })
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -319,7 +325,7 @@ func TestGalaxyCacheOncePerProjectAndSet(t *testing.T) {
 		}
 	}
 	if got := hub.Downloads() - before; got != 1 {
-		t.Errorf("4 jobs at once downloaded %d times, want once", got)
+		t.Errorf("4 jobs at once on two replicas downloaded %d times, want once", got)
 	}
 
 	// A run from the cache plays the collection's role.

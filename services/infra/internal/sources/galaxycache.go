@@ -1,6 +1,7 @@
 package sources
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -20,21 +20,12 @@ import (
 // A scope is never served another's install: a private collection fetched
 // with one project's Galaxy token stays that project's. Version ranges
 // are resolved again after ttl. Entries are swapped in whole (a rename),
-// so replicas sharing the directory read complete ones; each replica
-// installs a set at most once at a time.
+// so replicas sharing the directory read complete ones; a set is
+// installed once at a time, whichever jobs and replicas of the machine
+// need it (a file lock per key, see lock).
 type installCache struct {
 	dir string
 	ttl time.Duration
-
-	mu    sync.Mutex
-	locks map[string]*keyLock
-}
-
-// keyLock is the lock of one key and the number of its holders and
-// waiters (the entry goes when it reaches zero).
-type keyLock struct {
-	sync.Mutex
-	users int
 }
 
 // installedMark is the file of a complete entry; its time is the install's.
@@ -47,7 +38,7 @@ func newInstallCache(dir string, ttl time.Duration) (*installCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("galaxy cache: %w", err)
 	}
-	return &installCache{dir: dir, ttl: ttl, locks: map[string]*keyLock{}}, nil
+	return &installCache{dir: dir, ttl: ttl}, nil
 }
 
 // cacheKey is the digest of what decides an install: the scope, the
@@ -72,25 +63,18 @@ func (g *Galaxy) serverList() []string {
 	return out
 }
 
-// lock holds key's lock until the returned function is called.
-func (c *installCache) lock(key string) func() {
-	c.mu.Lock()
-	l := c.locks[key]
-	if l == nil {
-		l = &keyLock{}
-		c.locks[key] = l
+// lock holds key's lock until the returned function is called, or until
+// ctx ends (an error). It is an flock on .lock-<key> in the cache's
+// directory, so that two jobs of one replica exclude each other as two
+// replicas sharing the directory do. The lock files are kept (empty, one
+// per set): removing one while another job opens it would let two hold
+// the key.
+func (c *installCache) lock(ctx context.Context, key string) (func(), error) {
+	unlock, err := lockFile(ctx, filepath.Join(c.dir, ".lock-"+key), true)
+	if err != nil {
+		return nil, fmt.Errorf("galaxy cache lock: %w", err)
 	}
-	l.users++
-	c.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		c.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(c.locks, key)
-		}
-		c.mu.Unlock()
-	}
+	return unlock, nil
 }
 
 // get copies key's entry into inst when it is complete and younger than
