@@ -288,7 +288,7 @@ type ansibleJob struct {
 
 	prep      *preparedJob // what it prepared, at this look or an earlier one
 	dir       string       // the job's private directory (prep.dir)
-	hosts     []*jobHost // in the inventory's order
+	hosts     []*jobHost   // in the inventory's order
 	groups    map[string]ansible.JobGroup
 	playbooks []string // absolute paths in the checkout, in order
 	names     []string // the playbooks as the result names them
