@@ -354,7 +354,7 @@ func TestLeaseLostCancelsHandlerAndAcksNothing(t *testing.T) {
 	started := make(chan struct{}, 1)
 	var runs atomic.Int32
 	ev := newEvents()
-	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: 200 * time.Millisecond, Hook: ev.hook},
+	running(t, newConsumer(t, rdb, stream.Config{Group: g, Streams: []string{s}, Lease: time.Second, Hook: ev.hook},
 		stream.HandlerFunc(func(ctx context.Context, msg *stream.Message) error {
 			runs.Add(1)
 			started <- struct{}{}
