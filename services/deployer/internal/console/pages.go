@@ -505,8 +505,7 @@ func (c *Console) runsPage(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &bad), errors.Is(err, errBadCursor), before == nil && runs == nil && f.Status != "" && !slices.Contains(runStatuses, f.Status):
 		data["Error"] = err.Error()
 	default:
-		c.log.Error().Err(err).Msg("list runs")
-		c.fail(w, r, http.StatusInternalServerError, "The runs cannot be listed right now.")
+		c.failStore(w, r, err, "list runs", "The runs cannot be listed right now.")
 		return
 	}
 	data["Runs"] = runs

@@ -33,8 +33,7 @@ func (c *Console) provisionRun(w http.ResponseWriter, r *http.Request) (*fleet.R
 		return nil, nil
 	}
 	if err != nil {
-		c.log.Error().Err(err).Msg("read run")
-		c.fail(w, r, http.StatusInternalServerError, "The run cannot be read right now.")
+		c.failStore(w, r, err, "read run", "The run cannot be read right now.")
 		return nil, nil
 	}
 	return run, result
@@ -117,8 +116,7 @@ func (c *Console) provisionLogFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		c.log.Error().Err(err).Str("job_id", run.JobID).Msg("open provisioning log")
-		c.fail(w, r, http.StatusInternalServerError, "The log cannot be read right now.")
+		c.failStore(w, r, err, "open provisioning log of "+run.JobID, "The log cannot be read right now.")
 		return
 	}
 	defer rc.Close()

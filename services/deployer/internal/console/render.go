@@ -14,6 +14,8 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/store"
+	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 )
@@ -99,6 +101,21 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, pag
 // fail shows an error page.
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	c.render(w, r, status, "error", map[string]any{"Title": http.StatusText(status), "Message": msg, "Status": status})
+}
+
+// failStore shows the error page of what a store could not do: 503 with
+// Retry-After when Postgres or Redis cannot be reached right now (a
+// restart, a failover: the page works again in a moment), else 500, logged
+// as what.
+func (c *Console) failStore(w http.ResponseWriter, r *http.Request, err error, what, msg string) {
+	if store.Unreachable(err) || stream.Unreachable(err) {
+		c.log.Warn().Err(err).Msg(what + ": a store cannot be reached")
+		api.RetryAfter(w.Header())
+		c.fail(w, r, http.StatusServiceUnavailable, msg+" Try again in a few seconds.")
+		return
+	}
+	c.log.Error().Err(err).Msg(what)
+	c.fail(w, r, http.StatusInternalServerError, msg)
 }
 
 // apiResult is the answer of an in-process API call.
@@ -194,6 +211,9 @@ func (c *Console) failAPI(w http.ResponseWriter, r *http.Request, res *apiResult
 	msg := res.Problem.Detail
 	if msg == "" {
 		msg = res.Problem.Title
+	}
+	if ra := res.Header.Get("Retry-After"); ra != "" {
+		w.Header().Set("Retry-After", ra) // a 503 or 429 the API says to retry
 	}
 	c.fail(w, r, res.Status, msg)
 }
