@@ -250,7 +250,7 @@ func (a *API) deploymentError(w http.ResponseWriter, r *http.Request, err error)
 // restart, a failover) is no bug: it answers 503 with Retry-After, so that
 // clients and CI pipelines retry instead of failing.
 func (a *API) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
-	if unreachable(err) {
+	if Unreachable(err) {
 		a.log.Warn().Err(err).Str("request_id", requestID(r.Context())).Msg(what + ": a store cannot be reached")
 		retryLater(w, r, "the database or Redis cannot be reached right now; retry after the Retry-After delay (a submit with the same Idempotency-Key)")
 		return
@@ -259,9 +259,10 @@ func (a *API) internal(w http.ResponseWriter, r *http.Request, what string, err 
 	writeProblem(w, r, http.StatusInternalServerError, ProbInternal, "an internal error occurred; the request id is in the logs")
 }
 
-// unreachable reports whether err says Postgres or Redis cannot be
-// reached right now (and a client's own cancellation never does).
-func unreachable(err error) bool { return store.Unreachable(err) || stream.Unreachable(err) }
+// Unreachable reports whether err says Postgres or Redis cannot be
+// reached right now (and a client's own cancellation never does): what the
+// API and the console's pages answer 503 with Retry-After for.
+func Unreachable(err error) bool { return store.Unreachable(err) || stream.Unreachable(err) }
 
 // retryLater answers 503 with detail and a Retry-After of unreachableRetry:
 // what every 503 for a dependency that is away for now (and will be back)

@@ -159,7 +159,7 @@ func (a *API) authenticate(scopes ...auth.Scope) func(http.Handler) http.Handler
 					// cached), or the check failed otherwise (logged as
 					// an error). Either way the key may be fine: 503.
 					ev := a.log.Error()
-					if unreachable(err) {
+					if Unreachable(err) {
 						ev = a.log.Warn()
 					}
 					ev.Err(err).Str("request_id", requestID(r.Context())).Msg("authenticate")

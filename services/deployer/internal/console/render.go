@@ -14,8 +14,6 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
-	"github.com/autoprovisioner/autoprovisioner/pkg/store"
-	"github.com/autoprovisioner/autoprovisioner/pkg/stream"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 )
@@ -108,7 +106,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 // restart, a failover: the page works again in a moment), else 500, logged
 // as what.
 func (c *Console) failStore(w http.ResponseWriter, r *http.Request, err error, what, msg string) {
-	if store.Unreachable(err) || stream.Unreachable(err) {
+	if api.Unreachable(err) {
 		c.log.Warn().Err(err).Msg(what + ": a store cannot be reached")
 		api.RetryAfter(w.Header())
 		c.fail(w, r, http.StatusServiceUnavailable, msg+" Try again in a few seconds.")
