@@ -78,10 +78,15 @@ type Server struct {
 
 	mu        sync.Mutex
 	instances []Instance
-	fail      []fault
-	requests  []url.Values
-	tokens    map[string]int // next token -> offset
-	delay     time.Duration
+	// unsorted: instances were added since they were last sorted by id.
+	unsorted bool
+	fail     []fault
+	requests []url.Values
+	// tokens: next token -> the listing it pages through (the instances
+	// that matched at its first page, as EC2's pagination sees them) and
+	// where the next page starts in it.
+	tokens map[string]cursor
+	delay  time.Duration
 }
 
 type fault struct {
@@ -93,7 +98,7 @@ type fault struct {
 // New starts a stand-in for region accepting the access key id with its
 // secret. Close it when done.
 func New(region, accessKeyID, secretKey string) *Server {
-	s := &Server{region: region, keys: map[string]string{accessKeyID: secretKey}, tokens: map[string]int{}}
+	s := &Server{region: region, keys: map[string]string{accessKeyID: secretKey}, tokens: map[string]cursor{}}
 	s.hs = httptest.NewServer(http.HandlerFunc(s.serve))
 	return s
 }
@@ -125,6 +130,7 @@ func (s *Server) Add(in ...Instance) {
 			i.ReservationID = "r-" + strings.TrimPrefix(i.ID, "i-")
 		}
 		s.instances = append(s.instances, i)
+		s.unsorted = true
 	}
 }
 
@@ -323,29 +329,37 @@ func (s *Server) describeInstances(w http.ResponseWriter, form url.Values) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	offset := 0
+	var match []Instance
 	if tok := form.Get("NextToken"); tok != "" {
-		o, ok := s.tokens[tok]
+		c, ok := s.tokens[tok]
 		if !ok {
 			writeError(w, http.StatusBadRequest, "InvalidPaginationToken", "The specified pagination token is not valid or is expired.")
 			return
 		}
-		offset = o
-	}
-	var match []Instance
-	known := map[string]bool{}
-	for _, in := range s.instances {
-		known[in.ID] = true
-		if (len(ids) == 0 || contains(ids, in.ID)) && matches(in, filters) {
-			match = append(match, in)
+		match, offset = c.match, c.offset
+	} else {
+		// Kept in id order, sorted once after adds, and matched once a
+		// listing: a page of a million instances costs its page.
+		if s.unsorted {
+			sort.SliceStable(s.instances, func(i, j int) bool { return s.instances[i].ID < s.instances[j].ID })
+			s.unsorted = false
+		}
+		known := map[string]bool{}
+		for _, in := range s.instances {
+			if len(ids) > 0 {
+				known[in.ID] = true
+			}
+			if (len(ids) == 0 || contains(ids, in.ID)) && matches(in, filters) {
+				match = append(match, in)
+			}
+		}
+		for _, id := range ids {
+			if !known[id] {
+				writeError(w, http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id))
+				return
+			}
 		}
 	}
-	for _, id := range ids {
-		if !known[id] {
-			writeError(w, http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id))
-			return
-		}
-	}
-	sort.Slice(match, func(i, j int) bool { return match[i].ID < match[j].ID })
 	if offset > len(match) {
 		offset = len(match)
 	}
@@ -354,9 +368,15 @@ func (s *Server) describeInstances(w http.ResponseWriter, form url.Values) {
 	if maxResults > 0 && len(page) > maxResults {
 		page = page[:maxResults]
 		next = newToken()
-		s.tokens[next] = offset + maxResults
+		s.tokens[next] = cursor{match: match, offset: offset + maxResults}
 	}
 	writeXML(w, s.response(page, next))
+}
+
+// cursor is where a paginated listing is (Server.tokens).
+type cursor struct {
+	match  []Instance
+	offset int
 }
 
 func contains(list []string, s string) bool {
