@@ -34,7 +34,8 @@ func TestKillDuringFirstListing(t *testing.T) {
 	// of 1,000 (EC2's most) above; the kill comes after 5/8 of them.
 	pageSize := min(1000, max(500, n/1000))
 	pages := (n + pageSize - 1) / pageSize
-	// Time to list and write them: a minute, and about 250 s a million (EC2 pages, then Postgres).
+	// Time to list and write them: a minute, and about 250 s a million
+	// (EC2 pages, then Postgres).
 	long := time.Minute + time.Duration(n/4)*time.Millisecond
 	ctx := context.Background()
 	api := ec2test.New("eu-west-1", "AKIDTEST", "secret")

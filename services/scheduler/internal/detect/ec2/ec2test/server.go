@@ -338,26 +338,10 @@ func (s *Server) describeInstances(w http.ResponseWriter, form url.Values) {
 		}
 		match, offset = c.match, c.offset
 	} else {
-		// Kept in id order, sorted once after adds, and matched once a
-		// listing: a page of a million instances costs its page.
-		if s.unsorted {
-			sort.SliceStable(s.instances, func(i, j int) bool { return s.instances[i].ID < s.instances[j].ID })
-			s.unsorted = false
-		}
-		known := map[string]bool{}
-		for _, in := range s.instances {
-			if len(ids) > 0 {
-				known[in.ID] = true
-			}
-			if (len(ids) == 0 || contains(ids, in.ID)) && matches(in, filters) {
-				match = append(match, in)
-			}
-		}
-		for _, id := range ids {
-			if !known[id] {
-				writeError(w, http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id))
-				return
-			}
+		var missing string
+		if match, missing = s.matching(ids, filters); missing != "" {
+			writeError(w, http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", missing))
+			return
 		}
 	}
 	if offset > len(match) {
@@ -371,6 +355,31 @@ func (s *Server) describeInstances(w http.ResponseWriter, form url.Values) {
 		s.tokens[next] = cursor{match: match, offset: offset + maxResults}
 	}
 	writeXML(w, s.response(page, next))
+}
+
+// matching returns the instances with one of ids (any, when none) that
+// match filters, in id order, or the first of ids that does not exist.
+// Instances are kept in id order, sorted once after adds, and a listing
+// is matched once, at its first page: a page of a million instances costs
+// its page. The caller holds s.mu.
+func (s *Server) matching(ids []string, filters []filter) (match []Instance, missing string) {
+	if s.unsorted {
+		sort.SliceStable(s.instances, func(i, j int) bool { return s.instances[i].ID < s.instances[j].ID })
+		s.unsorted = false
+	}
+	known := map[string]bool{}
+	for _, in := range s.instances {
+		known[in.ID] = true
+		if (len(ids) == 0 || contains(ids, in.ID)) && matches(in, filters) {
+			match = append(match, in)
+		}
+	}
+	for _, id := range ids {
+		if !known[id] {
+			return nil, id
+		}
+	}
+	return match, ""
 }
 
 // cursor is where a paginated listing is (Server.tokens).
