@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -67,9 +68,12 @@ const (
 // (goal: 1 per distinct repository state and requirements set). Run with
 // -benchtime=1x.
 func BenchmarkJobsVsBare(b *testing.B) {
-	n, seq := 200, 20
+	n, seq, rounds := 200, 20, 2
 	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS")); err == nil && v > 0 {
 		n = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS_ROUNDS")); err == nil && v > 0 {
+		rounds = v
 	}
 	if v, err := strconv.Atoi(os.Getenv("BENCH_JOBS_SEQ")); err == nil && v > 0 {
 		seq = v
@@ -109,8 +113,14 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		bare := func(jobs int) time.Duration {
 			return bareJobLoop(b, stack.root, checkout, invs, jobs, benchJobsReplicas*benchJobsSlots)
 		}
+		// The jobs of each case, by their prefix without its number, for
+		// their step breakdown in infra's logs.
+		caseJobs := map[string][]string{}
 		viaAPIOn := func(prefix, ref string, on []*testenv.SSHD, jobs int) time.Duration {
-			return apiJobs(b, stack, gitURL, ref, on, prefix, jobs)
+			d, ids := apiJobs(b, stack, gitURL, ref, on, prefix, jobs)
+			c := strings.TrimRight(prefix, "0123456789")
+			caseJobs[c] = append(caseJobs[c], ids...)
+			return d
 		}
 		viaAPI := func(prefix string, jobs int) time.Duration { return viaAPIOn(prefix, "v1", sshds, jobs) }
 		// Warm both: page cache, infra's bare clone (v2 too: the git side
@@ -136,27 +146,28 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		// the other, each waited for, against the bare loop one at a time;
 		// then the same jobs submitted at once, which contend for the host.
 		seqBare := bareJobLoop(b, stack.root, checkout, invs[:1], seq, 1)
-		g0, c4 := git.uploadPacks.Load(), testenv.MachineCPU(b)
 		oneByOne := func(prefix, ref string) (d time.Duration) {
 			for i := range seq {
 				d += viaAPIOn(fmt.Sprintf("%s%d", prefix, i), ref, sshds[:1], 1)
 			}
 			return d
 		}
-		seqAPI := oneByOne("seq", "v1")
-		g1, c5 := git.uploadPacks.Load(), testenv.MachineCPU(b)
-		onceAPI := viaAPIOn("once", "v1", sshds[:1], seq)
-		g2, c6 := git.uploadPacks.Load(), testenv.MachineCPU(b)
-		// The same on v2, each case's first jobs meeting its requirements
-		// set anew: one distinct repository state and requirements set
-		// per case.
-		emptyDir(b, galaxyCache)
-		d0, g3, c7 := hub.Downloads(), git.uploadPacks.Load(), testenv.MachineCPU(b)
-		seqReqs := oneByOne("seq-v2-", "v2")
-		emptyDir(b, galaxyCache)
-		d1, g4, c8 := hub.Downloads(), git.uploadPacks.Load(), testenv.MachineCPU(b)
-		onceReqs := viaAPIOn("once-v2", "v2", sshds[:1], seq)
-		d2, g5, c9 := hub.Downloads(), git.uploadPacks.Load(), testenv.MachineCPU(b)
+		atOnce := func(prefix, ref string) time.Duration { return viaAPIOn(prefix, ref, sshds[:1], seq) }
+		// The API cases alternate, rounds times each, so that drift of
+		// the machine's load is split between them; a v2 case empties
+		// infra's requirements cache first (one distinct requirements set
+		// per v2 case and round).
+		var seqAPI, onceAPI, seqReqs, onceReqs seqCase
+		for range rounds {
+			seqAPI.add(b, git, hub, func() time.Duration { return oneByOne("seq", "v1") })
+			onceAPI.add(b, git, hub, func() time.Duration { return atOnce("once", "v1") })
+		}
+		for range rounds {
+			emptyDir(b, galaxyCache)
+			seqReqs.add(b, git, hub, func() time.Duration { return oneByOne("seq-v2-", "v2") })
+			emptyDir(b, galaxyCache)
+			onceReqs.add(b, git, hub, func() time.Duration { return atOnce("once-v2-", "v2") })
+		}
 		b.StopTimer()
 		ref := (bare1 + bare2) / 2
 		ratio := api.Seconds() / ref.Seconds()
@@ -168,32 +179,35 @@ func BenchmarkJobsVsBare(b *testing.B) {
 			"API + infra", api.Seconds(), float64(n)/api.Seconds(), (c2-c1).Milliseconds()/int64(n),
 			"bare loop again", bare2.Seconds(), float64(n)/bare2.Seconds(), (c3-c2).Milliseconds()/int64(n),
 			"API / mean of bare", ratio)
-		seqRatio, onceRatio := seqAPI.Seconds()/seqBare.Seconds(), onceAPI.Seconds()/seqAPI.Seconds()
-		reqsRatio := onceReqs.Seconds() / seqReqs.Seconds()
-		perJob := func(a, z int32) float64 { return float64(z-a) / float64(seq) }
-		// Each v2 case is one distinct repository state and requirements
-		// set (the cache emptied before it).
-		const sets = 1
-		perSet := func(a, z int) float64 { return float64(z-a) / sets }
-		row := "%-28s %10.2f %14d %16.2f %16.2f %12.2f\n"
-		report += fmt.Sprintf("\n%d jobs of the same playbook on one target (v2: with a requirements file, "+
-			"infra's Galaxy cache emptied before each case)\n"+
-			"%-28s %10s %14s %16s %16s %12s\n%-28s %10.2f %14s %16s %16s %12s\n%-28s %10.2f %14d %16.2f %16s %12s\n%-28s %10.2f %14d %16.2f %16s %12s\n"+
-			row+row+
-			"%-28s %10.3f (goal <= 1.15)\n%-28s %10.3f (goal <= 1.0)\n%-28s %10.3f (goal <= 1.0)\n",
-			seq, "", "seconds", "CPU ms/job", "git fetches/job", "Galaxy dl/job", "dl/req set",
-			"bare loop, one at a time", seqBare.Seconds(), "-", "-", "-", "-",
-			"API, one after another", seqAPI.Seconds(), (c5-c4).Milliseconds()/int64(seq), perJob(g0, g1), "-", "-",
-			"API, all at once", onceAPI.Seconds(), (c6-c5).Milliseconds()/int64(seq), perJob(g1, g2), "-", "-",
-			"v2, one after another", seqReqs.Seconds(), (c8-c7).Milliseconds()/int64(seq), perJob(g3, g4), float64(d1-d0)/float64(seq), perSet(d0, d1),
-			"v2, all at once", onceReqs.Seconds(), (c9-c8).Milliseconds()/int64(seq), perJob(g4, g5), float64(d2-d1)/float64(seq), perSet(d1, d2),
+		seqRatio, onceRatio := seqAPI.d.Seconds()/(seqBare.Seconds()*float64(rounds)), onceAPI.d.Seconds()/seqAPI.d.Seconds()
+		reqsRatio := onceReqs.d.Seconds() / seqReqs.d.Seconds()
+		jobs := int64(seq * rounds)
+		row := func(name string, c seqCase, reqs bool) string {
+			dl, perSet := "-", "-"
+			if reqs {
+				// Each v2 case and round is one distinct repository state
+				// and requirements set (the cache emptied before it).
+				dl = fmt.Sprintf("%.2f", float64(c.downloads)/float64(jobs))
+				perSet = fmt.Sprintf("%.2f", float64(c.downloads)/float64(rounds))
+			}
+			return fmt.Sprintf("%-28s %10.2f %14d %16.2f %16s %12s\n", name, c.d.Seconds()/float64(rounds),
+				c.cpu.Milliseconds()/jobs, float64(c.fetches)/float64(jobs), dl, perSet)
+		}
+		report += fmt.Sprintf("\n%d jobs of the same playbook on one target, each API case %d times, alternated "+
+			"(seconds: the mean; v2: with a requirements file, infra's Galaxy cache emptied before each case)\n"+
+			"%-28s %10s %14s %16s %16s %12s\n%-28s %10.2f %14s %16s %16s %12s\n",
+			seq, rounds, "", "seconds", "CPU ms/job", "git fetches/job", "Galaxy dl/job", "dl/req set",
+			"bare loop, one at a time", seqBare.Seconds(), "-", "-", "-", "-")
+		report += row("API, one after another", seqAPI, false) + row("API, all at once", onceAPI, false) +
+			row("v2, one after another", seqReqs, true) + row("v2, all at once", onceReqs, true)
+		report += fmt.Sprintf("%-28s %10.3f (goal <= 1.15)\n%-28s %10.3f (goal <= 1.0)\n%-28s %10.3f (goal <= 1.0)\n",
 			"one after another / bare", seqRatio, "all at once / one by one", onceRatio, "v2: at once / one by one", reqsRatio)
 		report += fmt.Sprintf("v2's first %d jobs (warm-up), at once over %d targets: %.2f git fetches/job, "+
 			"%d Galaxy downloads of its one requirements set (goal 1)\n",
 			benchJobsTargets, benchJobsTargets, float64(wg1-wg0)/benchJobsTargets, wd1-wd0)
 		b.ReportMetric(seqRatio, "seq-api/bare")
 		b.ReportMetric(onceRatio, "once/seq")
-		b.ReportMetric(perSet(d1, d2), "once-downloads/set")
+		b.ReportMetric(float64(onceReqs.downloads)/float64(rounds), "once-downloads/set")
 		b.ReportMetric(api.Seconds(), "api-s")
 		b.ReportMetric(ref.Seconds(), "bare-s")
 		b.ReportMetric(ratio, "api/bare")
@@ -203,6 +217,8 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		for _, p := range infras {
 			p.Wait(time.Minute)
 		}
+		report += "\n" + stepTable(b, infras, caseJobs, []string{"seq", "once", "seq-v2-", "once-v2-"},
+			[]string{"one by one", "at once", "v2 one by one", "v2 at once"})
 		b.Log("\n" + report)
 		fmt.Print(report)
 	}
@@ -243,7 +259,7 @@ func bareJobLoop(b *testing.B, root, checkout string, invs []string, n, conc int
 // target i mod len(sshds), all at once, waits for every one to succeed and
 // returns the wall time from the first submission to the last result. A
 // submission the key's rate limit (API_RATE_LIMIT) refuses is sent again.
-func apiJobs(b *testing.B, stack *jobStack, gitURL, ref string, sshds []*testenv.SSHD, prefix string, n int) time.Duration {
+func apiJobs(b *testing.B, stack *jobStack, gitURL, ref string, sshds []*testenv.SSHD, prefix string, n int) (time.Duration, []string) {
 	start := time.Now()
 	ids := make([]string, n)
 	for i := range n {
@@ -277,7 +293,107 @@ func apiJobs(b *testing.B, stack *jobStack, gitURL, ref string, sshds []*testenv
 			}
 		}
 	}
-	return time.Since(start)
+	return time.Since(start), ids
+}
+
+// stepTable returns the mean of each step of the jobs of each of cases
+// (caseJobs[case]), in ms, from the "job finished" lines of the infra
+// replicas' logs (the step_*_ms fields), steps as rows and cases (headed
+// names) as columns, with each case's sum.
+func stepTable(b *testing.B, infras []*testenv.Process, caseJobs map[string][]string, cases, names []string) string {
+	caseOf := map[string]int{}
+	for i, c := range cases {
+		for _, id := range caseJobs[c] {
+			caseOf[id] = i
+		}
+	}
+	sums := map[string][]float64{}
+	var steps []string
+	counts, looks := make([]int, len(cases)), make([]int, len(cases))
+	for _, p := range infras {
+		for line := range strings.Lines(p.Stdout() + p.Stderr()) {
+			var ev map[string]any
+			if json.Unmarshal([]byte(line), &ev) != nil {
+				continue
+			}
+			id, _ := ev["job_id"].(string)
+			i, ok := caseOf[id]
+			msg, _ := ev["message"].(string)
+			if !ok {
+				continue
+			}
+			if strings.HasPrefix(msg, "waiting for another run") {
+				looks[i]++
+			}
+			if msg != "job finished" {
+				continue
+			}
+			counts[i]++
+			for k, v := range ev {
+				ms, isNum := v.(float64)
+				if !isNum || !strings.HasPrefix(k, "step_") || !strings.HasSuffix(k, "_ms") {
+					continue
+				}
+				name := strings.TrimSuffix(strings.TrimPrefix(k, "step_"), "_ms")
+				if sums[name] == nil {
+					sums[name] = make([]float64, len(cases))
+					steps = append(steps, name)
+				}
+				sums[name][i] += ms
+			}
+		}
+	}
+	slices.Sort(steps)
+	var t strings.Builder
+	fmt.Fprintf(&t, "mean step times per job, ms (infra's \"job finished\" lines)\n%-16s", "step")
+	for i, n := range names {
+		fmt.Fprintf(&t, " %16s", fmt.Sprintf("%s (%d)", n, counts[i]))
+	}
+	t.WriteString("\n")
+	total := make([]float64, len(cases))
+	for _, s := range steps {
+		fmt.Fprintf(&t, "%-16s", s)
+		for i := range cases {
+			m := sums[s][i] / float64(max(counts[i], 1))
+			total[i] += m
+			fmt.Fprintf(&t, " %16.1f", m)
+		}
+		t.WriteString("\n")
+	}
+	fmt.Fprintf(&t, "%-16s", "sum")
+	for i := range cases {
+		fmt.Fprintf(&t, " %16.1f", total[i])
+	}
+	fmt.Fprintf(&t, "\n%-16s", "busy looks/job")
+	for i := range cases {
+		fmt.Fprintf(&t, " %16.2f", float64(looks[i])/float64(max(counts[i], 1)))
+	}
+	t.WriteString("\n")
+	for i, c := range cases {
+		if counts[i] != len(caseJobs[c]) {
+			b.Errorf("case %s: %d jobs, %d \"job finished\" lines", c, len(caseJobs[c]), counts[i])
+		}
+	}
+	return t.String()
+}
+
+// seqCase sums the rounds of one case of BenchmarkJobsVsBare's
+// sequential part: its wall time, the machine's CPU time, the git
+// fetches and the Galaxy downloads.
+type seqCase struct {
+	d, cpu    time.Duration
+	fetches   int32
+	downloads int
+}
+
+// add runs one round of the case (run returns its wall time) and adds
+// what it took.
+func (c *seqCase) add(b *testing.B, git *gitCounts, hub *testenv.GalaxyServer, run func() time.Duration) {
+	g, dl, cpu := git.uploadPacks.Load(), hub.Downloads(), testenv.MachineCPU(b)
+	c.d += run()
+	c.cpu += testenv.MachineCPU(b) - cpu
+	c.fetches += git.uploadPacks.Load() - g
+	c.downloads += hub.Downloads() - dl
 }
 
 // emptyDir removes what dir holds, keeping dir.
