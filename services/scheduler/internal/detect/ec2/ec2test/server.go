@@ -369,7 +369,9 @@ func (s *Server) matching(ids []string, filters []filter) (match []Instance, mis
 	}
 	known := map[string]bool{}
 	for _, in := range s.instances {
-		known[in.ID] = true
+		if len(ids) > 0 {
+			known[in.ID] = true
+		}
 		if (len(ids) == 0 || contains(ids, in.ID)) && matches(in, filters) {
 			match = append(match, in)
 		}
