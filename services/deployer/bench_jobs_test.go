@@ -113,16 +113,13 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		bare := func(jobs int) time.Duration {
 			return bareJobLoop(b, stack.root, checkout, invs, jobs, benchJobsReplicas*benchJobsSlots)
 		}
-		// The jobs of each case, by their prefix without its number, for
-		// their step breakdown in infra's logs.
-		caseJobs := map[string][]string{}
-		viaAPIOn := func(prefix, ref string, on []*testenv.SSHD, jobs int) time.Duration {
-			d, ids := apiJobs(b, stack, gitURL, ref, on, prefix, jobs)
-			c := strings.TrimRight(prefix, "0123456789")
-			caseJobs[c] = append(caseJobs[c], ids...)
+		viaAPIOn := func(prefix, ref string, on []*testenv.SSHD, jobs int) (time.Duration, []string) {
+			return apiJobs(b, stack, gitURL, ref, on, prefix, jobs)
+		}
+		viaAPI := func(prefix string, jobs int) time.Duration {
+			d, _ := viaAPIOn(prefix, "v1", sshds, jobs)
 			return d
 		}
-		viaAPI := func(prefix string, jobs int) time.Duration { return viaAPIOn(prefix, "v1", sshds, jobs) }
 		// Warm both: page cache, infra's bare clone (v2 too: the git side
 		// of its cases is that of v1's), first host key pins.
 		bare(benchJobsTargets)
@@ -146,27 +143,29 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		// the other, each waited for, against the bare loop one at a time;
 		// then the same jobs submitted at once, which contend for the host.
 		seqBare := bareJobLoop(b, stack.root, checkout, invs[:1], seq, 1)
-		oneByOne := func(prefix, ref string) (d time.Duration) {
+		oneByOne := func(prefix, ref string) (d time.Duration, ids []string) {
 			for i := range seq {
-				d += viaAPIOn(fmt.Sprintf("%s%d", prefix, i), ref, sshds[:1], 1)
+				di, got := viaAPIOn(fmt.Sprintf("%s%d", prefix, i), ref, sshds[:1], 1)
+				d, ids = d+di, append(ids, got...)
 			}
-			return d
+			return d, ids
 		}
-		atOnce := func(prefix, ref string) time.Duration { return viaAPIOn(prefix, ref, sshds[:1], seq) }
+		atOnce := func(prefix, ref string) (time.Duration, []string) { return viaAPIOn(prefix, ref, sshds[:1], seq) }
 		// The API cases alternate, rounds times each, so that drift of
 		// the machine's load is split between them; a v2 case empties
 		// infra's requirements cache first (one distinct requirements set
 		// per v2 case and round).
-		var seqAPI, onceAPI, seqReqs, onceReqs seqCase
+		seqAPI, onceAPI := seqCase{name: "one by one"}, seqCase{name: "at once"}
+		seqReqs, onceReqs := seqCase{name: "v2 one by one"}, seqCase{name: "v2 at once"}
 		for range rounds {
-			seqAPI.add(b, git, hub, func() time.Duration { return oneByOne("seq", "v1") })
-			onceAPI.add(b, git, hub, func() time.Duration { return atOnce("once", "v1") })
+			seqAPI.add(b, git, hub, func() (time.Duration, []string) { return oneByOne("seq", "v1") })
+			onceAPI.add(b, git, hub, func() (time.Duration, []string) { return atOnce("once", "v1") })
 		}
 		for range rounds {
 			emptyDir(b, galaxyCache)
-			seqReqs.add(b, git, hub, func() time.Duration { return oneByOne("seq-v2-", "v2") })
+			seqReqs.add(b, git, hub, func() (time.Duration, []string) { return oneByOne("seq-v2-", "v2") })
 			emptyDir(b, galaxyCache)
-			onceReqs.add(b, git, hub, func() time.Duration { return atOnce("once-v2-", "v2") })
+			onceReqs.add(b, git, hub, func() (time.Duration, []string) { return atOnce("once-v2-", "v2") })
 		}
 		b.StopTimer()
 		ref := (bare1 + bare2) / 2
@@ -182,7 +181,7 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		seqRatio, onceRatio := seqAPI.d.Seconds()/(seqBare.Seconds()*float64(rounds)), onceAPI.d.Seconds()/seqAPI.d.Seconds()
 		reqsRatio := onceReqs.d.Seconds() / seqReqs.d.Seconds()
 		jobs := int64(seq * rounds)
-		row := func(name string, c seqCase, reqs bool) string {
+		row := func(name string, c *seqCase, reqs bool) string {
 			dl, perSet := "-", "-"
 			if reqs {
 				// Each v2 case and round is one distinct repository state
@@ -198,8 +197,8 @@ func BenchmarkJobsVsBare(b *testing.B) {
 			"%-28s %10s %14s %16s %16s %12s\n%-28s %10.2f %14s %16s %16s %12s\n",
 			seq, rounds, "", "seconds", "CPU ms/job", "git fetches/job", "Galaxy dl/job", "dl/req set",
 			"bare loop, one at a time", seqBare.Seconds(), "-", "-", "-", "-")
-		report += row("API, one after another", seqAPI, false) + row("API, all at once", onceAPI, false) +
-			row("v2, one after another", seqReqs, true) + row("v2, all at once", onceReqs, true)
+		report += row("API, one after another", &seqAPI, false) + row("API, all at once", &onceAPI, false) +
+			row("v2, one after another", &seqReqs, true) + row("v2, all at once", &onceReqs, true)
 		report += fmt.Sprintf("%-28s %10.3f (goal <= 1.15)\n%-28s %10.3f (goal <= 1.0)\n%-28s %10.3f (goal <= 1.0)\n",
 			"one after another / bare", seqRatio, "all at once / one by one", onceRatio, "v2: at once / one by one", reqsRatio)
 		report += fmt.Sprintf("v2's first %d jobs (warm-up), at once over %d targets: %.2f git fetches/job, "+
@@ -217,8 +216,7 @@ func BenchmarkJobsVsBare(b *testing.B) {
 		for _, p := range infras {
 			p.Wait(time.Minute)
 		}
-		report += "\n" + stepTable(b, infras, caseJobs, []string{"seq", "once", "seq-v2-", "once-v2-"},
-			[]string{"one by one", "at once", "v2 one by one", "v2 at once"})
+		report += "\n" + stepTable(b, infras, []*seqCase{&seqAPI, &onceAPI, &seqReqs, &onceReqs})
 		b.Log("\n" + report)
 		fmt.Print(report)
 	}
@@ -296,14 +294,14 @@ func apiJobs(b *testing.B, stack *jobStack, gitURL, ref string, sshds []*testenv
 	return time.Since(start), ids
 }
 
-// stepTable returns the mean of each step of the jobs of each of cases
-// (caseJobs[case]), in ms, from the "job finished" lines of the infra
-// replicas' logs (the step_*_ms fields), steps as rows and cases (headed
-// names) as columns, with each case's sum.
-func stepTable(b *testing.B, infras []*testenv.Process, caseJobs map[string][]string, cases, names []string) string {
+// stepTable returns the mean of each step of the jobs of each of cases,
+// in ms, from the "job finished" lines of the infra replicas' logs (the
+// step_*_ms fields), steps as rows and cases as columns, with each case's
+// sum and its busy looks per job.
+func stepTable(b *testing.B, infras []*testenv.Process, cases []*seqCase) string {
 	caseOf := map[string]int{}
 	for i, c := range cases {
-		for _, id := range caseJobs[c] {
+		for _, id := range c.jobs {
 			caseOf[id] = i
 		}
 	}
@@ -346,8 +344,8 @@ func stepTable(b *testing.B, infras []*testenv.Process, caseJobs map[string][]st
 	slices.Sort(steps)
 	var t strings.Builder
 	fmt.Fprintf(&t, "mean step times per job, ms (infra's \"job finished\" lines)\n%-16s", "step")
-	for i, n := range names {
-		fmt.Fprintf(&t, " %16s", fmt.Sprintf("%s (%d)", n, counts[i]))
+	for i, c := range cases {
+		fmt.Fprintf(&t, " %16s", fmt.Sprintf("%s (%d)", c.name, counts[i]))
 	}
 	t.WriteString("\n")
 	total := make([]float64, len(cases))
@@ -370,8 +368,8 @@ func stepTable(b *testing.B, infras []*testenv.Process, caseJobs map[string][]st
 	}
 	t.WriteString("\n")
 	for i, c := range cases {
-		if counts[i] != len(caseJobs[c]) {
-			b.Errorf("case %s: %d jobs, %d \"job finished\" lines", c, len(caseJobs[c]), counts[i])
+		if counts[i] != len(c.jobs) {
+			b.Errorf("case %s: %d jobs, %d \"job finished\" lines", c.name, len(c.jobs), counts[i])
 		}
 	}
 	return t.String()
@@ -379,18 +377,22 @@ func stepTable(b *testing.B, infras []*testenv.Process, caseJobs map[string][]st
 
 // seqCase sums the rounds of one case of BenchmarkJobsVsBare's
 // sequential part: its wall time, the machine's CPU time, the git
-// fetches and the Galaxy downloads.
+// fetches, the Galaxy downloads and its jobs' ids (for stepTable).
 type seqCase struct {
+	name      string
 	d, cpu    time.Duration
 	fetches   int32
 	downloads int
+	jobs      []string
 }
 
-// add runs one round of the case (run returns its wall time) and adds
-// what it took.
-func (c *seqCase) add(b *testing.B, git *gitCounts, hub *testenv.GalaxyServer, run func() time.Duration) {
+// add runs one round of the case (run returns its wall time and its
+// jobs) and adds what it took.
+func (c *seqCase) add(b *testing.B, git *gitCounts, hub *testenv.GalaxyServer, run func() (time.Duration, []string)) {
 	g, dl, cpu := git.uploadPacks.Load(), hub.Downloads(), testenv.MachineCPU(b)
-	c.d += run()
+	d, ids := run()
+	c.d += d
+	c.jobs = append(c.jobs, ids...)
 	c.cpu += testenv.MachineCPU(b) - cpu
 	c.fetches += git.uploadPacks.Load() - g
 	c.downloads += hub.Downloads() - dl
