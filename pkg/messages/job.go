@@ -74,6 +74,8 @@ const (
 	MaxJobLimitLen = 4096
 	// MaxJobVerbosity is the highest verbosity (-vvvv).
 	MaxJobVerbosity = 4
+	// MaxJobSecretVars bounds options.secret_vars.
+	MaxJobSecretVars = 32
 	// MaxJobForks is the most forks a job may ask for.
 	MaxJobForks = 200
 	// MaxURLLen is the longest URL, in bytes.
@@ -239,6 +241,12 @@ type JobOptions struct {
 	// tagged !unsafe, so nothing in them is templated. Names must be valid
 	// variable names not starting with "ansible_".
 	ExtraVars Vars `msgpack:"extra_vars,omitempty"`
+	// Secret variables: variable name to a secret reference. Infra
+	// resolves each (within the job's project) and hands its value to the
+	// play as that extra variable through the environment only: never in
+	// arguments, files or the result. Names follow extra_vars' rules and
+	// must not be extra_vars too; at most MaxJobSecretVars.
+	SecretVars map[string]string `msgpack:"secret_vars,omitempty"`
 	// Run only the tasks with these tags.
 	Tags []string `msgpack:"tags,omitempty"`
 	// Skip the tasks with these tags.
@@ -513,6 +521,24 @@ func (inv *JobInventory) validate(c *checker) {
 
 func (o *JobOptions) validate(c *checker) {
 	varNames(c, "options.extra_vars", o.ExtraVars)
+	if len(o.SecretVars) > MaxJobSecretVars {
+		c.add("options.secret_vars", fmt.Sprintf("at most %d", MaxJobSecretVars))
+	}
+	for _, k := range sortedKeys(o.SecretVars) {
+		field := "options.secret_vars[" + k + "]"
+		switch _, dup := o.ExtraVars[k]; {
+		case !varNameRE.MatchString(k):
+			c.add(field, msgVarName)
+		case strings.HasPrefix(strings.ToLower(k), "ansible_"):
+			c.add(field, msgReservedVar)
+		case dup:
+			c.add(field, "is an extra variable too")
+		case o.SecretVars[k] == "":
+			c.add(field, "must be a secret reference")
+		default:
+			secretRef(c, field, o.SecretVars[k])
+		}
+	}
 	c.names("options.tags", o.Tags, MaxJobTags, tagRE.MatchString, "must match "+TagPattern)
 	c.names("options.skip_tags", o.SkipTags, MaxJobTags, tagRE.MatchString, "must match "+TagPattern)
 	switch {

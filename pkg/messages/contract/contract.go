@@ -261,6 +261,14 @@ func propertyRules(owner, key string, p *jsonschema.Schema) {
 	case "extra_vars", "role_vars":
 		p.PropertyNames = &jsonschema.Schema{Pattern: messages.VarNamePattern,
 			Not: &jsonschema.Schema{Pattern: "^[Aa][Nn][Ss][Ii][Bb][Ll][Ee]_"}}
+	case "secret_vars":
+		p.PropertyNames = &jsonschema.Schema{Pattern: messages.VarNamePattern,
+			Not: &jsonschema.Schema{Pattern: "^[Aa][Nn][Ss][Ii][Bb][Ll][Ee]_"}}
+		p.MaxProperties = ptr(uint64(messages.MaxJobSecretVars))
+		if p.AdditionalProperties != nil {
+			p.AdditionalProperties.Pattern = secretRefPattern
+			p.AdditionalProperties.MaxLength = ptr(uint64(messages.MaxSecretRefLen))
+		}
 	case "repository", "url", "galaxy_server", "callback_url":
 		p.Pattern = urlPattern
 		p.MaxLength = ptr(uint64(messages.MaxURLLen))

@@ -154,6 +154,20 @@ func jobCases() []Validation {
 		invalid("bad variable name", func(m *messages.AnsibleJobMessage) {
 			m.Options.ExtraVars = messages.Vars{"a-b": 1}
 		}, fe("options.extra_vars[a-b]", "must be a variable name matching ^[A-Za-z_][A-Za-z0-9_]{0,127}$")),
+		valid("secret variables", func(m *messages.AnsibleJobMessage) {
+			m.Options.ExtraVars = messages.Vars{"release": "1"}
+			m.Options.SecretVars = map[string]string{"db_password": "vault:secret/p/db#password", "token": "env:T"}
+		}),
+		invalid("secret variables that are no references or bad names", func(m *messages.AnsibleJobMessage) {
+			m.Options.SecretVars = map[string]string{"a-b": "env:T", "ansible_become_pass": "env:T", "p": "hunter2"}
+		}, fe("options.secret_vars[a-b]", "must be a variable name matching ^[A-Za-z_][A-Za-z0-9_]{0,127}$"),
+			fe("options.secret_vars[ansible_become_pass]", "must not start with ansible_ (connection variables cannot be set here)"),
+			fe("options.secret_vars[p]", msgSecretRef)),
+		{Name: "secret variable that is an extra variable too", Msg: j(func(m *messages.AnsibleJobMessage) {
+			m.Options.ExtraVars = messages.Vars{"p": "x"}
+			m.Options.SecretVars = map[string]string{"p": "env:T"}
+		}), Want: []messages.FieldError{fe("options.secret_vars[p]", "is an extra variable too")},
+			SchemaDiffers: "a schema cannot check that two maps have no key in common"},
 		invalid("options out of range", func(m *messages.AnsibleJobMessage) {
 			m.Options = messages.JobOptions{Verbosity: 5, Forks: 201, TimeoutSeconds: -1, Pool: "GPU", Limit: "@file"}
 		}, fe("options.limit", "must be a host pattern matching ^[A-Za-z0-9_.:,!&*\\[\\]~-]+$"),
