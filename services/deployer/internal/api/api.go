@@ -20,6 +20,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/credentials"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/templates"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
@@ -60,8 +61,10 @@ type Deps struct {
 	Deployments *deployments.Service
 	// Credentials serves /api/v1/credentials; nil answers 503.
 	Credentials *credentials.Service
-	Keys        Keys
-	Auth        Authenticator
+	// Templates serves /api/v1/templates; nil answers 503.
+	Templates *templates.Service
+	Keys      Keys
+	Auth      Authenticator
 	// Forget drops a revoked key from the authenticator's cache.
 	Forget  func(keyID string)
 	Limiter RateLimiter

@@ -104,12 +104,8 @@ func (a *API) listCredentials(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusServiceUnavailable, ProbUnavailable, "credentials are not served by this deployer")
 		return
 	}
-	for name := range r.URL.Query() {
-		if name != "project_id" {
-			writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, "unknown query parameter",
-				FieldProblem{Field: "query", Message: "only project_id is known"})
-			return
-		}
+	if !onlyProjectQuery(w, r) {
+		return
 	}
 	key := authedKey(r.Context())
 	list, err := a.deps.Credentials.List(r.Context(), visibility(key), r.URL.Query().Get("project_id"))
@@ -139,4 +135,18 @@ func (a *API) deleteCredential(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// onlyProjectQuery answers 400 for a query parameter other than
+// project_id (the lists of a project's things) and reports whether it
+// did not.
+func onlyProjectQuery(w http.ResponseWriter, r *http.Request) bool {
+	for name := range r.URL.Query() {
+		if name != "project_id" {
+			writeProblem(w, r, http.StatusBadRequest, ProbInvalidParameter, "unknown query parameter",
+				FieldProblem{Field: "query", Message: "only project_id is known"})
+			return false
+		}
+	}
+	return true
 }

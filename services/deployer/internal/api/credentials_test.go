@@ -24,10 +24,8 @@ const credentialCanary = "CANARY-cred-value-7f3a9c"
 // scope, 403. The value is in no answer, row or log line.
 func TestCredentials(t *testing.T) {
 	t.Parallel()
-	vault := vaulttest.New(t)
-	vault.EnableKV("", "secret")
-	tok := vault.CreateToken("", vaulttest.TokenSpec{WritePaths: []string{"secret/data/projects/*"}})
-	e := dt.Start(t, dt.Options{Env: map[string]string{"CREDENTIALS_VAULT_ADDR": vault.URL(), "CREDENTIALS_VAULT_TOKEN": tok}})
+	vault, env := credentialsVault(t)
+	e := dt.Start(t, dt.Options{Env: env})
 	manage := []auth.Scope{auth.ScopeCredentialsWrite}
 	keyA, keyB := e.Key("cred-a", manage, dt.Project), e.Key("cred-b", manage, projectB)
 	jobsOnly := e.Key("jobs-only", []auth.Scope{auth.ScopeJobsWrite}, dt.Project)
@@ -126,6 +124,17 @@ func TestCredentials(t *testing.T) {
 	if strings.Contains(e.Logs.String(), credentialCanary) {
 		t.Error("the value is in the deployer's log")
 	}
+}
+
+// credentialsVault starts a Vault stand-in with a KV mount "secret" and
+// returns it with the deployer's settings of a login that may write the
+// projects' paths.
+func credentialsVault(t *testing.T) (*vaulttest.Server, map[string]string) {
+	t.Helper()
+	vault := vaulttest.New(t)
+	vault.EnableKV("", "secret")
+	tok := vault.CreateToken("", vaulttest.TokenSpec{WritePaths: []string{"secret/data/projects/*"}})
+	return vault, map[string]string{"CREDENTIALS_VAULT_ADDR": vault.URL(), "CREDENTIALS_VAULT_TOKEN": tok}
 }
 
 // TestCredentialValueWithoutVault: without CREDENTIALS_VAULT_ADDR a value

@@ -147,6 +147,15 @@ func (a *API) createJob(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, a.cfg.MaxBody, &req) {
 		return
 	}
+	if req.Template != nil || req.RelaunchOf != "" {
+		field := "template"
+		if req.Template == nil {
+			field = "relaunch_of"
+		}
+		writeProblem(w, r, http.StatusUnprocessableEntity, ProbInvalidRequest, "the request is invalid: see errors",
+			FieldProblem{Field: field, Message: "set by a template's launch or a relaunch, not by a submit"})
+		return
+	}
 	req.ProjectID = keyProject(key, req.ProjectID)
 	ctx := tracing.Extract(r.Context(), messages.TraceContext{
 		Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})

@@ -48,7 +48,7 @@ func (a *API) createKey(w http.ResponseWriter, r *http.Request) {
 	}
 	scopes, err := auth.ParseScopes(req.Scopes)
 	if err != nil {
-		fields = append(fields, FieldProblem{Field: "scopes", Message: "must list known scopes: deployments:read, deployments:write, jobs:read, jobs:write, credentials:read, credentials:write, servers:read, servers:write, admin"})
+		fields = append(fields, FieldProblem{Field: "scopes", Message: "must list known scopes: deployments:read, deployments:write, jobs:read, jobs:write, credentials:read, credentials:write, templates:read, templates:write, templates:launch, servers:read, servers:write, admin"})
 	}
 	if err == nil {
 		if _, _, berr := auth.Binding(scopes, req.Projects, req.FleetWide); berr != nil {

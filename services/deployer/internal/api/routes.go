@@ -46,6 +46,7 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 				r.With(a.authenticate(read...)).Get("/events", a.deploymentEvents)
 				r.With(a.authenticate(read...)).Get("/log", a.deploymentLog)
 				r.With(a.authenticate(read...)).Get("/webhooks", a.deploymentWebhooks)
+				r.With(a.authenticate(write...)).Post("/relaunch", a.relaunch(deploymentView))
 			})
 		})
 		// Ansible jobs; a deployment's id answers here too (with the
@@ -59,6 +60,19 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 				r.With(a.authenticate(jwrite...)).Delete("/", a.cancelJob)
 				r.With(a.authenticate(jread...)).Get("/stream", a.deploymentEvents)
 				r.With(a.authenticate(jread...)).Get("/logs", a.deploymentLog)
+				r.With(a.authenticate(jwrite...)).Post("/relaunch", a.relaunch(jobView))
+			})
+		})
+		r.Route("/templates", func(r chi.Router) {
+			tread, twrite := auth.ScopeTemplatesRead, auth.ScopeTemplatesWrite
+			r.With(a.authenticate(twrite)).Post("/", a.createTemplate)
+			r.With(a.authenticate(tread)).Get("/", a.listTemplates)
+			r.Route("/{id}", func(r chi.Router) {
+				r.With(a.authenticate(tread)).Get("/", a.getTemplate)
+				r.With(a.authenticate(twrite)).Put("/", a.updateTemplate)
+				r.With(a.authenticate(twrite)).Delete("/", a.deleteTemplate)
+				r.With(a.authenticate(tread)).Get("/versions", a.templateVersions)
+				r.With(a.authenticate(auth.ScopeTemplatesLaunch)).Post("/launch", a.launchTemplate)
 			})
 		})
 		r.Route("/credentials", func(r chi.Router) {

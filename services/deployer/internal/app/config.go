@@ -64,6 +64,8 @@ type CredentialsConfig struct {
 	Vault secrets.VaultConfig
 	Mount string `env:"VAULT_MOUNT" envDefault:"secret" desc:"KV v2 mount credential values are written to"`
 	Path  string `env:"VAULT_PATH" envDefault:"projects/{project_id}/credentials/{name}" desc:"path under the mount a credential's value is written to; {project_id} and {name} are replaced (keep it inside DEPLOY_SECRET_REFS's templates, so that infra may read it)"`
+	// LaunchPath is where a template survey's secret answers are written.
+	LaunchPath string `env:"VAULT_LAUNCH_PATH" envDefault:"projects/{project_id}/launches/{launch}/{variable}" desc:"path under the mount a job template survey's secret answer is written to at launch; {project_id}, {launch} (an id per launch) and {variable} are replaced (keep it inside DEPLOY_SECRET_REFS's templates)"`
 }
 
 // SecretRefsConfig is infra's DEPLOY_SECRET_REFS, read by the deployer too:
@@ -190,6 +192,12 @@ func (c *Config) Validate() error {
 	}
 	if !strings.Contains(c.Credentials.Path, "{project_id}") || !strings.Contains(c.Credentials.Path, "{name}") {
 		errs = append(errs, service.Invalid("CREDENTIALS_VAULT_PATH", "must hold {project_id} and {name}"))
+	}
+	for _, part := range []string{"{project_id}", "{launch}", "{variable}"} {
+		if !strings.Contains(c.Credentials.LaunchPath, part) {
+			errs = append(errs, service.Invalid("CREDENTIALS_VAULT_LAUNCH_PATH", "must hold {project_id}, {launch} and {variable}"))
+			break
+		}
 	}
 	if c.API.Addr == "" {
 		errs = append(errs, service.Invalid("API_ADDR", "must not be empty"))

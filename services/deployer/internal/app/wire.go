@@ -22,6 +22,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/observer"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/publishing"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/templates"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
@@ -166,7 +167,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
-		Deployments: p.Deployments, Credentials: p.Credentials, Keys: keys, Auth: authn, Forget: authn.Forget,
+		Deployments: p.Deployments, Credentials: p.Credentials, Templates: p.templates(d), Keys: keys, Auth: authn, Forget: authn.Forget,
 		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),
 		Hub:     p.Hub, Logs: logs,
 		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
@@ -191,6 +192,16 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		}
 	}
 	return p, nil
+}
+
+// templates builds the job templates' service: secret answers go to the
+// credentials' Vault (CREDENTIALS_VAULT_ADDR), under the same mount.
+func (p *Parts) templates(d service.Deps) *templates.Service {
+	cfg := templates.Config{Check: p.Deployments, Mount: p.cfg.Credentials.Mount, Path: p.cfg.Credentials.LaunchPath}
+	if p.vault != nil {
+		cfg.Vault = p.vault
+	}
+	return templates.NewService(d.DB, cfg)
 }
 
 // resultsHandler records the results of deploy:results and job:results.

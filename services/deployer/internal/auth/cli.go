@@ -19,7 +19,7 @@ const CLIUsage = `Usage:
   deployer keys set-projects ID|NAME (--project ID [--project ID...] | --fleet-wide)
   deployer keys revoke ID|NAME
 
-Scopes: deployments:read, deployments:write, jobs:read, jobs:write, credentials:read, credentials:write, servers:read, servers:write, admin
+Scopes: deployments:read, deployments:write, jobs:read, jobs:write, credentials:read, credentials:write, templates:read, templates:write, templates:launch, servers:read, servers:write, admin
 (a write scope includes its read scope; admin includes every scope).
 Projects: a key with deployments scopes submits and sees the deployments of
 its projects only (--project, repeated or comma-separated project ids);

@@ -33,15 +33,22 @@ const (
 	// (/api/v1/credentials); it grants credentials:read, which lists them.
 	ScopeCredentialsWrite Scope = "credentials:write"
 	ScopeCredentialsRead  Scope = "credentials:read"
-	ScopeServersRead      Scope = "servers:read"
-	ScopeServersWrite     Scope = "servers:write"
-	ScopeAdmin            Scope = "admin"
+	// ScopeTemplatesWrite manages the job templates of the key's projects
+	// (/api/v1/templates); ScopeTemplatesLaunch launches them. Both grant
+	// templates:read.
+	ScopeTemplatesRead   Scope = "templates:read"
+	ScopeTemplatesWrite  Scope = "templates:write"
+	ScopeTemplatesLaunch Scope = "templates:launch"
+	ScopeServersRead     Scope = "servers:read"
+	ScopeServersWrite    Scope = "servers:write"
+	ScopeAdmin           Scope = "admin"
 )
 
 // Scopes returns every scope.
 func Scopes() []Scope {
 	return []Scope{ScopeDeploymentsRead, ScopeDeploymentsWrite, ScopeJobsRead, ScopeJobsWrite,
-		ScopeCredentialsRead, ScopeCredentialsWrite, ScopeServersRead, ScopeServersWrite, ScopeAdmin}
+		ScopeCredentialsRead, ScopeCredentialsWrite, ScopeTemplatesRead, ScopeTemplatesWrite, ScopeTemplatesLaunch,
+		ScopeServersRead, ScopeServersWrite, ScopeAdmin}
 }
 
 // ParseScopes parses a comma-separated list of scopes (or a list of
@@ -128,6 +135,8 @@ func (k *Key) Has(scope Scope) bool {
 		switch {
 		case s == scope, s == ScopeAdmin:
 			return true
+		case s == ScopeTemplatesLaunch && scope == ScopeTemplatesRead:
+			return true
 		case strings.HasSuffix(string(scope), ":read") && string(s) == strings.TrimSuffix(string(scope), ":read")+":write":
 			return true
 		}
@@ -158,7 +167,7 @@ func (k *Key) HoldsProject(project string) bool {
 //   - an admin key is fleet-wide (it manages every key anyway);
 //   - a key with a servers scope acts on the fleet, which no project owns:
 //     it is fleet-wide, so it cannot be bound to projects;
-//   - a key with a deployments, jobs or credentials scope is bound to projects, unless it is
+//   - a key with a deployments, jobs, credentials or templates scope is bound to projects, unless it is
 //     explicitly fleet-wide (an operator's key that sees every project).
 //
 // Project ids follow the rule of a request's project_id.
@@ -182,7 +191,7 @@ func Binding(scopes []Scope, projects []string, fleetWide bool) ([]string, bool,
 		case ScopeServersRead, ScopeServersWrite:
 			servers = true
 		case ScopeDeploymentsRead, ScopeDeploymentsWrite, ScopeJobsRead, ScopeJobsWrite,
-			ScopeCredentialsRead, ScopeCredentialsWrite:
+			ScopeCredentialsRead, ScopeCredentialsWrite, ScopeTemplatesRead, ScopeTemplatesWrite, ScopeTemplatesLaunch:
 			deploys = true
 		}
 	}

@@ -30,6 +30,18 @@ type JobRequest struct {
 	Inventory     JobInventory   `json:"inventory"`
 	Credentials   JobCredentials `json:"credentials"`
 	Options       JobOptions     `json:"options"`
+	// Template is the template (and its version) a launch made the job
+	// from; a job submitted whole has none, and a client cannot set it.
+	Template *TemplateRef `json:"template,omitempty"`
+	// RelaunchOf is the job a relaunch ran again; set by a relaunch only.
+	RelaunchOf string `json:"relaunch_of,omitempty"`
+}
+
+// TemplateRef names the version of a job template a job was launched from.
+type TemplateRef struct {
+	ID      string `json:"id"`
+	Name    string `json:"name"`
+	Version int    `json:"version"`
 }
 
 // JobSource is what a job runs (messages.JobSource).
@@ -107,13 +119,17 @@ type JobCredentials struct {
 // JobOptions tune a job's run; callback_url is the deployer's webhook.
 type JobOptions struct {
 	ExtraVars map[string]any `json:"extra_vars,omitempty"`
-	Tags      []string       `json:"tags,omitempty"`
-	SkipTags  []string       `json:"skip_tags,omitempty"`
-	Limit     string         `json:"limit,omitempty"`
-	Check     bool           `json:"check,omitempty"`
-	Diff      bool           `json:"diff,omitempty"`
-	Verbosity int            `json:"verbosity,omitempty"`
-	Forks     int            `json:"forks,omitempty"`
+	// SecretVars are variables given by credential name or secret
+	// reference (never a value): infra hands their values to the play
+	// through its environment only.
+	SecretVars map[string]string `json:"secret_vars,omitempty"`
+	Tags       []string          `json:"tags,omitempty"`
+	SkipTags   []string          `json:"skip_tags,omitempty"`
+	Limit      string            `json:"limit,omitempty"`
+	Check      bool              `json:"check,omitempty"`
+	Diff       bool              `json:"diff,omitempty"`
+	Verbosity  int               `json:"verbosity,omitempty"`
+	Forks      int               `json:"forks,omitempty"`
 	// Timeout is the job's wall-clock limit in seconds (1-86400).
 	Timeout     int    `json:"timeout,omitempty"`
 	Pool        string `json:"pool,omitempty"`
@@ -176,7 +192,7 @@ func JobMessage(r *JobRequest, jobID string, at time.Time) *messages.AnsibleJobM
 			VaultPassword: r.Credentials.VaultPassword, Cloud: r.Credentials.Cloud, Galaxy: r.Credentials.Galaxy,
 		},
 		Options: messages.JobOptions{
-			ExtraVars: vars(r.Options.ExtraVars), Tags: r.Options.Tags, SkipTags: r.Options.SkipTags,
+			ExtraVars: vars(r.Options.ExtraVars), SecretVars: r.Options.SecretVars, Tags: r.Options.Tags, SkipTags: r.Options.SkipTags,
 			Limit: r.Options.Limit, Check: r.Options.Check, Diff: r.Options.Diff, Verbosity: r.Options.Verbosity,
 			Forks: r.Options.Forks, TimeoutSeconds: r.Options.Timeout, Pool: r.Options.Pool,
 			// callback_url stays with the deployer, which sends the signed

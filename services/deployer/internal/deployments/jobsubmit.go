@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,20 +32,37 @@ func (s *Service) jobMessage(ctx context.Context, r *JobRequest, v Visibility, j
 	}
 	if validProject {
 		r.ProjectID = project
-		for _, f := range r.credentialFields() {
-			if *f.value == "" {
-				continue
+		// A credential field (or secret variable) holding a credential's
+		// name is given its reference; a refused one is a field problem.
+		resolve := func(field, value string) (string, error) {
+			if value == "" {
+				return "", nil
 			}
-			ref, err := s.resolveCredential(ctx, project, f.field, *f.value)
+			ref, err := s.resolveCredential(ctx, project, field, value)
 			var ie *InvalidError
-			switch {
-			case errors.As(err, &ie):
+			if errors.As(err, &ie) {
 				fields = append(fields, ie.Fields...)
-			case err != nil:
-				return nil, err
-			default:
-				*f.value = ref
+				return value, nil
 			}
+			return ref, err
+		}
+		for _, f := range r.credentialFields() {
+			ref, err := resolve(f.field, *f.value)
+			if err != nil {
+				return nil, err
+			}
+			*f.value = ref
+		}
+		if len(r.Options.SecretVars) > 0 {
+			resolved := make(map[string]string, len(r.Options.SecretVars)) // the map may be a template's
+			for _, name := range slices.Sorted(maps.Keys(r.Options.SecretVars)) {
+				ref, err := resolve("options.secret_vars["+name+"]", r.Options.SecretVars[name])
+				if err != nil {
+					return nil, err
+				}
+				resolved[name] = ref
+			}
+			r.Options.SecretVars = resolved
 		}
 	}
 	m := JobMessage(r, jobID, at)
@@ -206,7 +225,7 @@ func (s *Service) SubmitJob(ctx context.Context, keyID string, v Visibility, r J
 	if idempotencyKey == "" {
 		err = InsertRow(ctx, s.db, &row, "", 0)
 	} else {
-		existing, err = s.storeWithKey(ctx, &row, idempotencyKey, requestHash(&r))
+		existing, err = s.storeWithKey(ctx, &row, idempotencyKey, requestHash(jobHashed(r)))
 	}
 	if errors.Is(err, ErrIdempotencyMismatch) {
 		return nil, err
@@ -230,4 +249,18 @@ func (s *Service) SubmitJob(ctx context.Context, keyID string, v Visibility, r J
 		d.Job.Options.CallbackURL = d.Request.Options.CallbackURL
 	}
 	return &Submission{Deployment: d}, nil
+}
+
+// jobHashed is r as its Idempotency-Key compares it: secret variables by
+// name only, since a survey's secret answer is written to Vault under a
+// new reference at every launch (and its value is never kept to compare).
+func jobHashed(r JobRequest) *JobRequest {
+	if len(r.Options.SecretVars) > 0 {
+		names := make(map[string]string, len(r.Options.SecretVars))
+		for name := range r.Options.SecretVars {
+			names[name] = ""
+		}
+		r.Options.SecretVars = names
+	}
+	return &r
 }

@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -47,6 +48,9 @@ type Plan struct {
 	EventMessage string
 	// TaskName names the tasks "<TaskName> <n>" (default "task").
 	TaskName string
+	// FailedHosts and UnreachableHosts are the hosts whose recap counts a
+	// failure or an unreachable host (a job's status is Status still).
+	FailedHosts, UnreachableHosts []string
 }
 
 // Infra is the stand-in.
@@ -264,8 +268,11 @@ func (f *Infra) run(ctx context.Context, rs runSpec) error {
 	res.Hosts = map[string]messages.HostRecap{}
 	for _, h := range rs.hosts {
 		res.Hosts[h] = messages.HostRecap{Ok: 2, Changed: changed}
-		if status == messages.StatusUnreachable {
+		switch {
+		case status == messages.StatusUnreachable, slices.Contains(plan.UnreachableHosts, h):
 			res.Hosts[h] = messages.HostRecap{Unreachable: 1}
+		case slices.Contains(plan.FailedHosts, h):
+			res.Hosts[h] = messages.HostRecap{Ok: 1, Failed: 1}
 		}
 	}
 	output := plan.Output
