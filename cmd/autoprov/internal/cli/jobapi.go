@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,9 @@ type jobCmd struct {
 	Status jobStatusCmd `cmd:"" help:"show a job (or a deployment): status, progress, result"`
 	Follow jobFollowCmd `cmd:"" help:"print a job's progress live (server-sent events, resumed after a dropped connection) and exit with its status (0 succeeded, 1 otherwise)"`
 	Cancel jobCancelCmd `cmd:"" help:"cancel a job"`
+	Launch jobLaunchCmd `cmd:"" help:"launch a job template (POST /api/v1/templates/{id}/launch) with survey answers; --follow prints its progress and exits with its status"`
+	// Relaunch runs a finished job again.
+	Relaunch jobRelaunchCmd `cmd:"" help:"run a finished job (or deployment) again with the same request; --failed only on its failed and unreachable hosts"`
 }
 
 // apiClient talks to the deployer's API.
@@ -207,25 +211,134 @@ func (c *jobRunCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
+	return submit(g, api, "/api/v1/jobs", body, c.Key, c.Follow, c.Timeout)
+}
+
+// submit POSTs body to path (a job's submit, a template's launch, a
+// relaunch) with the Idempotency-Key idem, and shows the job it answers
+// with, or follows it.
+func submit(g *globals, api *apiClient, path string, body []byte, idem string, follow bool, timeout time.Duration) error {
 	hdr := map[string]string{}
-	if c.Key != "" {
-		hdr["Idempotency-Key"] = c.Key
+	if idem != "" {
+		hdr["Idempotency-Key"] = idem
 	}
 	var raw json.RawMessage
-	if _, err := api.do(g.ctx, http.MethodPost, "/api/v1/jobs", body, hdr, &raw); err != nil {
-		return fmt.Errorf("submit the job: %w", err)
+	if _, err := api.do(g.ctx, http.MethodPost, path, body, hdr, &raw); err != nil {
+		return fmt.Errorf("POST %s: %w", path, err)
 	}
 	j := &apiJob{raw: raw}
 	if err := json.Unmarshal(raw, j); err != nil {
 		return err
 	}
-	if !c.Follow {
+	if !follow {
 		return g.showJob(j)
 	}
 	if !g.json {
 		fmt.Fprintf(g.env.Stdout, "job %s queued\n", j.ID)
 	}
-	return followJob(g, api, j.ID, c.Timeout)
+	return followJob(g, api, j.ID, timeout)
+}
+
+type jobLaunchCmd struct {
+	Template string            `arg:"" name:"template" help:"the template's id"`
+	Set      map[string]string `name:"set" help:"a survey answer, variable=value, typed by the survey (an integer question's value is a number, a multi_choice's a comma-separated list); repeatable"`
+	Secret   map[string]string `name:"secret-from-env" help:"a secret question's answer, variable=ENV_NAME: read from that environment variable, never from the command line; repeatable"`
+	Body     string            `name:"body" help:"a JSON file with the rest of the launch (limit, tags, extra_vars, ref, version, callback_url, ...)"`
+	Key      string            `name:"idempotency-key" help:"an Idempotency-Key: the same key with the same launch is the same job (safe retries)"`
+	Follow   bool              `help:"print the job's progress live and exit with its status (0 succeeded, 1 otherwise)"`
+	Timeout  time.Duration     `default:"1h" help:"with --follow: give up waiting after this long"`
+}
+
+func (c *jobLaunchCmd) Run(g *globals) error {
+	launch := map[string]any{}
+	if c.Body != "" {
+		data, err := os.ReadFile(c.Body)
+		if err != nil {
+			return usageError{fmt.Errorf("read the launch: %w", err)}
+		}
+		if err := json.Unmarshal(data, &launch); err != nil {
+			return usageError{errors.New("the launch is not a JSON object")}
+		}
+	}
+	survey, _ := launch["survey"].(map[string]any)
+	if survey == nil {
+		survey = map[string]any{}
+	}
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	if len(c.Set) > 0 {
+		// Answers are typed by the template's survey: an integer
+		// question's is a number, a multi_choice's a comma-separated list.
+		var tpl struct {
+			Survey []struct{ Variable, Type string } `json:"survey"`
+		}
+		if _, err := api.do(g.ctx, http.MethodGet, "/api/v1/templates/"+c.Template, nil, nil, &tpl); err != nil {
+			return fmt.Errorf("read the template: %w", err)
+		}
+		types := map[string]string{}
+		for _, q := range tpl.Survey {
+			types[q.Variable] = q.Type
+		}
+		for name, v := range c.Set {
+			switch types[name] {
+			case "integer":
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return usageError{fmt.Errorf("--set %s: the question asks for a whole number", name)}
+				}
+				survey[name] = n
+			case "multi_choice":
+				list := []string{}
+				for item := range strings.SplitSeq(v, ",") {
+					if item = strings.TrimSpace(item); item != "" {
+						list = append(list, item)
+					}
+				}
+				survey[name] = list
+			case "secret":
+				return usageError{fmt.Errorf("--set %s: a secret question's answer comes from --secret-from-env, never the command line", name)}
+			default:
+				survey[name] = v // the API refuses an answer to no question
+			}
+		}
+	}
+	for name, env := range c.Secret {
+		v := g.getenv(env)
+		if v == "" {
+			return usageError{fmt.Errorf("--secret-from-env %s: the environment variable %s is not set", name, env)}
+		}
+		survey[name] = v
+	}
+	if len(survey) > 0 {
+		launch["survey"] = survey
+	}
+	body, err := json.Marshal(launch)
+	if err != nil {
+		return err
+	}
+	return submit(g, api, "/api/v1/templates/"+c.Template+"/launch", body, c.Key, c.Follow, c.Timeout)
+}
+
+type jobRelaunchCmd struct {
+	ID      string        `arg:"" name:"id" help:"the finished job's (or deployment's) id"`
+	Failed  bool          `help:"only on the hosts that failed or were unreachable"`
+	Key     string        `name:"idempotency-key" help:"an Idempotency-Key (safe retries)"`
+	Follow  bool          `help:"print the job's progress live and exit with its status (0 succeeded, 1 otherwise)"`
+	Timeout time.Duration `default:"1h" help:"with --follow: give up waiting after this long"`
+}
+
+func (c *jobRelaunchCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	body := []byte(`{"hosts":"all"}`)
+	if c.Failed {
+		body = []byte(`{"hosts":"failed"}`)
+	}
+	return submit(g, api, "/api/v1/jobs/"+c.ID+"/relaunch", body, c.Key, c.Follow, c.Timeout)
 }
 
 type jobStatusCmd struct {
