@@ -38,6 +38,8 @@ const jobHostAlias = "of the job"
 //     it from the environment: it is never written to disk or argv;
 //   - the become password through the environment (a lookup in the
 //     generated inventory), never on disk;
+//   - secret extra variables (SecretVars) through the environment: a
+//     generated vars file holds only each one's env lookup, never a value;
 //   - a fact cache of its own (memory): a job's host names are the
 //     caller's, and must never read the facts another run cached.
 //
@@ -49,7 +51,13 @@ const jobHostAlias = "of the job"
 const (
 	envVaultPassword  = "AUTOPROV_VAULT_PASSWORD"
 	envBecomePassword = "AUTOPROV_BECOME_PASSWORD"
+	// envSecretVar prefixes the variable of SecretVars' n-th name (in
+	// sorted order): AUTOPROV_SECRET_VAR_0, ...
+	envSecretVar = "AUTOPROV_SECRET_VAR_"
 )
+
+// secretVarsFile is the run directory's file of SecretVars' lookups.
+const secretVarsFile = "secret-vars.yml"
 
 // JobHost is one host of a job.
 type JobHost struct {
@@ -116,6 +124,14 @@ type JobSpec struct {
 	// VaultPassword and BecomePassword are secrets ("": none); they reach
 	// Ansible through the environment only.
 	VaultPassword, BecomePassword string
+	// SecretVars are extra variables whose values are secrets (name to
+	// value). Each reaches the play through the environment only
+	// (AUTOPROV_SECRET_VAR_<n>): the run directory's secret-vars.yml,
+	// passed with -e after Vars, holds only "{{ lookup('ansible.builtin.env',
+	// ...) }}" for each name, and a lookup's result is unsafe, so a value
+	// is never templated. Names follow Vars' rules (no ansible_*) and may
+	// not be in Vars too. The caller redacts the values (Spec.Redact).
+	SecretVars map[string]string
 	// Env adds ANSIBLE_COLLECTIONS_PATH or ANSIBLE_ROLES_PATH (where the
 	// job's requirements were installed); other names are refused.
 	Env map[string]string
@@ -245,12 +261,23 @@ func (r *Runner) validateJob(js *JobSpec) ([]pinnedKey, error) {
 			return nil, fmt.Errorf("job spec: env %s: NUL or newline", name)
 		}
 	}
+	for k := range js.SecretVars {
+		if _, ok := js.Vars[k]; ok {
+			return nil, fmt.Errorf("job spec: secret var %s is an extra var too", k)
+		}
+	}
+	if err := checkJobVars(asAny(js.SecretVars)); err != nil {
+		return nil, fmt.Errorf("job spec: secret vars: %w", err)
+	}
 	// The shared checks of Spec (secret env, time limits) on a copy that
 	// names a playbook and a host they accept.
 	spec := js.Spec
-	if js.VaultPassword != "" || js.BecomePassword != "" {
-		spec.SecretEnv = make(map[string]string, len(js.SecretEnv)+2)
+	if js.VaultPassword != "" || js.BecomePassword != "" || len(js.SecretVars) > 0 {
+		spec.SecretEnv = make(map[string]string, len(js.SecretEnv)+2+len(js.SecretVars))
 		for k, v := range js.SecretEnv {
+			if strings.HasPrefix(k, envSecretVar) && len(js.SecretVars) > 0 {
+				return nil, fmt.Errorf("job spec: secret env %s: the runner's own name for a secret var", k)
+			}
 			spec.SecretEnv[k] = v
 		}
 		if js.VaultPassword != "" {
@@ -258,6 +285,9 @@ func (r *Runner) validateJob(js *JobSpec) ([]pinnedKey, error) {
 		}
 		if js.BecomePassword != "" {
 			spec.SecretEnv[envBecomePassword] = js.BecomePassword
+		}
+		for i, k := range sortedKeys(js.SecretVars) {
+			spec.SecretEnv[envSecretVar+strconv.Itoa(i)] = js.SecretVars[k]
 		}
 	}
 	if err := r.validateShared(&spec); err != nil {
@@ -520,6 +550,9 @@ func (r *Runner) jobArgv(rd *runDir, js *JobSpec) []string {
 		argv = append(argv, "-i", js.InventoryFile)
 	}
 	argv = append(argv, "-i", rd.inventory, "-e", "@"+rd.vars)
+	if len(js.SecretVars) > 0 {
+		argv = append(argv, "-e", "@"+filepath.Join(rd.path, secretVarsFile))
+	}
 	if js.VaultPassword != "" {
 		argv = append(argv, "--vault-password-file="+filepath.Join(rd.path, "vault-pass"))
 	}
@@ -620,6 +653,11 @@ func (d *runDir) writeJobInputs(js *JobSpec, keys []pinnedKey, markers []*remote
 	if err := d.writeFile(d.vars, []byte(vars)); err != nil {
 		return fmt.Errorf("write vars: %w", err)
 	}
+	if len(js.SecretVars) > 0 {
+		if err := d.writeFile(filepath.Join(d.path, secretVarsFile), []byte(secretVarsYAML(js.SecretVars))); err != nil {
+			return fmt.Errorf("write secret vars: %w", err)
+		}
+	}
 	if js.VaultPassword != "" {
 		path := filepath.Join(d.path, "vault-pass")
 		if err := d.writeFile(path, []byte(vaultScript)); err != nil {
@@ -630,6 +668,27 @@ func (d *runDir) writeJobInputs(js *JobSpec, keys []pinnedKey, markers []*remote
 		}
 	}
 	return nil
+}
+
+// secretVarsYAML is the vars file of a job's secret vars: no value, only
+// each name's lookup of its environment variable (validateJob numbers
+// them in the same sorted order). The lookup is templated; its result is
+// unsafe (lookups' allow_unsafe is off), so the value is not.
+func secretVarsYAML(vars map[string]string) string {
+	var b strings.Builder
+	for i, k := range sortedKeys(vars) {
+		fmt.Fprintf(&b, "%s: \"{{ lookup('ansible.builtin.env', '%s%d') }}\"\n", k, envSecretVar, i)
+	}
+	return b.String()
+}
+
+// asAny is vars as a map of any (for checkJobVars).
+func asAny(vars map[string]string) map[string]any {
+	out := make(map[string]any, len(vars))
+	for k, v := range vars {
+		out[k] = v
+	}
+	return out
 }
 
 // writeJobVars writes vars as block-mapping lines at indent, each value a
