@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -27,8 +28,9 @@ import (
 //     job read from another pool's stream than its options.pool is
 //     rejected too.
 //  2. A job already done gets its stored result again.
-//  3. Every secret reference is authorized for the job's project (as a
-//     deploy's), before anything is resolved or fetched.
+//  3. Every secret reference (options.secret_vars' too) is authorized for
+//     the job's project (as a deploy's), before anything is resolved or
+//     fetched.
 //  4. The inventory is resolved to hosts, and every host authorized like a
 //     deploy target (registered, or in the operator's allow-list; never a
 //     loopback, link-local, metadata or own address) before any
@@ -45,7 +47,8 @@ import (
 //     one before succeeded, with progress events, cancel, time limits,
 //     redaction and the full log, as for deploys; the result (per playbook,
 //     per host, with the commit) is stored with the run and published on
-//     job:results.
+//     job:results. Secret vars are resolved for each run, just before it,
+//     and reach the play through the environment only (JobSpec.SecretVars).
 
 // kindJob is the run kind (runs.kind) of Ansible jobs.
 const kindJob = string(messages.JobKindJob)
@@ -339,7 +342,33 @@ func (aj *ansibleJob) refs() []refField {
 		{"credentials.cloud", m.Credentials.Cloud},
 		{"credentials.galaxy", m.Credentials.Galaxy},
 	}
+	for _, name := range slices.Sorted(maps.Keys(m.Options.SecretVars)) {
+		all = append(all, refField{secretVarField(name), m.Options.SecretVars[name]})
+	}
 	return slices.DeleteFunc(all, func(r refField) bool { return r.ref == "" })
+}
+
+// secretVarField is the request key of the secret var name.
+func secretVarField(name string) string { return "options.secret_vars[" + name + "]" }
+
+// secretVars resolves the job's secret vars (options.secret_vars, already
+// authorized) with the project resolver, which registers every value with
+// the job's redactor. They are resolved for each run, under its locks, and
+// kept nowhere else: not in what a waiting job prepared (prepared.go).
+func (aj *ansibleJob) secretVars(ctx context.Context) (map[string]string, error) {
+	sv := aj.m.Options.SecretVars
+	if len(sv) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(sv))
+	for _, name := range slices.Sorted(maps.Keys(sv)) {
+		v, err := aj.secret(ctx, secretVarField(name), sv[name])
+		if err != nil {
+			return nil, err
+		}
+		out[name] = v
+	}
+	return out, nil
 }
 
 // checkRefs authorizes every reference of the request for its project
@@ -516,6 +545,10 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 	if err != nil {
 		return nil, err
 	}
+	secretVars, err := aj.secretVars(ctx)
+	if err != nil {
+		return nil, err
+	}
 	aj.steps.add(stepSecrets, at)
 	spec := ansible.JobSpec{
 		Spec: ansible.Spec{
@@ -530,6 +563,7 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 		Env:              aj.env,
 		VaultPassword:    vault,
 		BecomePassword:   become,
+		SecretVars:       secretVars,
 		Options: ansible.JobOptions{Tags: aj.m.Options.Tags, SkipTags: aj.m.Options.SkipTags, Limit: aj.m.Options.Limit,
 			Check: aj.m.Options.Check, Diff: aj.m.Options.Diff, Verbosity: aj.m.Options.Verbosity, Forks: aj.m.Options.Forks},
 	}

@@ -21,6 +21,11 @@ import (
 // server's owner and key as they are now) and authorized. A look on
 // another instance (a claim after this one died or drained) prepares
 // again; what this one kept expires.
+//
+// No secret is ever kept: a credential a preparation needed (a git token)
+// is resolved for it and not kept, and the credentials of the run and its
+// secret vars (options.secret_vars) are resolved by the run itself, under
+// its locks (ansibleJob.run), at every run.
 
 // preparedJob is what one waiting job prepared: its private directory and
 // what was done in it.
