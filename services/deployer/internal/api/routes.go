@@ -73,7 +73,16 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 				r.With(a.authenticate(twrite)).Delete("/", a.deleteTemplate)
 				r.With(a.authenticate(tread)).Get("/versions", a.templateVersions)
 				r.With(a.authenticate(auth.ScopeTemplatesLaunch)).Post("/launch", a.launchTemplate)
+				r.With(a.authenticate(twrite)).Post("/schedules", a.createSchedule)
+				r.With(a.authenticate(tread)).Get("/schedules", a.listSchedules)
 			})
+		})
+		r.Route("/schedules/{id}", func(r chi.Router) {
+			tread, twrite := auth.ScopeTemplatesRead, auth.ScopeTemplatesWrite
+			r.With(a.authenticate(tread)).Get("/", a.getSchedule)
+			r.With(a.authenticate(twrite)).Delete("/", a.deleteSchedule)
+			r.With(a.authenticate(twrite)).Post("/pause", a.pauseSchedule(true))
+			r.With(a.authenticate(twrite)).Post("/resume", a.pauseSchedule(false))
 		})
 		r.Route("/credentials", func(r chi.Router) {
 			r.With(a.authenticate(auth.ScopeCredentialsWrite)).Post("/", a.createCredential)

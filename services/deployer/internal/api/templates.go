@@ -9,6 +9,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/tracing"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/templates"
 )
@@ -215,7 +216,7 @@ func (a *API) templateError(w http.ResponseWriter, r *http.Request, err error) b
 	case err == nil:
 		return false
 	case errors.Is(err, templates.ErrNotFound):
-		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no template has this id (or this version)")
+		writeProblem(w, r, http.StatusNotFound, ProbNotFound, "no template (or schedule) has this id, or no such version")
 	case errors.Is(err, templates.ErrExists):
 		writeProblem(w, r, http.StatusConflict, ProbConflict, "a template of this name exists in the project",
 			FieldProblem{Field: "name", Message: "taken in this project"})
@@ -233,4 +234,86 @@ func orEmpty[T any](list []T) []T {
 		return []T{}
 	}
 	return list
+}
+
+// ScheduleList is the answer of GET /templates/{id}/schedules.
+type ScheduleList struct {
+	Items []*templates.Schedule `json:"items"`
+}
+
+func (a *API) createSchedule(w http.ResponseWriter, r *http.Request) {
+	if !a.servesTemplates(w, r) {
+		return
+	}
+	key := authedKey(r.Context())
+	if !key.Has(auth.ScopeTemplatesLaunch) {
+		// A schedule launches as the key that made it.
+		writeProblem(w, r, http.StatusForbidden, ProbForbidden, "a schedule launches as the key that makes it: the key needs templates:launch too")
+		return
+	}
+	var req templates.NewSchedule
+	if !decodeJSON(w, r, a.cfg.MaxBody, &req) {
+		return
+	}
+	sc, err := a.deps.Templates.CreateSchedule(r.Context(), key.ID, visibility(key), chi.URLParam(r, "id"), req)
+	if errors.Is(err, templates.ErrScheduleExists) {
+		writeProblem(w, r, http.StatusConflict, ProbConflict, "a schedule of this name exists in the project",
+			FieldProblem{Field: "name", Message: "taken in this project"})
+		return
+	}
+	if a.templateError(w, r, err) {
+		return
+	}
+	w.Header().Set("Location", "/api/v1/schedules/"+sc.ID)
+	writeJSON(w, http.StatusCreated, sc)
+}
+
+func (a *API) listSchedules(w http.ResponseWriter, r *http.Request) {
+	if !a.servesTemplates(w, r) {
+		return
+	}
+	key := authedKey(r.Context())
+	list, err := a.deps.Templates.ListSchedules(r.Context(), visibility(key), chi.URLParam(r, "id"))
+	if a.templateError(w, r, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, ScheduleList{Items: orEmpty(list)})
+}
+
+func (a *API) getSchedule(w http.ResponseWriter, r *http.Request) {
+	if !a.servesTemplates(w, r) {
+		return
+	}
+	key := authedKey(r.Context())
+	sc, err := a.deps.Templates.GetSchedule(r.Context(), visibility(key), chi.URLParam(r, "id"))
+	if a.templateError(w, r, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, sc)
+}
+
+func (a *API) deleteSchedule(w http.ResponseWriter, r *http.Request) {
+	if !a.servesTemplates(w, r) {
+		return
+	}
+	key := authedKey(r.Context())
+	if a.templateError(w, r, a.deps.Templates.DeleteSchedule(r.Context(), visibility(key), chi.URLParam(r, "id"))) {
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// pauseSchedule pauses (paused) or resumes a schedule.
+func (a *API) pauseSchedule(paused bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !a.servesTemplates(w, r) {
+			return
+		}
+		key := authedKey(r.Context())
+		sc, err := a.deps.Templates.SetPaused(r.Context(), visibility(key), chi.URLParam(r, "id"), paused)
+		if a.templateError(w, r, err) {
+			return
+		}
+		writeJSON(w, http.StatusOK, sc)
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
+	"github.com/autoprovisioner/autoprovisioner/pkg/schedule"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	dt "github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
@@ -467,4 +469,182 @@ func TestTemplateSecretQuestion(t *testing.T) {
 			t.Errorf("a secret question without a Vault: %d %s", resp.StatusCode, body)
 		}
 	})
+}
+
+// TestSchedules: a schedule of a template (checked when made: its cron,
+// time zone, missed policy and launch) launches one job per occurrence
+// the scheduler writes, as the key that made it, each recorded on its
+// occurrence; a launch whose record was lost (a kill -9 between the job
+// and the record) is launched again into the same job. Paused, it gets no
+// occurrence; a schedule whose key is gone records why it did not launch.
+// Another project's key sees none of it.
+func TestSchedules(t *testing.T) {
+	t.Parallel()
+	e := dt.Start(t, dt.Options{})
+	ctx := context.Background()
+	key := e.Key("sched", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch, auth.ScopeCredentialsWrite, auth.ScopeJobsRead}, dt.Project)
+	noLaunch := e.Key("sched-nolaunch", []auth.Scope{auth.ScopeTemplatesWrite}, dt.Project)
+	keyB := e.Key("sched-b", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch}, projectB)
+	if resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "prod-ssh", "ref": "vault:secret/projects/" + dt.Project + "/ssh#k"}); resp.StatusCode != 201 {
+		t.Fatalf("credential: %d %s", resp.StatusCode, body)
+	}
+	resp, body := e.Do("POST", "/api/v1/templates", key, templateBody("site"))
+	if resp.StatusCode != 201 {
+		t.Fatalf("template: %d %s", resp.StatusCode, body)
+	}
+	tpl := dt.JSON[templates.Template](t, body)
+	base := "/api/v1/templates/" + tpl.ID + "/schedules"
+	sched := map[string]any{"name": "every-second", "cron": "@every 1s", "launch": map[string]any{"survey": map[string]any{"release": "nightly"}}}
+
+	for _, tc := range []struct {
+		name   string
+		key    string
+		body   map[string]any
+		status int
+		field  string
+	}{
+		{"bad cron", key, map[string]any{"name": "x", "cron": "61 * * * *"}, 422, "cron"},
+		{"bad time zone", key, map[string]any{"name": "x", "cron": "0 9 * * *", "timezone": "Mars/Olympus"}, 422, "timezone"},
+		{"bad missed policy", key, map[string]any{"name": "x", "cron": "0 9 * * *", "missed": "all", "launch": sched["launch"]}, 422, "missed"},
+		{"a launch the survey refuses", key, map[string]any{"name": "x", "cron": "0 9 * * *"}, 422, "launch.survey.release"},
+		{"without templates:launch", noLaunch, sched, 403, ""},
+	} {
+		resp, body := e.Do("POST", base, tc.key, tc.body)
+		p := dt.JSON[api.Problem](t, body)
+		if resp.StatusCode != tc.status || (tc.field != "" && (len(p.Errors) == 0 || p.Errors[0].Field != tc.field)) {
+			t.Errorf("%s: %d %s, want %d naming %q", tc.name, resp.StatusCode, body, tc.status, tc.field)
+		}
+	}
+	resp, body = e.Do("POST", base, key, sched)
+	if resp.StatusCode != 201 {
+		t.Fatalf("schedule: %d %s", resp.StatusCode, body)
+	}
+	dt.CheckSchema(t, "Schedule", body)
+	sc := dt.JSON[templates.Schedule](t, body)
+	if sc.NextAt == nil || len(sc.Upcoming) != 4 || !sc.Upcoming[0].Equal(sc.NextAt.Add(time.Second)) || sc.Missed != "skip" {
+		t.Fatalf("created %s", body)
+	}
+	if resp, _ := e.Do("POST", base, key, sched); resp.StatusCode != 409 {
+		t.Errorf("a second schedule of the name: %d", resp.StatusCode)
+	}
+
+	// The scheduler's leader writes the occurrences of the next 3 s.
+	n, err := schedule.Materialize(ctx, e.DB, time.Now().Add(3*time.Second), 0)
+	if err != nil || n < 3 {
+		t.Fatalf("materialized %d (%v)", n, err)
+	}
+	var launched int
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := e.DB.QueryRow(ctx, `SELECT count(*) FROM schedule_occurrences WHERE schedule_id = $1 AND job_id IS NOT NULL`, sc.ID).Scan(&launched); err != nil {
+			t.Fatal(err)
+		}
+		if launched == n {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if launched != n {
+		t.Fatalf("%d of %d occurrences launched", launched, n)
+	}
+	if q, _ := e.Redis.XLen(ctx, e.Streams.JobQueue).Result(); q != int64(n) {
+		t.Errorf("%d jobs published for %d occurrences", q, n)
+	}
+	resp, body = e.Do("GET", "/api/v1/schedules/"+sc.ID, key, nil)
+	got := dt.JSON[templates.Schedule](t, body)
+	if resp.StatusCode != 200 || len(got.Recent) != n || got.Recent[0].JobID == "" || got.Recent[0].Error != "" {
+		t.Fatalf("schedule after launches: %d %s", resp.StatusCode, body)
+	}
+	dt.CheckSchema(t, "Schedule", body)
+	jobID := got.Recent[0].JobID
+	if _, body := e.Do("GET", "/api/v1/jobs/"+jobID, key, nil); !strings.Contains(string(body), `"template":{"id":"`+tpl.ID+`"`) ||
+		!strings.Contains(string(body), `"release":"nightly"`) {
+		t.Errorf("a scheduled job: %s", body)
+	}
+
+	t.Run("a lost record launches into the same job", func(t *testing.T) {
+		if _, err := e.DB.Exec(ctx, `UPDATE schedule_occurrences SET launched_at = NULL, job_id = NULL WHERE job_id = $1`, jobID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Parts.Launcher.LaunchDue(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		var again string
+		if err := e.DB.QueryRow(ctx, `SELECT COALESCE(job_id::text, '') FROM schedule_occurrences WHERE schedule_id = $1 AND occurrence = $2`,
+			sc.ID, got.Recent[0].At).Scan(&again); err != nil {
+			t.Fatal(err)
+		}
+		if again != jobID {
+			t.Errorf("relaunched into %q, want %s", again, jobID)
+		}
+		if q, _ := e.Redis.XLen(ctx, e.Streams.JobQueue).Result(); q != int64(n) {
+			t.Errorf("%d jobs published for %d occurrences", q, n)
+		}
+	})
+
+	t.Run("tenancy", func(t *testing.T) {
+		const unknown = "01a20000-0000-7000-8000-000000000000"
+		for _, route := range []struct{ method, path string }{
+			{"GET", "/api/v1/schedules/%s"}, {"DELETE", "/api/v1/schedules/%s"}, {"POST", "/api/v1/schedules/%s/pause"},
+			{"POST", "/api/v1/schedules/%s/resume"}, {"GET", "/api/v1/templates/%s/schedules"},
+		} {
+			id := sc.ID
+			if strings.Contains(route.path, "templates") {
+				id = tpl.ID
+			}
+			resp, body := e.Do(route.method, fmt.Sprintf(route.path, id), keyB, nil)
+			uresp, ubody := e.Do(route.method, fmt.Sprintf(route.path, unknown), keyB, nil)
+			if resp.StatusCode != 404 || uresp.StatusCode != 404 || problemShape(t, body) != problemShape(t, ubody) {
+				t.Errorf("B %s %s: %d %s; unknown: %d %s", route.method, route.path, resp.StatusCode, body, uresp.StatusCode, ubody)
+			}
+		}
+		if resp, body := e.Do("POST", base, keyB, sched); resp.StatusCode != 404 {
+			t.Errorf("B schedules A's template: %d %s", resp.StatusCode, body)
+		}
+	})
+
+	t.Run("pause and resume", func(t *testing.T) {
+		resp, body := e.Do("POST", "/api/v1/schedules/"+sc.ID+"/pause", key, nil)
+		if p := dt.JSON[templates.Schedule](t, body); resp.StatusCode != 200 || !p.Paused || p.NextAt != nil {
+			t.Fatalf("pause: %d %s", resp.StatusCode, body)
+		}
+		if n, err := schedule.Materialize(ctx, e.DB, time.Now().Add(10*time.Second), 0); err != nil || n != 0 {
+			t.Errorf("a paused schedule got %d occurrences (%v)", n, err)
+		}
+		resp, body = e.Do("POST", "/api/v1/schedules/"+sc.ID+"/resume", key, nil)
+		if p := dt.JSON[templates.Schedule](t, body); resp.StatusCode != 200 || p.Paused || p.NextAt == nil || p.NextAt.Before(time.Now().Add(-time.Second)) {
+			t.Fatalf("resume: %d %s", resp.StatusCode, body)
+		}
+	})
+
+	t.Run("a key gone", func(t *testing.T) {
+		if _, err := e.DB.Exec(ctx, `UPDATE job_schedules SET api_key_id = NULL WHERE id = $1`, sc.ID); err != nil {
+			t.Fatal(err)
+		}
+		var before int
+		_ = e.DB.QueryRow(ctx, `SELECT count(*) FROM schedule_occurrences WHERE schedule_id = $1`, sc.ID).Scan(&before)
+		if n, err := schedule.Materialize(ctx, e.DB, time.Now().Add(8*time.Second), 0); err != nil || n == 0 {
+			t.Fatalf("materialized %d (%v)", n, err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		var refused int
+		for time.Now().Before(deadline) && refused == 0 {
+			_ = e.DB.QueryRow(ctx, `SELECT count(*) FROM schedule_occurrences WHERE schedule_id = $1 AND error LIKE '%API key was deleted%'`, sc.ID).Scan(&refused)
+			time.Sleep(50 * time.Millisecond)
+		}
+		if refused == 0 {
+			t.Error("an occurrence of a schedule without its key is not recorded as refused")
+		}
+		if q, _ := e.Redis.XLen(ctx, e.Streams.JobQueue).Result(); q != int64(n) {
+			t.Errorf("%d jobs published, want %d", q, n)
+		}
+	})
+
+	if resp, _ := e.Do("DELETE", "/api/v1/schedules/"+sc.ID, key, nil); resp.StatusCode != 204 {
+		t.Errorf("delete: %d", resp.StatusCode)
+	}
+	var left int
+	if err := e.DB.QueryRow(ctx, `SELECT count(*) FROM schedule_occurrences WHERE schedule_id = $1`, sc.ID).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d occurrences left (%v)", left, err)
+	}
 }

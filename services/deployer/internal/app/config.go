@@ -53,6 +53,9 @@ type Config struct {
 	Special authz.SpecialConfig
 	// Credentials configures the named credentials' Vault writer.
 	Credentials CredentialsConfig `envPrefix:"CREDENTIALS_"`
+	// ScheduleLaunchWorkers launch the occurrences of job template
+	// schedules that the scheduler writes.
+	ScheduleLaunchWorkers int `env:"SCHEDULE_LAUNCH_WORKERS" envDefault:"8" desc:"launches of job template schedule occurrences in flight at most (the scheduler writes the occurrences; 0 leaves them to other replicas)"`
 }
 
 // CredentialsConfig configures where POST /api/v1/credentials writes the

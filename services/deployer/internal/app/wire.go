@@ -49,6 +49,10 @@ type Parts struct {
 	Observer    *observer.Observer // nil when OBSERVE_QUEUE is off
 	Logs        runlog.Store
 	Credentials *credentials.Service
+	Templates   *templates.Service
+	// Launcher launches schedule occurrences (nil when
+	// SCHEDULE_LAUNCH_WORKERS is 0).
+	Launcher *templates.Launcher
 	// vault writes credential values (nil without CREDENTIALS_VAULT_ADDR).
 	vault *secrets.Vault
 	cfg   *Config
@@ -152,6 +156,14 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 
 	keys := auth.NewStore(d.DB)
 	authn := auth.NewAuthenticator(keys, cfg.API.KeyCacheTTL)
+	p.Templates = p.templates(d)
+	if cfg.ScheduleLaunchWorkers > 0 {
+		p.Launcher, err = templates.NewLauncher(d.DB, p.Templates, p.Deployments, keys, templates.LauncherConfig{
+			Workers: cfg.ScheduleLaunchWorkers, Logger: log, Registerer: d.Metrics})
+		if err != nil {
+			return nil, err
+		}
+	}
 	var secretFn func(string) string
 	if signingKey != nil {
 		secretFn = func(keyID string) string { return webhooks.DeriveSecret(signingKey, keyID) }
@@ -167,7 +179,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
-		Deployments: p.Deployments, Credentials: p.Credentials, Templates: p.templates(d), Keys: keys, Auth: authn, Forget: authn.Forget,
+		Deployments: p.Deployments, Credentials: p.Credentials, Templates: p.Templates, Keys: keys, Auth: authn, Forget: authn.Forget,
 		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),
 		Hub:     p.Hub, Logs: logs,
 		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
@@ -242,6 +254,9 @@ func (p *Parts) Components() []service.Component {
 	)
 	if p.Observer != nil {
 		parts = append(parts, service.Component{Name: "observer", Run: p.Observer.Run})
+	}
+	if p.Launcher != nil {
+		parts = append(parts, service.Component{Name: "schedule-launcher", Run: p.Launcher.Run})
 	}
 	parts = append(parts, p.consoleComponents()...)
 	parts = append(parts, service.Component{Name: "api", Run: p.API.Run, Drain: p.API.Shutdown})

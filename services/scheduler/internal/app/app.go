@@ -26,6 +26,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/reconcile"
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/results"
 	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/rules"
+	"github.com/autoprovisioner/autoprovisioner/services/scheduler/internal/schedules"
 )
 
 // Components returns the service's long-running parts, in the order
@@ -205,6 +206,14 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	)
 	if cfg.Health.Enabled {
 		parts = append(parts, service.Component{Name: "health", Run: checker.Run})
+	}
+	if cfg.Schedules.Enabled {
+		sl, err := schedules.New(d.DB, schedules.Config{Interval: cfg.Schedules.Interval, Batch: cfg.Schedules.Batch,
+			Active: func() bool { return leader == nil || leader.Leading() }, Logger: log, Registerer: d.Metrics})
+		if err != nil {
+			return nil, err
+		}
+		parts = append(parts, service.Component{Name: "schedules", Run: sl.Run})
 	}
 	return append(parts, service.Component{Name: "results", Run: consumer.Run}), nil
 }

@@ -37,10 +37,12 @@ const DefaultMemoryLimit = 256 << 20
 // service.Load.
 type Config struct {
 	service.Common
-	Tick    TickConfig   `envPrefix:"TICK_"`
-	Retry   RetryConfig  `envPrefix:"RETRY_"`
-	Health  HealthConfig `envPrefix:"HEALTH_"`
-	Sources SourcesConfig
+	Tick   TickConfig   `envPrefix:"TICK_"`
+	Retry  RetryConfig  `envPrefix:"RETRY_"`
+	Health HealthConfig `envPrefix:"HEALTH_"`
+	// Schedules configures the job template schedules' loop.
+	Schedules SchedulesConfig `envPrefix:"SCHEDULES_"`
+	Sources   SourcesConfig
 	// Special lets sources list servers at special addresses (test
 	// targets on loopback); the same variable as infra's.
 	Special  authz.SpecialConfig
@@ -80,6 +82,14 @@ type HealthConfig struct {
 	Timeout          time.Duration `env:"TIMEOUT" envDefault:"5s" desc:"timeout of one probe"`
 	Failures         int           `env:"FAILURES" envDefault:"3" desc:"consecutive failed probes that flag a recovery"`
 	RecoveryCooldown time.Duration `env:"RECOVERY_COOLDOWN" envDefault:"30m" desc:"least time between two recoveries of one server"`
+}
+
+// SchedulesConfig configures the loop that turns due job template
+// schedules into occurrences for the deployer to launch.
+type SchedulesConfig struct {
+	Enabled  bool          `env:"ENABLED" envDefault:"true" desc:"run the job template schedules (the leader writes their occurrences; the deployer launches them)"`
+	Interval time.Duration `env:"INTERVAL" envDefault:"1s" desc:"time between two rounds of the schedules loop"`
+	Batch    int           `env:"BATCH" envDefault:"500" desc:"schedules moved on per transaction"`
 }
 
 // SourcesConfig configures the detectors. Precedence (first wins on a

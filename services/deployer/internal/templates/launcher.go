@@ -1,0 +1,235 @@
+package templates
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/schedule"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+)
+
+// Keys reads API keys (auth.Store).
+type Keys interface {
+	Get(ctx context.Context, id string) (*auth.Key, error)
+}
+
+// LauncherConfig configures a Launcher.
+type LauncherConfig struct {
+	// Workers launch at once. Default 8.
+	Workers int
+	// Poll is how often pending occurrences are looked for without a
+	// notification. Default 1s.
+	Poll   time.Duration
+	Logger zerolog.Logger
+	// Registerer takes the launcher's metrics; nil: none.
+	Registerer prometheus.Registerer
+}
+
+// Launcher launches the occurrences the scheduler writes, each once: it
+// claims an occurrence (SKIP LOCKED, so replicas share them), launches
+// its schedule's template as the schedule's key with an Idempotency-Key
+// naming the occurrence, and records the job in the claim's transaction.
+// A launch cut short (kill -9 after the job was stored) is retried by the
+// next claim, whose Idempotency-Key replays the job instead of making a
+// second.
+type Launcher struct {
+	db       *pgxpool.Pool
+	svc      *Service
+	sub      Submitter
+	keys     Keys
+	cfg      LauncherConfig
+	log      zerolog.Logger
+	launched *prometheus.CounterVec
+	wake     chan struct{}
+}
+
+// NewLauncher returns a Launcher of svc's schedules submitting with sub.
+func NewLauncher(db *pgxpool.Pool, svc *Service, sub Submitter, keys Keys, cfg LauncherConfig) (*Launcher, error) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 8
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = time.Second
+	}
+	l := &Launcher{db: db, svc: svc, sub: sub, keys: keys, cfg: cfg, log: cfg.Logger.With().Str("component", "schedule-launcher").Logger(),
+		launched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "autoprov_deployer_schedule_launches_total",
+			Help: "Occurrences of job template schedules by outcome: launched, or refused (recorded with its error)."}, []string{"outcome"}),
+		wake: make(chan struct{}, cfg.Workers)}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(l.launched); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// Run launches occurrences until ctx is done: at once when the scheduler
+// notifies schedule.Channel, else every Poll.
+func (l *Launcher) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { l.listen(ctx) })
+	for range l.cfg.Workers {
+		wg.Go(func() { l.work(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// listen wakes the workers on each notification; it reconnects after a
+// lost connection (the workers poll meanwhile).
+func (l *Launcher) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := l.db.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(ctx, "LISTEN "+schedule.Channel); err != nil {
+				return err
+			}
+			for {
+				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+					conn.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // the pool drops it
+					return err
+				}
+				for range l.cfg.Workers {
+					select {
+					case l.wake <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+		if ctx.Err() == nil {
+			l.log.Debug().Err(err).Msg("listen for schedule occurrences; retrying")
+			select {
+			case <-ctx.Done():
+			case <-time.After(l.cfg.Poll):
+			}
+		}
+	}
+}
+
+func (l *Launcher) work(ctx context.Context) {
+	t := time.NewTicker(l.cfg.Poll)
+	defer t.Stop()
+	for {
+		for ctx.Err() == nil {
+			n, err := l.LaunchDue(ctx, 20)
+			if err != nil && ctx.Err() == nil {
+				l.log.Warn().Err(err).Msg("launch schedule occurrences; retried")
+			}
+			if n == 0 || err != nil {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-l.wake:
+		}
+	}
+}
+
+type pending struct {
+	schedule, project, template, keyID string
+	at                                 time.Time
+	launch                             Launch
+}
+
+// LaunchDue claims at most batch pending occurrences, launches them and
+// records the outcomes; it returns how many it claimed. An occurrence
+// whose launch failed for a reason that passes (the database, Redis) stays
+// pending for the next claim.
+func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
+	tx, err := l.db.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, `SELECT o.schedule_id::text, o.occurrence, s.project_id, s.template_id::text,
+			COALESCE(s.api_key_id::text, ''), s.launch
+		FROM schedule_occurrences o JOIN job_schedules s ON s.id = o.schedule_id
+		WHERE o.launched_at IS NULL ORDER BY o.created_at LIMIT $1 FOR UPDATE OF o SKIP LOCKED`, batch)
+	if err != nil {
+		return 0, err
+	}
+	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pending, error) {
+		var p pending
+		var launch []byte
+		if err := r.Scan(&p.schedule, &p.at, &p.project, &p.template, &p.keyID, &launch); err != nil {
+			return p, err
+		}
+		return p, json.Unmarshal(launch, &p.launch)
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range claimed {
+		jobID, refusal, err := l.launch(ctx, p)
+		if err != nil {
+			// Passing: left pending; the rows done so far are recorded.
+			l.log.Warn().Err(err).Str("schedule_id", p.schedule).Time("occurrence", p.at).Msg("launch an occurrence; retried")
+			continue
+		}
+		outcome := "launched"
+		if refusal != "" {
+			outcome = "refused"
+			l.log.Warn().Str("schedule_id", p.schedule).Time("occurrence", p.at).Str("error", refusal).Msg("schedule occurrence not launched")
+		}
+		l.launched.WithLabelValues(outcome).Inc()
+		if _, err := tx.Exec(ctx, `UPDATE schedule_occurrences SET launched_at = now(), job_id = NULLIF($3, '')::uuid, error = NULLIF($4, '')
+			WHERE schedule_id = $1 AND occurrence = $2`, p.schedule, p.at, jobID, truncate(refusal, 1000)); err != nil {
+			return 0, err
+		}
+	}
+	return len(claimed), tx.Commit(ctx)
+}
+
+// launch launches p as its schedule's key: the job's id, or why it is
+// refused for good (the key revoked, the template gone, the launch no
+// longer valid), or an error that passes.
+func (l *Launcher) launch(ctx context.Context, p pending) (string, string, error) {
+	if p.keyID == "" {
+		return "", "the schedule's API key was deleted", nil
+	}
+	key, err := l.keys.Get(ctx, p.keyID)
+	switch {
+	case errors.Is(err, auth.ErrNotFound):
+		return "", "the schedule's API key was deleted", nil
+	case err != nil:
+		return "", "", err
+	case !key.RevokedAt.IsZero():
+		return "", "the schedule's API key was revoked", nil
+	case !key.Has(auth.ScopeTemplatesLaunch) || !key.HoldsProject(p.project):
+		return "", "the schedule's API key may no longer launch the project's templates", nil
+	}
+	idem := "schedule:" + p.schedule + ":" + p.at.UTC().Format(time.RFC3339Nano)
+	sub, err := l.svc.Launch(ctx, l.sub, key.ID, deployments.Visibility{Projects: []string{p.project}}, p.template, p.launch, idem)
+	var ie *deployments.InvalidError
+	switch {
+	case errors.As(err, &ie):
+		msg := "the launch is invalid:"
+		for _, f := range ie.Fields {
+			msg += fmt.Sprintf(" %s: %s;", f.Field, f.Message)
+		}
+		return "", msg, nil
+	case errors.Is(err, ErrNotFound), errors.Is(err, deployments.ErrForbiddenProject), errors.Is(err, deployments.ErrIdempotencyMismatch):
+		return "", err.Error(), nil
+	case err != nil:
+		return "", "", err
+	}
+	return sub.Deployment.ID, "", nil
+}
