@@ -303,8 +303,10 @@ func (s *Store) LoadSnapshot(ctx context.Context, snap *Snapshot) error {
 	now := time.Now() // the snapshot's age, not the fleet's clock
 	full := snap.xmin == 0 || xmin < snap.xmin || now.Sub(snap.fullAt) >= snapFullEvery || snap.dead > len(snap.rows)/4
 	if !full {
-		// A NULL handle in the log is a truncation: read everything. So
-		// are many changes (a first listing): one read of the table in
+		// A NULL handle in the log is a truncation, or inserts logged
+		// without their handles (a first listing, see
+		// SourceSync.summarize): read everything. So are many changes:
+		// one read of the table in
 		// its order costs less than as many lookups, and keeps the rows
 		// in the order they were listed (Preparer).
 		var changes int
@@ -461,6 +463,11 @@ type SourceSync struct {
 	returned       []string
 	hist           historyBatch
 	st             SyncStats
+	// logged counts the servers the sync inserted or took over, each a
+	// change in server_changes, until summarized: then its inserts log
+	// one NULL handle a statement instead (see summarize).
+	logged     int
+	summarized bool
 }
 
 // BeginSync opens the sync of req.Source over snap (loaded this tick).
@@ -535,6 +542,7 @@ func (ss *SourceSync) flush(ctx context.Context) error {
 		ss.st.Detected += n
 		ss.st.Skipped += skipped
 		ss.returned = append(ss.returned, orphans...)
+		ss.logged += n
 	}
 	if len(ss.changed) > 0 {
 		a := newDetectedArrays(ss.changed)
@@ -579,6 +587,22 @@ func (ss *SourceSync) flush(ctx context.Context) error {
 		return err
 	}
 	ss.fresh, ss.changed, ss.returned, ss.hist = ss.fresh[:0], ss.changed[:0], ss.returned[:0], historyBatch{}
+	return ss.summarize(ctx)
+}
+
+// summarize stops logging the sync's inserts handle by handle once it
+// made more changes than a load of the snapshot looks up one by one (a
+// first listing): the next load reads every row anyway, so the rest of
+// its inserts log one NULL handle a statement, which says so (migration
+// 00072), and cost no row of server_changes a server.
+func (ss *SourceSync) summarize(ctx context.Context) error {
+	if ss.summarized || ss.logged <= max(snapManyChanges, len(ss.snap.rows)/4) {
+		return nil
+	}
+	if _, err := ss.tx.Exec(ctx, `SELECT set_config('autoprov.change_log', 'summary', true)`); err != nil {
+		return fmt.Errorf("sync of %s: %w", ss.req.Source, err)
+	}
+	ss.summarized = true
 	return nil
 }
 
