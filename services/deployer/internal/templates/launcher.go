@@ -177,8 +177,9 @@ func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	keys := map[string]*auth.Key{} // the batch's schedules mostly share keys: each read once
 	for _, p := range claimed {
-		jobID, refusal, err := l.launch(ctx, p)
+		jobID, refusal, err := l.launch(ctx, keys, p)
 		if err != nil {
 			// Passing: left pending; the rows done so far are recorded.
 			l.log.Warn().Err(err).Str("schedule_id", p.schedule).Time("occurrence", p.at).Msg("launch an occurrence; retried")
@@ -198,14 +199,21 @@ func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
 	return len(claimed), tx.Commit(ctx)
 }
 
-// launch launches p as its schedule's key: the job's id, or why it is
+// launch launches p as its schedule's key (read once per batch, in keys):
+// the job's id, or why it is
 // refused for good (the key revoked, the template gone, the launch no
 // longer valid), or an error that passes.
-func (l *Launcher) launch(ctx context.Context, p pending) (string, string, error) {
+func (l *Launcher) launch(ctx context.Context, keys map[string]*auth.Key, p pending) (string, string, error) {
 	if p.keyID == "" {
 		return "", "the schedule's API key was deleted", nil
 	}
-	key, err := l.keys.Get(ctx, p.keyID)
+	key, err := keys[p.keyID], error(nil)
+	if key == nil {
+		key, err = l.keys.Get(ctx, p.keyID)
+		if err == nil {
+			keys[p.keyID] = key
+		}
+	}
 	switch {
 	case errors.Is(err, auth.ErrNotFound):
 		return "", "the schedule's API key was deleted", nil

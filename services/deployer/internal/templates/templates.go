@@ -138,10 +138,8 @@ func (s *Service) validate(ctx context.Context, v deployments.Visibility, sv *Sa
 	if len(sv.Description) > 1000 {
 		fields = append(fields, deployments.FieldError{Field: "description", Message: "must be at most 1000 characters"})
 	}
-	if sv.Job.ProjectID != "" && sv.Job.ProjectID != p {
-		if jp, _ := messages.CanonicalProjectID(sv.Job.ProjectID); jp != p {
-			fields = append(fields, deployments.FieldError{Field: "job.project_id", Message: "a template's job runs in the template's project: leave it out"})
-		}
+	if jp, _ := messages.CanonicalProjectID(sv.Job.ProjectID); sv.Job.ProjectID != "" && jp != p {
+		fields = append(fields, deployments.FieldError{Field: "job.project_id", Message: "a template's job runs in the template's project: leave it out"})
 	}
 	sv.Job.ProjectID = p
 	if sv.Job.Template != nil {
