@@ -44,8 +44,18 @@ func Materialize(ctx context.Context, db Beginner, now time.Time, batch int) (in
 }
 
 type due struct {
-	id, cron, tz, missed string
-	next                 time.Time
+	id, cron, rrule, tz, missed string
+	dtstart                     *time.Time
+	next                        time.Time
+}
+
+// Spec is d's when.
+func (d due) spec() Spec {
+	s := Spec{Cron: d.cron, RRule: d.rrule, Timezone: d.tz}
+	if d.dtstart != nil {
+		s.DTStart = *d.dtstart
+	}
+	return s
 }
 
 func materializeBatch(ctx context.Context, db Beginner, now time.Time, batch int) (written, taken int, err error) {
@@ -54,22 +64,23 @@ func materializeBatch(ctx context.Context, db Beginner, now time.Time, batch int
 		return 0, 0, fmt.Errorf("schedules: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `SELECT id::text, cron, timezone, missed, next_at FROM job_schedules
+	rows, err := tx.Query(ctx, `SELECT id::text, cron, rrule, dtstart, timezone, missed, next_at FROM job_schedules
 		WHERE NOT paused AND next_at <= $1 ORDER BY next_at LIMIT $2 FOR UPDATE SKIP LOCKED`, now, batch)
 	if err != nil {
 		return 0, 0, fmt.Errorf("due schedules: %w", err)
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (due, error) {
 		var d due
-		return d, r.Scan(&d.id, &d.cron, &d.tz, &d.missed, &d.next)
+		return d, r.Scan(&d.id, &d.cron, &d.rrule, &d.dtstart, &d.tz, &d.missed, &d.next)
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("due schedules: %w", err)
 	}
 	var occIDs, nextIDs, broken []string
-	var occs, nexts []time.Time
+	var occs []time.Time
+	var nexts []*time.Time // nil: the rule is done
 	for _, d := range list {
-		s, err := Parse(Spec{Cron: d.cron, Timezone: d.tz})
+		s, err := Parse(d.spec())
 		if err != nil {
 			broken = append(broken, d.id) // checked when saved: a time zone gone from tzdata
 			continue
@@ -77,7 +88,7 @@ func materializeBatch(ctx context.Context, db Beginner, now time.Time, batch int
 		at := d.next
 		switch {
 		case now.Sub(at) <= Grace:
-			for i := 0; i < perSchedule && !at.After(now) && now.Sub(at) <= Grace; i++ {
+			for i := 0; i < perSchedule && !at.IsZero() && !at.After(now) && now.Sub(at) <= Grace; i++ {
 				occIDs, occs = append(occIDs, d.id), append(occs, at)
 				at = s.Next(at)
 			}
@@ -87,7 +98,11 @@ func materializeBatch(ctx context.Context, db Beginner, now time.Time, batch int
 		default:
 			at = s.Next(now)
 		}
-		nextIDs, nexts = append(nextIDs, d.id), append(nexts, at)
+		var next *time.Time
+		if !at.IsZero() {
+			next = &at
+		}
+		nextIDs, nexts = append(nextIDs, d.id), append(nexts, next)
 	}
 	if len(occIDs) > 0 {
 		tag, err := tx.Exec(ctx, `INSERT INTO schedule_occurrences (schedule_id, occurrence)

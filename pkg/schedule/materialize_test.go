@@ -161,3 +161,64 @@ func TestMaterializeMissed(t *testing.T) {
 		t.Errorf("a second call at the same time wrote %d (%v)", n, err)
 	}
 }
+
+// TestMaterializeRRule: an RRULE schedule (its DTSTART stored) gets each
+// of its occurrences once, on the wall clock of its zone, until its COUNT
+// runs out: then its next_at is NULL and it gets no more. The table
+// holds a cron or an RRULE, exactly one.
+func TestMaterializeRRule(t *testing.T) {
+	t.Parallel()
+	db := testenv.Pool(t)
+	ctx := context.Background()
+	// Tuesdays and Thursdays at 9:30 in Vilnius, four times, from Monday
+	// 30 March 2026 (summer time: 6:30 UTC).
+	dtstart := time.Date(2026, 3, 30, 0, 0, 0, 0, time.UTC)
+	const rule = "FREQ=WEEKLY;BYDAY=TU,TH;BYHOUR=9;BYMINUTE=30;COUNT=4"
+	spec := schedule.Spec{RRule: rule, Timezone: "Europe/Vilnius", DTStart: dtstart}
+	s, err := schedule.Parse(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := s.Next(dtstart)
+	tpl, id := uuid.NewString(), uuid.NewString()
+	if _, err := db.Exec(ctx, `INSERT INTO job_templates (id, project_id, name, version) VALUES ($1, $2, 'rrule', 1)`, tpl, project); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO job_schedules (id, project_id, template_id, name, cron, rrule, dtstart, timezone, next_at)
+		VALUES ($1, $2, $3, 'rrule', '', $4, $5, $6, $7)`, id, project, tpl, rule, dtstart, spec.Timezone, first); err != nil {
+		t.Fatal(err)
+	}
+	// The leader runs every minute for two weeks.
+	for now := dtstart; now.Before(dtstart.AddDate(0, 0, 14)); now = now.Add(time.Minute) {
+		if _, err := schedule.Materialize(ctx, db, now, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := occurrences(t, db, id)
+	want := []time.Time{
+		time.Date(2026, 3, 31, 6, 30, 0, 0, time.UTC), time.Date(2026, 4, 2, 6, 30, 0, 0, time.UTC),
+		time.Date(2026, 4, 7, 6, 30, 0, 0, time.UTC), time.Date(2026, 4, 9, 6, 30, 0, 0, time.UTC),
+	}
+	if len(got) != len(want) {
+		t.Fatalf("occurrences %v, want %v", got, want)
+	}
+	for i := range want {
+		if !got[i].Equal(want[i]) {
+			t.Fatalf("occurrences %v, want %v", got, want)
+		}
+	}
+	var next *time.Time
+	if err := db.QueryRow(ctx, `SELECT next_at FROM job_schedules WHERE id = $1`, id).Scan(&next); err != nil || next != nil {
+		t.Errorf("next_at %v (%v) after the COUNT ran out, want NULL", next, err)
+	}
+	for _, tc := range []struct{ name, cron, rule string }{{"both", "0 9 * * *", rule}, {"neither", "", ""}} {
+		var dt *time.Time
+		if tc.rule != "" {
+			dt = &dtstart
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO job_schedules (id, project_id, template_id, name, cron, rrule, dtstart, next_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, now())`, uuid.NewString(), project, tpl, tc.name, tc.cron, tc.rule, dt); err == nil {
+			t.Errorf("a schedule with %s a cron and an RRULE stored", tc.name)
+		}
+	}
+}

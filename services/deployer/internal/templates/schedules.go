@@ -17,22 +17,26 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
 
-// Schedule launches a template on a cron expression in a time zone, as
-// the API key that made it. The scheduler's leader writes its occurrences
+// Schedule launches a template on a cron expression or an RFC 5545 RRULE
+// in a time zone, as the API key that made it. The scheduler's leader writes its occurrences
 // (pkg/schedule); a Launcher launches each once.
 type Schedule struct {
-	ID         string          `json:"id"`
-	ProjectID  string          `json:"project_id"`
-	TemplateID string          `json:"template_id"`
-	Name       string          `json:"name"`
-	Cron       string          `json:"cron"`
-	Timezone   string          `json:"timezone,omitempty"`
-	Missed     schedule.Missed `json:"missed"`
+	ID         string `json:"id"`
+	ProjectID  string `json:"project_id"`
+	TemplateID string `json:"template_id"`
+	Name       string `json:"name"`
+	// Cron or RRule (with its DTStart), exactly one.
+	Cron     string          `json:"cron,omitempty"`
+	RRule    string          `json:"rrule,omitempty"`
+	DTStart  *time.Time      `json:"dtstart,omitempty"`
+	Timezone string          `json:"timezone,omitempty"`
+	Missed   schedule.Missed `json:"missed"`
 	// Launch is what each occurrence launches with (no secret answer).
 	Launch Launch `json:"launch"`
 	Paused bool   `json:"paused"`
 	// NextAt is the next occurrence the scheduler will write (none while
-	// paused); Upcoming the ones after it.
+	// paused, nor once an RRULE's COUNT or UNTIL has passed: it never
+	// fires again); Upcoming the ones after it.
 	NextAt    *time.Time  `json:"next_at,omitempty"`
 	Upcoming  []time.Time `json:"upcoming,omitempty"`
 	CreatedAt time.Time   `json:"created_at"`
@@ -48,10 +52,16 @@ type Occurrence struct {
 	Error      string     `json:"error,omitempty"`
 }
 
-// NewSchedule is a schedule to create.
+// NewSchedule is a schedule to create: on Cron or RRule, exactly one.
 type NewSchedule struct {
-	Name     string          `json:"name"`
-	Cron     string          `json:"cron"`
+	Name  string `json:"name"`
+	Cron  string `json:"cron,omitempty"`
+	RRule string `json:"rrule,omitempty"`
+	// DTStart is an RRule's DTSTART (its wall clock in Timezone matters:
+	// the fields the rule does not give come from it); default the
+	// schedule's creation, truncated to the minute. Stored, so the
+	// occurrences stay the same across restarts.
+	DTStart  *time.Time      `json:"dtstart,omitempty"`
 	Timezone string          `json:"timezone,omitempty"`
 	Missed   schedule.Missed `json:"missed,omitempty"`
 	Launch   Launch          `json:"launch"`
@@ -74,13 +84,33 @@ func (s *Service) CreateSchedule(ctx context.Context, keyID string, v deployment
 	if !NameRE.MatchString(n.Name) {
 		add("name", "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
 	}
-	spec, err := schedule.Parse(schedule.Spec{Cron: n.Cron, Timezone: n.Timezone})
-	if err != nil {
-		field := "cron"
-		if strings.HasPrefix(err.Error(), "unknown time zone") {
-			field = "timezone"
+	now := time.Now()
+	var dtstart *time.Time
+	switch {
+	case strings.TrimSpace(n.RRule) == "" && n.DTStart != nil:
+		add("dtstart", "only an rrule schedule has a start")
+	case strings.TrimSpace(n.RRule) != "":
+		d := now.Truncate(time.Minute)
+		if n.DTStart != nil {
+			d = n.DTStart.Truncate(time.Second)
+		}
+		dtstart = &d
+	}
+	spec, err := schedule.Parse(newSpec(n.Cron, n.RRule, dtstart, n.Timezone))
+	var next *time.Time
+	switch {
+	case err != nil:
+		field := schedule.ErrField(err)
+		if field == "" {
+			field = "cron"
 		}
 		add(field, err.Error())
+	default:
+		if at := spec.Next(now); !at.IsZero() {
+			next = &at
+		} else {
+			add("rrule", "the rule has no occurrence after now (its COUNT or UNTIL has passed)")
+		}
 	}
 	switch n.Missed {
 	case "":
@@ -113,9 +143,9 @@ func (s *Service) CreateSchedule(ctx context.Context, keyID string, v deployment
 	if err != nil {
 		return nil, fmt.Errorf("encode the launch: %w", err)
 	}
-	_, err = s.db.Exec(ctx, `INSERT INTO job_schedules (id, project_id, template_id, name, cron, timezone, missed, launch, next_at, api_key_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		id, t.ProjectID, t.ID, n.Name, n.Cron, n.Timezone, string(n.Missed), launch, spec.Next(time.Now()), nullUUID(keyID))
+	_, err = s.db.Exec(ctx, `INSERT INTO job_schedules (id, project_id, template_id, name, cron, rrule, dtstart, timezone, missed, launch, next_at, api_key_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		id, t.ProjectID, t.ID, n.Name, strings.TrimSpace(n.Cron), strings.TrimSpace(n.RRule), dtstart, n.Timezone, string(n.Missed), launch, next, nullUUID(keyID))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "23505" {
 		return nil, ErrScheduleExists
@@ -126,23 +156,34 @@ func (s *Service) CreateSchedule(ctx context.Context, keyID string, v deployment
 	return s.GetSchedule(ctx, v, id.String())
 }
 
-const scheduleColumns = `id::text, project_id, template_id::text, name, cron, timezone, missed, launch, paused, next_at, created_at`
+const scheduleColumns = `id::text, project_id, template_id::text, name, cron, rrule, dtstart, timezone, missed, launch, paused, next_at, created_at`
+
+// newSpec is the schedule.Spec of a schedule's columns.
+func newSpec(cron, rrule string, dtstart *time.Time, tz string) schedule.Spec {
+	spec := schedule.Spec{Cron: cron, RRule: rrule, Timezone: tz}
+	if dtstart != nil {
+		spec.DTStart = *dtstart
+	}
+	return spec
+}
+
+func (sc *Schedule) spec() schedule.Spec { return newSpec(sc.Cron, sc.RRule, sc.DTStart, sc.Timezone) }
 
 func scanSchedule(row pgx.Row) (*Schedule, error) {
 	var sc Schedule
 	var launch []byte
-	var next time.Time
-	if err := row.Scan(&sc.ID, &sc.ProjectID, &sc.TemplateID, &sc.Name, &sc.Cron, &sc.Timezone, &sc.Missed, &launch,
+	var next *time.Time
+	if err := row.Scan(&sc.ID, &sc.ProjectID, &sc.TemplateID, &sc.Name, &sc.Cron, &sc.RRule, &sc.DTStart, &sc.Timezone, &sc.Missed, &launch,
 		&sc.Paused, &next, &sc.CreatedAt); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal(launch, &sc.Launch); err != nil {
 		return nil, fmt.Errorf("schedule %s: %w", sc.ID, err)
 	}
-	if !sc.Paused {
-		sc.NextAt = &next
-		if spec, err := schedule.Parse(schedule.Spec{Cron: sc.Cron, Timezone: sc.Timezone}); err == nil {
-			sc.Upcoming = spec.Upcoming(next, 4)
+	if !sc.Paused && next != nil {
+		sc.NextAt = next
+		if spec, err := schedule.Parse(sc.spec()); err == nil {
+			sc.Upcoming = spec.Upcoming(*next, 4)
 		}
 	}
 	return &sc, nil
@@ -194,15 +235,19 @@ func (s *Service) ListSchedules(ctx context.Context, v deployments.Visibility, t
 
 // SetPaused pauses or resumes schedule id. A resumed schedule's next
 // occurrence is the next one to come: what fell due while it was paused
-// is not run.
+// is not run (an RRULE's COUNT counts them all the same).
 func (s *Service) SetPaused(ctx context.Context, v deployments.Visibility, id string, paused bool) (*Schedule, error) {
 	sc, err := s.GetSchedule(ctx, v, id)
 	if err != nil {
 		return nil, err
 	}
-	next := time.Now()
-	if spec, err := schedule.Parse(schedule.Spec{Cron: sc.Cron, Timezone: sc.Timezone}); err == nil {
-		next = spec.Next(next)
+	now := time.Now()
+	next := &now
+	if spec, err := schedule.Parse(sc.spec()); err == nil {
+		next = nil // a rule done: none
+		if at := spec.Next(now); !at.IsZero() {
+			next = &at
+		}
 	}
 	if _, err := s.db.Exec(ctx, `UPDATE job_schedules SET paused = $2,
 		next_at = CASE WHEN $2 THEN next_at ELSE $3 END WHERE id = $1`, sc.ID, paused, next); err != nil {
