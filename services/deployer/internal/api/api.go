@@ -63,8 +63,10 @@ type Deps struct {
 	Credentials *credentials.Service
 	// Templates serves /api/v1/templates; nil answers 503.
 	Templates *templates.Service
-	Keys      Keys
-	Auth      Authenticator
+	// Triggers serves /api/v1/triggers and /api/v1/hooks; nil answers 503.
+	Triggers *templates.Triggers
+	Keys     Keys
+	Auth     Authenticator
 	// Forget drops a revoked key from the authenticator's cache.
 	Forget  func(keyID string)
 	Limiter RateLimiter

@@ -75,8 +75,18 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 				r.With(a.authenticate(auth.ScopeTemplatesLaunch)).Post("/launch", a.launchTemplate)
 				r.With(a.authenticate(twrite)).Post("/schedules", a.createSchedule)
 				r.With(a.authenticate(tread)).Get("/schedules", a.listSchedules)
+				r.With(a.authenticate(twrite)).Post("/triggers", a.createTrigger)
+				r.With(a.authenticate(tread)).Get("/triggers", a.listTriggers)
 			})
 		})
+		r.Route("/triggers/{id}", func(r chi.Router) {
+			tread, twrite := auth.ScopeTemplatesRead, auth.ScopeTemplatesWrite
+			r.With(a.authenticate(tread)).Get("/", a.getTrigger)
+			r.With(a.authenticate(twrite)).Delete("/", a.deleteTrigger)
+			r.With(a.authenticate(twrite)).Post("/rotate", a.rotateTrigger)
+		})
+		// Git hosting's webhooks: the trigger's secret proves the sender.
+		r.Post("/hooks/{id}", a.hook)
 		r.Route("/schedules/{id}", func(r chi.Router) {
 			tread, twrite := auth.ScopeTemplatesRead, auth.ScopeTemplatesWrite
 			r.With(a.authenticate(tread)).Get("/", a.getSchedule)

@@ -179,7 +179,8 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		Events:        events.StreamConfig{Heartbeat: cfg.API.SSEHeartbeat, Retry: cfg.API.SSERetry},
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
-		Deployments: p.Deployments, Credentials: p.Credentials, Templates: p.Templates, Keys: keys, Auth: authn, Forget: authn.Forget,
+		Deployments: p.Deployments, Credentials: p.Credentials, Templates: p.Templates, Keys: keys,
+		Triggers: templates.NewTriggers(p.Templates, p.Deployments, keys, signingKey), Auth: authn, Forget: authn.Forget,
 		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),
 		Hub:     p.Hub, Logs: logs,
 		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {

@@ -200,32 +200,53 @@ func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
 }
 
 // launch launches p as its schedule's key (read once per batch, in keys):
-// the job's id, or why it is
-// refused for good (the key revoked, the template gone, the launch no
-// longer valid), or an error that passes.
+// the job's id, or why it is refused for good (the key revoked, the
+// template gone, the launch no longer valid), or an error that passes.
 func (l *Launcher) launch(ctx context.Context, keys map[string]*auth.Key, p pending) (string, string, error) {
-	if p.keyID == "" {
-		return "", "the schedule's API key was deleted", nil
+	key, refusal, err := launchKey(ctx, l.keys, keys, p.keyID, p.project, "schedule")
+	if refusal != "" || err != nil {
+		return "", refusal, err
 	}
-	key, err := keys[p.keyID], error(nil)
+	idem := "schedule:" + p.schedule + ":" + p.at.UTC().Format(time.RFC3339Nano)
+	sub, err := l.svc.Launch(ctx, l.sub, key.ID, deployments.Visibility{Projects: []string{p.project}}, p.template, p.launch, idem)
+	if refusal, err := launchRefusal(err); refusal != "" || err != nil {
+		return "", refusal, err
+	}
+	return sub.Deployment.ID, "", nil
+}
+
+// launchKey returns the API key keyID that a schedule or a trigger (its
+// owner) launches project's templates as, reading it once into cache; or
+// why it may not launch, for good (deleted, revoked, its scopes or
+// projects changed); or an error that passes.
+func launchKey(ctx context.Context, keys Keys, cache map[string]*auth.Key, keyID, project, owner string) (*auth.Key, string, error) {
+	if keyID == "" {
+		return nil, "the " + owner + "'s API key was deleted", nil
+	}
+	key, err := cache[keyID], error(nil)
 	if key == nil {
-		key, err = l.keys.Get(ctx, p.keyID)
-		if err == nil {
-			keys[p.keyID] = key
+		key, err = keys.Get(ctx, keyID)
+		if err == nil && cache != nil {
+			cache[keyID] = key
 		}
 	}
 	switch {
 	case errors.Is(err, auth.ErrNotFound):
-		return "", "the schedule's API key was deleted", nil
+		return nil, "the " + owner + "'s API key was deleted", nil
 	case err != nil:
-		return "", "", err
+		return nil, "", err
 	case !key.RevokedAt.IsZero():
-		return "", "the schedule's API key was revoked", nil
-	case !key.Has(auth.ScopeTemplatesLaunch) || !key.HoldsProject(p.project):
-		return "", "the schedule's API key may no longer launch the project's templates", nil
+		return nil, "the " + owner + "'s API key was revoked", nil
+	case !key.Has(auth.ScopeTemplatesLaunch) || !key.HoldsProject(project):
+		return nil, "the " + owner + "'s API key may no longer launch the project's templates", nil
 	}
-	idem := "schedule:" + p.schedule + ":" + p.at.UTC().Format(time.RFC3339Nano)
-	sub, err := l.svc.Launch(ctx, l.sub, key.ID, deployments.Visibility{Projects: []string{p.project}}, p.template, p.launch, idem)
+	return key, "", nil
+}
+
+// launchRefusal sorts the error of a launch made for no one waiting (a
+// schedule's, a trigger's): why it is refused for good (invalid, the
+// template gone), or an error that passes.
+func launchRefusal(err error) (string, error) {
 	var ie *deployments.InvalidError
 	switch {
 	case errors.As(err, &ie):
@@ -233,11 +254,9 @@ func (l *Launcher) launch(ctx context.Context, keys map[string]*auth.Key, p pend
 		for _, f := range ie.Fields {
 			msg += fmt.Sprintf(" %s: %s;", f.Field, f.Message)
 		}
-		return "", msg, nil
+		return msg, nil
 	case errors.Is(err, ErrNotFound), errors.Is(err, deployments.ErrForbiddenProject), errors.Is(err, deployments.ErrIdempotencyMismatch):
-		return "", err.Error(), nil
-	case err != nil:
-		return "", "", err
+		return err.Error(), nil
 	}
-	return sub.Deployment.ID, "", nil
+	return "", err
 }

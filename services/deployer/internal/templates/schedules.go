@@ -2,7 +2,6 @@ package templates
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -119,29 +118,15 @@ func (s *Service) CreateSchedule(ctx context.Context, keyID string, v deployment
 	default:
 		add("missed", "must be skip or run_once")
 	}
-	_, hidden, err := Request(t, n.Launch)
-	wipe(hidden)
-	var ie *deployments.InvalidError
-	switch {
-	case errors.As(err, &ie):
-		for _, f := range ie.Fields {
-			add("launch."+f.Field, f.Message)
-		}
-	case err != nil:
+	if err := checkStoredLaunch(t, n.Launch, "schedule", add); err != nil {
 		return nil, err
-	case len(hidden) > 0:
-		add("launch.survey", "a schedule cannot hold a secret answer: it would be stored")
 	}
 	if len(fields) > 0 {
 		return nil, &deployments.InvalidError{Fields: fields}
 	}
-	id, err := uuid.NewV7FromReader(rand.Reader)
+	id, launch, err := newStored(n.Launch)
 	if err != nil {
-		return nil, fmt.Errorf("new schedule id: %w", err)
-	}
-	launch, err := json.Marshal(n.Launch)
-	if err != nil {
-		return nil, fmt.Errorf("encode the launch: %w", err)
+		return nil, err
 	}
 	_, err = s.db.Exec(ctx, `INSERT INTO job_schedules (id, project_id, template_id, name, cron, rrule, dtstart, timezone, missed, launch, next_at, api_key_id)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
