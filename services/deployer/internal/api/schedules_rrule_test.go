@@ -23,14 +23,8 @@ func TestScheduleRRule(t *testing.T) {
 	e := dt.Start(t, dt.Options{})
 	ctx := context.Background()
 	key := e.Key("rrule", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch, auth.ScopeCredentialsWrite}, dt.Project)
-	if resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "prod-ssh", "ref": "vault:secret/projects/" + dt.Project + "/ssh#k"}); resp.StatusCode != 201 {
-		t.Fatalf("credential: %d %s", resp.StatusCode, body)
-	}
-	resp, body := e.Do("POST", "/api/v1/templates", key, templateBody("site"))
-	if resp.StatusCode != 201 {
-		t.Fatalf("template: %d %s", resp.StatusCode, body)
-	}
-	tpl := dt.JSON[templates.Template](t, body)
+	sshCredential(t, e, key)
+	tpl := createTemplate(t, e, key, templateBody("site"))
 	base := "/api/v1/templates/" + tpl.ID + "/schedules"
 	launch := map[string]any{"survey": map[string]any{"release": "weekly"}}
 
@@ -55,7 +49,7 @@ func TestScheduleRRule(t *testing.T) {
 
 	// Mondays and Wednesdays at 9:30 in Vilnius.
 	before := time.Now()
-	resp, body = e.Do("POST", base, key, map[string]any{"name": "mon-wed", "rrule": "FREQ=WEEKLY;BYDAY=MO,WE;BYHOUR=9;BYMINUTE=30",
+	resp, body := e.Do("POST", base, key, map[string]any{"name": "mon-wed", "rrule": "FREQ=WEEKLY;BYDAY=MO,WE;BYHOUR=9;BYMINUTE=30",
 		"timezone": "Europe/Vilnius", "launch": launch})
 	if resp.StatusCode != 201 {
 		t.Fatalf("rrule schedule: %d %s", resp.StatusCode, body)

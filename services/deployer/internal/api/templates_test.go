@@ -51,6 +51,25 @@ func lastJobMessage(t *testing.T, e *dt.Env) *messages.AnsibleJobMessage {
 	return m
 }
 
+// sshCredential stores the credential prod-ssh that templateBody names,
+// with key.
+func sshCredential(t *testing.T, e *dt.Env, key string) {
+	t.Helper()
+	if resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "prod-ssh", "ref": "vault:secret/projects/" + dt.Project + "/ssh#k"}); resp.StatusCode != 201 {
+		t.Fatalf("credential: %d %s", resp.StatusCode, body)
+	}
+}
+
+// createTemplate creates the template body with key.
+func createTemplate(t *testing.T, e *dt.Env, key string, body map[string]any) templates.Template {
+	t.Helper()
+	resp, data := e.Do("POST", "/api/v1/templates", key, body)
+	if resp.StatusCode != 201 {
+		t.Fatalf("template: %d %s", resp.StatusCode, data)
+	}
+	return dt.JSON[templates.Template](t, data)
+}
+
 // TestTemplates: a project's template (its job checked when saved) is
 // launched by a key with templates:launch, with the overrides it asks for
 // and survey answers (typed, validated, defaults) as extra variables; the
@@ -402,9 +421,7 @@ func TestTemplateSecretQuestion(t *testing.T) {
 	e := dt.Start(t, dt.Options{Env: env})
 	ctx := context.Background()
 	key := e.Key("tpl-secret", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch, auth.ScopeCredentialsWrite, auth.ScopeJobsRead}, dt.Project)
-	if resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "prod-ssh", "ref": "vault:secret/projects/" + dt.Project + "/ssh#k"}); resp.StatusCode != 201 {
-		t.Fatalf("credential: %d %s", resp.StatusCode, body)
-	}
+	sshCredential(t, e, key)
 	b := templateBody("secret")
 	b["survey"] = []map[string]any{{"variable": "db_password", "type": "secret", "required": true}}
 	resp, body := e.Do("POST", "/api/v1/templates", key, b)
@@ -485,14 +502,8 @@ func TestSchedules(t *testing.T) {
 	key := e.Key("sched", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch, auth.ScopeCredentialsWrite, auth.ScopeJobsRead}, dt.Project)
 	noLaunch := e.Key("sched-nolaunch", []auth.Scope{auth.ScopeTemplatesWrite}, dt.Project)
 	keyB := e.Key("sched-b", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch}, projectB)
-	if resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "prod-ssh", "ref": "vault:secret/projects/" + dt.Project + "/ssh#k"}); resp.StatusCode != 201 {
-		t.Fatalf("credential: %d %s", resp.StatusCode, body)
-	}
-	resp, body := e.Do("POST", "/api/v1/templates", key, templateBody("site"))
-	if resp.StatusCode != 201 {
-		t.Fatalf("template: %d %s", resp.StatusCode, body)
-	}
-	tpl := dt.JSON[templates.Template](t, body)
+	sshCredential(t, e, key)
+	tpl := createTemplate(t, e, key, templateBody("site"))
 	base := "/api/v1/templates/" + tpl.ID + "/schedules"
 	sched := map[string]any{"name": "every-second", "cron": "@every 1s", "launch": map[string]any{"survey": map[string]any{"release": "nightly"}}}
 
@@ -515,7 +526,7 @@ func TestSchedules(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d naming %q", tc.name, resp.StatusCode, body, tc.status, tc.field)
 		}
 	}
-	resp, body = e.Do("POST", base, key, sched)
+	resp, body := e.Do("POST", base, key, sched)
 	if resp.StatusCode != 201 {
 		t.Fatalf("schedule: %d %s", resp.StatusCode, body)
 	}

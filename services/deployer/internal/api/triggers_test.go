@@ -87,21 +87,11 @@ func TestTriggers(t *testing.T) {
 	key := e.Key("trig", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch, auth.ScopeCredentialsWrite, auth.ScopeJobsRead}, dt.Project)
 	noLaunch := e.Key("trig-nolaunch", []auth.Scope{auth.ScopeTemplatesWrite}, dt.Project)
 	keyB := e.Key("trig-b", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeTemplatesLaunch, auth.ScopeTemplatesRead}, projectB)
-	if resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "prod-ssh", "ref": "vault:secret/projects/" + dt.Project + "/ssh#k"}); resp.StatusCode != 201 {
-		t.Fatalf("credential: %d %s", resp.StatusCode, body)
-	}
+	sshCredential(t, e, key)
 	withRef := templateBody("site")
 	withRef["ask_on_launch"] = map[string]any{"ref": true}
-	resp, body := e.Do("POST", "/api/v1/templates", key, withRef)
-	if resp.StatusCode != 201 {
-		t.Fatalf("template: %d %s", resp.StatusCode, body)
-	}
-	tpl := dt.JSON[templates.Template](t, body)
-	resp, body = e.Do("POST", "/api/v1/templates", key, templateBody("no-ref"))
-	if resp.StatusCode != 201 {
-		t.Fatalf("template: %d %s", resp.StatusCode, body)
-	}
-	noRef := dt.JSON[templates.Template](t, body)
+	tpl := createTemplate(t, e, key, withRef)
+	noRef := createTemplate(t, e, key, templateBody("no-ref"))
 	base := "/api/v1/templates/" + tpl.ID + "/triggers"
 	launch := map[string]any{"survey": map[string]any{"release": "from-git"}}
 

@@ -103,7 +103,7 @@ type Triggers struct {
 	sub        Submitter
 	keys       Keys
 	signingKey []byte
-	// Stale is how long a delivery may stay pending (its launch cut short)
+	// stale is how long a delivery may stay pending (its launch cut short)
 	// before a redelivery of it launches again.
 	stale time.Duration
 }
@@ -391,7 +391,7 @@ func (t *Triggers) Deliver(ctx context.Context, id string, h http.Header, body [
 	ok, why := tr.matches(push)
 	if !ok {
 		d.Outcome, d.Reason = DeliveryIgnored, why
-		return d, t.record(ctx, tr.ID, digest[:], d, true)
+		return d, t.ignore(ctx, tr.ID, digest[:], d)
 	}
 	d.Outcome = deliveryPending
 	claimed, err := t.claim(ctx, tr.ID, digest[:], d)
@@ -412,7 +412,7 @@ func (t *Triggers) Deliver(ctx context.Context, id string, h http.Header, body [
 	default:
 		d.Outcome, d.JobID = DeliveryLaunched, jobID
 	}
-	if err := t.record(ctx, tr.ID, digest[:], d, false); err != nil {
+	if err := t.finish(ctx, tr.ID, digest[:], d); err != nil {
 		return nil, err
 	}
 	if refusal != "" {
@@ -454,18 +454,21 @@ func (t *Triggers) claim(ctx context.Context, triggerID string, digest []byte, d
 	return false, ErrReplay
 }
 
-// record writes d's outcome (insert: a new row, else the claimed one).
-func (t *Triggers) record(ctx context.Context, triggerID string, digest []byte, d *TriggerDelivery, insert bool) error {
-	var err error
-	if insert {
-		_, err = t.svc.db.Exec(ctx, `INSERT INTO trigger_deliveries (trigger_id, digest, delivery_id, event, ref, commit, outcome, reason)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`,
-			triggerID, digest, d.Delivery, d.Event, d.Ref, d.Commit, d.Outcome, truncate(d.Reason, 1000))
-	} else {
-		_, err = t.svc.db.Exec(ctx, `UPDATE trigger_deliveries SET outcome = $3, job_id = NULLIF($4, '')::uuid, reason = $5
-			WHERE trigger_id = $1 AND digest = $2`, triggerID, digest, d.Outcome, d.JobID, truncate(d.Reason, 1000))
+// ignore records d, a delivery that launches nothing; a body seen
+// before keeps its first record.
+func (t *Triggers) ignore(ctx context.Context, triggerID string, digest []byte, d *TriggerDelivery) error {
+	if _, err := t.svc.db.Exec(ctx, `INSERT INTO trigger_deliveries (trigger_id, digest, delivery_id, event, ref, commit, outcome, reason)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`,
+		triggerID, digest, d.Delivery, d.Event, d.Ref, d.Commit, d.Outcome, truncate(d.Reason, 1000)); err != nil {
+		return fmt.Errorf("record the delivery: %w", err)
 	}
-	if err != nil {
+	return nil
+}
+
+// finish records the outcome of d, a claimed delivery.
+func (t *Triggers) finish(ctx context.Context, triggerID string, digest []byte, d *TriggerDelivery) error {
+	if _, err := t.svc.db.Exec(ctx, `UPDATE trigger_deliveries SET outcome = $3, job_id = NULLIF($4, '')::uuid, reason = $5
+		WHERE trigger_id = $1 AND digest = $2`, triggerID, digest, d.Outcome, d.JobID, truncate(d.Reason, 1000)); err != nil {
 		return fmt.Errorf("record the delivery: %w", err)
 	}
 	return nil
