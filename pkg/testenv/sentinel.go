@@ -52,44 +52,16 @@ func StartSentinelSet(t testing.TB) *SentinelSet {
 		info, err := rc.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
+	var logs []string
 	for range 3 {
-		port := FreePort(t)
-		dir := t.TempDir()
-		conf := filepath.Join(dir, "sentinel.conf")
-		body := fmt.Sprintf(`port %d
-bind 127.0.0.1
-dir %s
-sentinel monitor %s 127.0.0.1 %s 2
-sentinel down-after-milliseconds %s 1000
-sentinel failover-timeout %s 10000
-sentinel parallel-syncs %s 1
-`, port, dir, s.Master, pport, s.Master, s.Master, s.Master)
-		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		logf, err := os.Create(filepath.Join(dir, "sentinel.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(sentinelBin, conf)
-		if sentinelBin == "redis-server" {
-			cmd.Args = append(cmd.Args, "--sentinel")
-		}
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start redis sentinel: %v", err)
-		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			<-done
-		})
-		s.sentinels = append(s.sentinels, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		addr, log := s.startSentinel(sentinelBin, pport)
+		s.sentinels, logs = append(s.sentinels, addr), append(logs, log)
 	}
-	for _, addr := range s.sentinels {
+	for i, addr := range s.sentinels {
 		sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
-		s.waitFor(time.Minute, "sentinel "+addr+" to know the replica and the other sentinels", func() bool {
+		s.waitForOr(time.Minute, "sentinel "+addr+" to know the replica and the other sentinels", func() string {
+			return sentinelLogs(logs, i)
+		}, func() bool {
 			replicas, err := sc.Replicas(ctx, s.Master).Result()
 			if err != nil || len(replicas) != 1 {
 				return false
@@ -148,12 +120,121 @@ func (s *SentinelSet) Failover() {
 	})
 }
 
+// startSentinel starts one Sentinel monitoring the primary on pport and
+// waits until it answers; it returns its address and its log's path. A
+// port taken between FreePort and the Sentinel's bind (another test's
+// server got it first) makes the Sentinel exit at once: it is started
+// again on another port.
+func (s *SentinelSet) startSentinel(bin, pport string) (addr, logPath string) {
+	t := s.t
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		port := FreePort(t)
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf(`port %d
+bind 127.0.0.1
+dir %s
+sentinel monitor %s 127.0.0.1 %s 2
+sentinel down-after-milliseconds %s 1000
+sentinel failover-timeout %s 10000
+sentinel parallel-syncs %s 1
+`, port, dir, s.Master, pport, s.Master, s.Master, s.Master)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		logPath = filepath.Join(dir, "sentinel.log")
+		logf, err := os.Create(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, conf)
+		if bin == "redis-server" {
+			cmd.Args = append(cmd.Args, "--sentinel")
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start redis sentinel: %v", err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+		})
+		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if s.sentinelAnswers(addr, done) {
+			return addr, logPath
+		}
+		if attempt == 5 {
+			t.Fatalf("redis sentinel on %s did not start (attempt %d):\n%s", addr, attempt, tail(logPath))
+		}
+		t.Logf("redis sentinel on %s did not start, trying another port:\n%s", addr, tail(logPath))
+	}
+}
+
+// sentinelAnswers waits up to 10 s for the Sentinel on addr to answer
+// SENTINEL MASTERS with the monitored primary; false if its process
+// exited first (done closed) or it never answered.
+func (s *SentinelSet) sentinelAnswers(addr string, done <-chan struct{}) bool {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer sc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		_, err := sc.Master(ctx, s.Master).Result()
+		cancel()
+		if err == nil {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+// sentinelLogs is the tail of every Sentinel's log, the i-th first.
+func sentinelLogs(paths []string, i int) string {
+	var b strings.Builder
+	for j := range paths {
+		k := (i + j) % len(paths)
+		fmt.Fprintf(&b, "--- %s\n%s\n", paths[k], tail(paths[k]))
+	}
+	return b.String()
+}
+
+// tail is the last 2 KiB of the file at path.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return string(b)
+}
+
 func (s *SentinelSet) waitFor(timeout time.Duration, what string, cond func() bool) {
+	s.t.Helper()
+	s.waitForOr(timeout, what, nil, cond)
+}
+
+// waitForOr is waitFor whose failure adds detail()'s text.
+func (s *SentinelSet) waitForOr(timeout time.Duration, what string, detail func() string, cond func() bool) {
 	s.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			msg := ""
+			if detail != nil {
+				msg = "\n" + detail()
+			}
+			s.t.Fatalf("timed out after %s waiting for %s%s", timeout, what, msg)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
