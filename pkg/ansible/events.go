@@ -2,6 +2,7 @@ package ansible
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -46,6 +47,9 @@ type Event struct {
 	RC *int
 	// Stats holds the per-host recap of the stats event.
 	Stats map[string]Recap
+	// Custom is the stats event's set_stats data of the run (per_host:
+	// false), every string redacted; nil when the play set none.
+	Custom map[string]any
 }
 
 // Recap is a host's line of the play recap.
@@ -85,7 +89,8 @@ type wireEvent struct {
 		Rescued     int `json:"rescued"`
 		Ignored     int `json:"ignored"`
 	} `json:"hosts"`
-	Truncated bool `json:"truncated"`
+	Truncated bool            `json:"truncated"`
+	Custom    json.RawMessage `json:"custom"`
 }
 
 // DecodeEvent parses one line of the autoprov_events stream
@@ -130,7 +135,44 @@ func decodeEvent(line []byte, redact func(string) string) (Event, error) {
 				Unreachable: s.Unreachable, Skipped: s.Skipped, Rescued: s.Rescued, Ignored: s.Ignored}
 		}
 	}
+	if w.Event == EventStats && len(w.Custom) > 0 {
+		d := json.NewDecoder(bytes.NewReader(w.Custom))
+		d.UseNumber()
+		var custom map[string]any
+		if err := d.Decode(&custom); err == nil && len(custom) > 0 {
+			ev.Custom, _ = redactData(custom, redact).(map[string]any)
+		}
+	}
 	return ev, nil
+}
+
+// redactData is v (JSON decoded with UseNumber) with every string, map
+// key included, redacted, and numbers as int64 when whole, else float64.
+func redactData(v any, redact func(string) string) any {
+	switch v := v.(type) {
+	case string:
+		return redact(v)
+	case json.Number:
+		if i, err := v.Int64(); err == nil {
+			return i
+		}
+		f, _ := v.Float64()
+		return f
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = redactData(e, redact)
+		}
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[redact(k)] = redactData(e, redact)
+		}
+		return out
+	default:
+		return v
+	}
 }
 
 // eventState is what a run learns from its events.
@@ -138,6 +180,7 @@ type eventState struct {
 	count     int
 	malformed int
 	stats     map[string]Recap // from the stats event; nil before it
+	custom    map[string]any   // the stats event's set_stats data
 	derived   map[string]Recap // counted from host_* events
 	// failures are each host's failures that were not ignored (rescued
 	// ones too: only the stats event tells), unreachables its unreachable
@@ -184,6 +227,9 @@ func (s *eventState) add(ev Event) {
 	case EventStats:
 		if ev.Stats != nil {
 			s.stats = ev.Stats
+		}
+		if ev.Custom != nil {
+			s.custom = ev.Custom
 		}
 		return
 	default:

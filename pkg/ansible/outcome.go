@@ -69,6 +69,9 @@ type Result struct {
 	Cleanup *RemoteReport
 	// Steps are how long the runner's own steps before the play took.
 	Steps Steps
+	// Artifacts are the run's set_stats data (per_host: false), every
+	// string redacted; nil when the play set none.
+	Artifacts map[string]any
 }
 
 // Steps are the runner's own time before a play, step by step: the
@@ -103,6 +106,7 @@ func (e *execution) result() *Result {
 		StartedAt:  e.started,
 		ExitedAt:   e.exitedAt(),
 		FinishedAt: time.Now(),
+		Artifacts:  ev.custom,
 	}
 	if res.Hosts == nil {
 		res.Hosts = map[string]Recap{}

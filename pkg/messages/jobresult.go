@@ -1,6 +1,12 @@
 package messages
 
-import "regexp"
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
 
 // CommitPattern is the shape of a resolved commit: a full SHA-1 or SHA-256
 // object name in lower-case hex.
@@ -35,6 +41,40 @@ type AnsibleJobResult struct {
 	// collection_role job has one (the generated play). Absent when no
 	// playbook ran.
 	Playbooks []PlaybookOutcome `msgpack:"playbooks,omitempty"`
+	// The job's artifacts: the set_stats data (per_host: false) of its
+	// playbooks, merged in order (a later playbook's key wins), secrets
+	// redacted. Names are variable names (not ansible_*), and the whole
+	// at most MaxArtifactsBytes encoded: a workflow hands them to its
+	// next steps as extra vars. Absent when no playbook set any.
+	Artifacts Vars `msgpack:"artifacts,omitempty"`
+}
+
+// MaxArtifactsBytes bounds a job result's artifacts, msgpack-encoded.
+const MaxArtifactsBytes = 64 << 10
+
+// SetArtifacts sets r's artifacts to the entries of vars whose names a
+// workflow can pass on as extra vars, and returns the names left out. If
+// the kept entries encode to more than MaxArtifactsBytes, none are kept
+// and every name is returned.
+func (r *AnsibleJobResult) SetArtifacts(vars Vars) (dropped []string) {
+	kept := Vars{}
+	for _, k := range sortedKeys(vars) {
+		if !varNameRE.MatchString(k) || strings.HasPrefix(strings.ToLower(k), "ansible_") {
+			dropped = append(dropped, k)
+			continue
+		}
+		kept[k] = vars[k]
+	}
+	if len(kept) == 0 {
+		r.Artifacts = nil
+		return dropped
+	}
+	if b, err := msgpack.Marshal(kept); err != nil || len(b) > MaxArtifactsBytes {
+		r.Artifacts = nil
+		return sortedKeys(vars)
+	}
+	r.Artifacts = kept
+	return dropped
 }
 
 // NewAnsibleJobResult starts the result of msg, read from the stream entry
@@ -65,6 +105,12 @@ func (r *AnsibleJobResult) Validate() error {
 		c.add("inventory_commit", "must be a full commit id in lower-case hex")
 	}
 	validatePlaybooks(&c, r.Playbooks)
+	varNames(&c, "artifacts", r.Artifacts)
+	if len(r.Artifacts) > 0 {
+		if b, err := msgpack.Marshal(r.Artifacts); err != nil || len(b) > MaxArtifactsBytes {
+			c.add("artifacts", fmt.Sprintf("must encode to at most %d bytes", MaxArtifactsBytes))
+		}
+	}
 	return c.err()
 }
 

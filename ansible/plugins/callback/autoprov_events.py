@@ -214,6 +214,10 @@ class CallbackModule(CallbackBase):
             if isinstance(record.get(key), str):
                 record[key] = _head(record[key], 1024)
                 line = dump(record)
+        if len(line) > MAX_LINE and "custom" in record:
+            del record["custom"]
+            record["custom_truncated"] = True
+            line = dump(record)
         if len(line) > MAX_LINE and "hosts" in record:
             record["hosts"] = {}
             record["truncated"] = True
@@ -324,7 +328,16 @@ class CallbackModule(CallbackBase):
                 }
         except Exception:  # pylint: disable=broad-except
             pass
-        self._emit("stats", hosts=hosts)
+        fields = {"hosts": hosts}
+        # set_stats data of the whole run (per_host: false, the default):
+        # a job's artifacts, handed to the next steps of a workflow.
+        try:
+            custom = stats.custom.get("_run") if isinstance(stats.custom, dict) else None
+            if isinstance(custom, dict) and custom:
+                fields["custom"] = custom
+        except Exception:  # pylint: disable=broad-except
+            pass
+        self._emit("stats", **fields)
         if self._out is not None:
             try:
                 self._out.close()

@@ -162,6 +162,9 @@ type Result struct {
 	// Pool is the pool whose replica ran the job (options.pool; absent:
 	// the default pool).
 	Pool string `json:"pool,omitempty"`
+	// Artifacts are an Ansible job's set_stats data (per_host: false),
+	// secrets redacted: a workflow passes them to its next steps.
+	Artifacts map[string]any `json:"artifacts,omitempty"`
 }
 
 // PlaybookResult is the outcome of one playbook of an Ansible job.

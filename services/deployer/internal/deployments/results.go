@@ -50,6 +50,7 @@ func (s *Service) JobResultsHandler() stream.Handler {
 func (s *Service) RecordJob(ctx context.Context, r *messages.AnsibleJobResult) error {
 	res := resultFrom(&r.Outcome)
 	res.Commit, res.InventoryCommit, res.Pool = r.Commit, r.InventoryCommit, r.Pool
+	res.Artifacts = r.Artifacts
 	for _, p := range r.Playbooks {
 		res.Playbooks = append(res.Playbooks, PlaybookResult{Playbook: p.Playbook, Status: string(p.Status),
 			ErrorKind: string(p.ErrorKind), DurationMS: p.DurationMS})

@@ -569,6 +569,12 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 	}
 	var last *outcome
 	total := map[string]ansible.Recap{}
+	artifacts := messages.Vars{}
+	defer func() {
+		if dropped := aj.result.SetArtifacts(artifacts); len(dropped) > 0 {
+			aj.log.Warn().Strs("artifacts", dropped).Msg("set_stats data left out of the result: not a variable name, or over the size limit")
+		}
+	}()
 	for i, path := range aj.playbooks {
 		name := aj.names[i]
 		if last != nil && !last.succeeded() {
@@ -585,6 +591,7 @@ func (aj *ansibleJob) run(ctx context.Context) (*outcome, error) {
 			return nil, fmt.Errorf("run %s: %w", name, err)
 		}
 		aj.steps.addRun(res.Steps)
+		maps.Copy(artifacts, res.Artifacts)
 		aj.playEnded = cmp.Or(res.ExitedAt, res.FinishedAt)
 		aj.job.reportRemote(res, "the job's hosts", nil)
 		for h, r := range res.Hosts {
