@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -61,17 +62,27 @@ type apiError struct {
 
 func (e *apiError) Error() string {
 	var p struct {
+		Title  string `json:"title"`
 		Detail string `json:"detail"`
 		Errors []struct {
 			Field, Message string
 		} `json:"errors"`
 	}
 	msg := fmt.Sprintf("HTTP %d", e.Status)
-	if json.Unmarshal(e.Body, &p) == nil && p.Detail != "" {
-		msg += ": " + p.Detail
-		for _, f := range p.Errors {
-			msg += fmt.Sprintf("; %s: %s", f.Field, f.Message)
+	if json.Unmarshal(e.Body, &p) == nil {
+		switch {
+		case p.Detail != "":
+			msg += ": " + printable(p.Detail)
+		case p.Title != "":
+			msg += ": " + printable(p.Title)
 		}
+		// One line a field: a 422 names each field the API refused.
+		for _, f := range p.Errors {
+			msg += fmt.Sprintf("\n  %s: %s", printable(f.Field), printable(f.Message))
+		}
+	}
+	if e.Status == http.StatusNotFound {
+		msg += "\n  (an id of a project the API key is not bound to is not found either)"
 	}
 	return msg
 }
@@ -109,6 +120,53 @@ func (c *apiClient) do(ctx context.Context, method, path string, body []byte, hd
 		return resp, json.Unmarshal(data, out)
 	}
 	return resp, nil
+}
+
+// call sends a request without headers and decodes the JSON answer into
+// out (nil: none), returning it as it came too (for --json).
+func (c *apiClient) call(ctx context.Context, method, path string, body []byte, out any) (json.RawMessage, error) {
+	var raw json.RawMessage
+	var into any
+	if method != http.MethodDelete {
+		into = &raw
+	}
+	if _, err := c.do(ctx, method, path, body, nil, into); err != nil {
+		return nil, err
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return nil, fmt.Errorf("%s %s: the answer: %w", method, path, err)
+		}
+	}
+	return raw, nil
+}
+
+// writeRaw prints an answer of the API as it came (--json).
+func (g *globals) writeRaw(raw json.RawMessage) error {
+	_, err := g.env.Stdout.Write(append(bytes.TrimSpace(raw), '\n'))
+	return err
+}
+
+// readInput reads a command's JSON input: the file named, or stdin for
+// -; what: what it is, for the errors.
+func (g *globals) readInput(file, what string) ([]byte, error) {
+	var body []byte
+	var err error
+	if file == "-" {
+		if g.env.Stdin == nil {
+			return nil, usageError{fmt.Errorf("no stdin to read the %s from", what)}
+		}
+		body, err = io.ReadAll(io.LimitReader(g.env.Stdin, 1<<20))
+	} else {
+		body, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return nil, usageError{fmt.Errorf("read the %s: %w", what, err)}
+	}
+	if !json.Valid(body) {
+		return nil, usageError{fmt.Errorf("the %s is not valid JSON", what)}
+	}
+	return body, nil
 }
 
 // apiJob is what `autoprov job` reads of a job.
@@ -151,8 +209,7 @@ func (c *apiClient) job(ctx context.Context, id string, wait time.Duration) (*ap
 // show prints j (as JSON with --json).
 func (g *globals) showJob(j *apiJob) error {
 	if g.json {
-		_, err := g.env.Stdout.Write(append(bytes.TrimSpace(j.raw), '\n'))
-		return err
+		return g.writeRaw(j.raw)
 	}
 	w := g.env.Stdout
 	fmt.Fprintf(w, "%s %s: %s\n", j.Kind, j.ID, j.Status)
@@ -191,21 +248,9 @@ type jobRunCmd struct {
 }
 
 func (c *jobRunCmd) Run(g *globals) error {
-	var body []byte
-	var err error
-	if c.File == "-" {
-		if g.env.Stdin == nil {
-			return usageError{errors.New("no stdin to read the job from")}
-		}
-		body, err = io.ReadAll(io.LimitReader(g.env.Stdin, 1<<20))
-	} else {
-		body, err = os.ReadFile(c.File)
-	}
+	body, err := g.readInput(c.File, "job")
 	if err != nil {
-		return usageError{fmt.Errorf("read the job: %w", err)}
-	}
-	if !json.Valid(body) {
-		return usageError{errors.New("the job is not valid JSON")}
+		return err
 	}
 	api, err := g.api()
 	if err != nil {
@@ -239,54 +284,51 @@ func submit(g *globals, api *apiClient, path string, body []byte, idem string, f
 	return followJob(g, api, j.ID, timeout)
 }
 
-type jobLaunchCmd struct {
-	Template string            `arg:"" name:"template" help:"the template's id"`
-	Set      map[string]string `name:"set" help:"a survey answer, variable=value, typed by the survey (an integer question's value is a number, a multi_choice's a comma-separated list); repeatable"`
-	Secret   map[string]string `name:"secret-from-env" help:"a secret question's answer, variable=ENV_NAME: read from that environment variable, never from the command line; repeatable"`
-	Body     string            `name:"body" help:"a JSON file with the rest of the launch (limit, tags, extra_vars, ref, version, callback_url, ...)"`
-	Key      string            `name:"idempotency-key" help:"an Idempotency-Key: the same key with the same launch is the same job (safe retries)"`
-	Follow   bool              `help:"print the job's progress live and exit with its status (0 succeeded, 1 otherwise)"`
-	Timeout  time.Duration     `default:"1h" help:"with --follow: give up waiting after this long"`
+// launchFlags are what a template is launched with: survey answers typed
+// by its survey, and the rest of the launch from a file. job launch, and
+// what a schedule's occurrences and a trigger's deliveries launch with.
+type launchFlags struct {
+	Set  map[string]string `name:"set" help:"a survey answer, variable=value, typed by the survey (an integer question's value is a number, a multi_choice's a comma-separated list); repeatable"`
+	Body string            `name:"body" help:"a JSON file with the rest of the launch (limit, tags, extra_vars, ref, version, ...; see Launch in the OpenAPI document)"`
 }
 
-func (c *jobLaunchCmd) Run(g *globals) error {
-	launch := map[string]any{}
-	if c.Body != "" {
-		data, err := os.ReadFile(c.Body)
+// read builds the launch of template: --body's object with the --set
+// answers in its survey, typed by the template's survey; survey is that
+// map (added to the launch when not empty).
+func (f *launchFlags) read(g *globals, api *apiClient, template string) (launch, survey map[string]any, err error) {
+	launch = map[string]any{}
+	if f.Body != "" {
+		data, err := os.ReadFile(f.Body)
 		if err != nil {
-			return usageError{fmt.Errorf("read the launch: %w", err)}
+			return nil, nil, usageError{fmt.Errorf("read the launch: %w", err)}
 		}
-		if err := json.Unmarshal(data, &launch); err != nil {
-			return usageError{errors.New("the launch is not a JSON object")}
+		if err := json.Unmarshal(data, &launch); err != nil || launch == nil {
+			return nil, nil, usageError{errors.New("the launch is not a JSON object")}
 		}
 	}
-	survey, _ := launch["survey"].(map[string]any)
+	survey, _ = launch["survey"].(map[string]any)
 	if survey == nil {
 		survey = map[string]any{}
 	}
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	if len(c.Set) > 0 {
+	if len(f.Set) > 0 {
 		// Answers are typed by the template's survey: an integer
 		// question's is a number, a multi_choice's a comma-separated list.
 		var tpl struct {
 			Survey []struct{ Variable, Type string } `json:"survey"`
 		}
-		if _, err := api.do(g.ctx, http.MethodGet, "/api/v1/templates/"+c.Template, nil, nil, &tpl); err != nil {
-			return fmt.Errorf("read the template: %w", err)
+		if _, err := api.call(g.ctx, http.MethodGet, "/api/v1/templates/"+url.PathEscape(template), nil, &tpl); err != nil {
+			return nil, nil, fmt.Errorf("read the template: %w", err)
 		}
 		types := map[string]string{}
 		for _, q := range tpl.Survey {
 			types[q.Variable] = q.Type
 		}
-		for name, v := range c.Set {
+		for name, v := range f.Set {
 			switch types[name] {
 			case "integer":
 				n, err := strconv.ParseInt(v, 10, 64)
 				if err != nil {
-					return usageError{fmt.Errorf("--set %s: the question asks for a whole number", name)}
+					return nil, nil, usageError{fmt.Errorf("--set %s: the question asks for a whole number", name)}
 				}
 				survey[name] = n
 			case "multi_choice":
@@ -298,11 +340,35 @@ func (c *jobLaunchCmd) Run(g *globals) error {
 				}
 				survey[name] = list
 			case "secret":
-				return usageError{fmt.Errorf("--set %s: a secret question's answer comes from --secret-from-env, never the command line", name)}
+				return nil, nil, usageError{fmt.Errorf("--set %s: a secret question's answer never comes from the command line (job launch: --secret-from-env)", name)}
 			default:
 				survey[name] = v // the API refuses an answer to no question
 			}
 		}
+	}
+	if len(survey) > 0 {
+		launch["survey"] = survey
+	}
+	return launch, survey, nil
+}
+
+type jobLaunchCmd struct {
+	Template    string `arg:"" name:"template" help:"the template's id"`
+	launchFlags `embed:""`
+	Secret      map[string]string `name:"secret-from-env" help:"a secret question's answer, variable=ENV_NAME: read from that environment variable, never from the command line; repeatable"`
+	Key         string            `name:"idempotency-key" help:"an Idempotency-Key: the same key with the same launch is the same job (safe retries)"`
+	Follow      bool              `help:"print the job's progress live and exit with its status (0 succeeded, 1 otherwise)"`
+	Timeout     time.Duration     `default:"1h" help:"with --follow: give up waiting after this long"`
+}
+
+func (c *jobLaunchCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	launch, survey, err := c.read(g, api, c.Template)
+	if err != nil {
+		return err
 	}
 	for name, env := range c.Secret {
 		v := g.getenv(env)
@@ -318,7 +384,7 @@ func (c *jobLaunchCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
-	return submit(g, api, "/api/v1/templates/"+c.Template+"/launch", body, c.Key, c.Follow, c.Timeout)
+	return submit(g, api, "/api/v1/templates/"+url.PathEscape(c.Template)+"/launch", body, c.Key, c.Follow, c.Timeout)
 }
 
 type jobRelaunchCmd struct {

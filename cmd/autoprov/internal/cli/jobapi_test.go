@@ -25,7 +25,7 @@ import (
 func TestJobCommands(t *testing.T) {
 	t.Parallel()
 	api, key, rdb := deployerWithKey(t, "jobs:write")
-	const project = "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"
+	const project = testProject
 	file := filepath.Join(t.TempDir(), "job.json")
 	body := `{"project_id":"` + project + `","source":{"type":"playbook","repository":"https://git.example.com/org/pb.git","paths":["site.yml"]},
 		"inventory":{"type":"inline","hosts":["198.51.100.7"]}}`
@@ -120,29 +120,60 @@ func TestJobLaunchAndRelaunch(t *testing.T) {
 	}
 }
 
+// testProject is the project of the tests' API keys.
+const testProject = "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f"
+
 // deployerWithKey starts the deployer binary on a Redis database and a
 // Postgres database of the test's own and returns its API address, a key
 // with scopes for the test project, and the Redis client.
 func deployerWithKey(t *testing.T, scopes string) (string, string, *redis.Client) {
 	t.Helper()
+	d := startDeployer(t)
+	return d.api, d.key(t, scopes, testProject), d.rdb
+}
+
+// testDeployer is a deployer binary of a test's own.
+type testDeployer struct {
+	api  string // the API's address
+	rdb  *redis.Client
+	env  []string // its settings, for `deployer keys`
+	bin  string
+	keys int // how many keys were made
+}
+
+// startDeployer starts the deployer binary on a Redis database and a
+// Postgres database of the test's own, with a webhook signing key (for
+// triggers' secrets).
+func startDeployer(t *testing.T) *testDeployer {
+	t.Helper()
 	bin := serviceBinaries(t)
 	url, rdb := redisDB(t)
 	pg := testenv.Postgres(t)
 	api, admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	env := []string{"REDIS_URL=" + url, "DATABASE_URL=" + pg, "WEBHOOK_SIGNING_KEY=cli-test-webhook-signing-key-0123456789abcdef"}
 	dep := testenv.StartBinary(t, filepath.Join(bin, "deployer"), testenv.BinaryEnv(
-		"REDIS_URL="+url, "DATABASE_URL="+pg, "API_ADDR="+api, "ADMIN_ADDR="+admin, "LOG_FORMAT=json"))
+		append([]string{"API_ADDR=" + api, "ADMIN_ADDR=" + admin, "LOG_FORMAT=json"}, env...)...))
 	dep.WaitHTTP("http://"+admin+"/readyz", 200, time.Minute)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("deployer logs:\n%s", dep.Stderr())
 		}
 	})
-	cmd := exec.Command(filepath.Join(bin, "deployer"), "keys", "create", "--name", "ci", "--scopes", scopes,
-		"--project", "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "--json")
-	cmd.Env = testenv.BinaryEnv("DATABASE_URL="+pg, "REDIS_URL="+url)
+	return &testDeployer{api: api, rdb: rdb, env: env, bin: bin}
+}
+
+// key creates an API key with scopes (comma-separated) for project.
+func (d *testDeployer) key(t *testing.T, scopes, project string) string {
+	t.Helper()
+	d.keys++
+	cmd := exec.Command(filepath.Join(d.bin, "deployer"), "keys", "create", "--name", fmt.Sprintf("ci-%d", d.keys), "--scopes", scopes,
+		"--project", project, "--json")
+	cmd.Env = testenv.BinaryEnv(d.env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("keys create: %v %s", err, out)
+		t.Fatalf("keys create: %v %s", err, stderr.String())
 	}
 	var created struct {
 		Key string `json:"key"`
@@ -150,5 +181,10 @@ func deployerWithKey(t *testing.T, scopes string) (string, string, *redis.Client
 	if err := json.Unmarshal(out, &created); err != nil || created.Key == "" {
 		t.Fatalf("keys create: %v %s", err, out)
 	}
-	return api, created.Key, rdb
+	return created.Key
+}
+
+// cliEnv is the settings of autoprov talking to d with key.
+func (d *testDeployer) cliEnv(key string) map[string]string {
+	return map[string]string{"AUTOPROV_API_URL": "http://" + d.api, "AUTOPROV_API_KEY": key}
 }

@@ -30,16 +30,22 @@ func (t *table) flush() error { return t.tw.Flush() }
 // oneLine keeps a cell on one line and short: tabs and line breaks
 // (from error texts) would break the columns.
 func oneLine(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\r' || r == '\t' || r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
+	s = printable(s)
 	if r := []rune(s); len(r) > 80 {
 		s = string(r[:79]) + "…"
 	}
 	return s
+}
+
+// printable replaces tabs, line breaks and other control characters (a
+// terminal's escapes, from text the API answers) with spaces.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -1,0 +1,317 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// templateCmd is `autoprov template`: the job templates of the API key's
+// projects through the deployer's API (/api/v1/templates). A template is
+// given as the JSON body of POST /api/v1/templates; `template show --json`
+// prints one in a form `template update` takes back.
+type templateCmd struct {
+	List     templateListCmd     `cmd:"" help:"the templates of the key's projects (their current versions)"`
+	Show     templateShowCmd     `cmd:"" help:"a template: its current version (or --version), what a launch may override, its survey"`
+	Create   templateCreateCmd   `cmd:"" help:"create a template (the JSON body of POST /api/v1/templates, from a file or - for stdin): its version 1"`
+	Update   templateUpdateCmd   `cmd:"" help:"save a template's next version from a file (what template show --json prints, edited); refused when the template changed since the file's version, unless --force"`
+	Delete   templateDeleteCmd   `cmd:"" help:"delete a template with its versions, schedules and triggers (its jobs stay)"`
+	Versions templateVersionsCmd `cmd:"" help:"every version of a template, newest first"`
+}
+
+// apiTemplate is what autoprov reads of a template's version.
+type apiTemplate struct {
+	ID               string    `json:"id"`
+	ProjectID        string    `json:"project_id"`
+	Name             string    `json:"name"`
+	Version          int       `json:"version"`
+	Latest           int       `json:"latest_version"`
+	Description      string    `json:"description"`
+	CreatedAt        time.Time `json:"created_at"`
+	VersionCreatedAt time.Time `json:"version_created_at"`
+	Job              struct {
+		Source struct {
+			Type       string   `json:"type"`
+			Repository string   `json:"repository"`
+			Ref        string   `json:"ref"`
+			Paths      []string `json:"paths"`
+			Collection string   `json:"collection"`
+			Role       string   `json:"role"`
+			RolePath   string   `json:"role_path"`
+		} `json:"source"`
+		Inventory struct {
+			Type string `json:"type"`
+		} `json:"inventory"`
+	} `json:"job"`
+	Ask    map[string]bool `json:"ask_on_launch"`
+	Survey []struct {
+		Variable string          `json:"variable"`
+		Type     string          `json:"type"`
+		Label    string          `json:"label"`
+		Required bool            `json:"required"`
+		Default  json.RawMessage `json:"default"`
+		Choices  []string        `json:"choices"`
+	} `json:"survey"`
+}
+
+// templatePath is the API's path of template id.
+func templatePath(id string) string { return "/api/v1/templates/" + url.PathEscape(id) }
+
+// when prints an instant of the API for people (UTC, to the second).
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+// asks lists what a launch may override.
+func asks(ask map[string]bool) string {
+	var list []string
+	for k, v := range ask {
+		if v {
+			list = append(list, k)
+		}
+	}
+	if len(list) == 0 {
+		return "nothing"
+	}
+	slices.Sort(list)
+	return strings.Join(list, ", ")
+}
+
+// templateTable prints templates (or a template's versions).
+func (g *globals) templateTable(raw json.RawMessage, versions bool) error {
+	if g.json {
+		return g.writeRaw(raw)
+	}
+	var list struct{ Items []apiTemplate }
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return err
+	}
+	if len(list.Items) == 0 {
+		fmt.Fprintln(g.env.Stdout, "no templates")
+		return nil
+	}
+	var t *table
+	if versions {
+		t = newTable(g.env.Stdout, "VERSION", "SAVED", "NAME", "SOURCE", "SURVEY", "LAUNCH MAY SET")
+	} else {
+		t = newTable(g.env.Stdout, "ID", "NAME", "VERSION", "SAVED", "PROJECT", "DESCRIPTION")
+	}
+	for _, tp := range list.Items {
+		if versions {
+			t.row(strconv.Itoa(tp.Version), when(tp.VersionCreatedAt), tp.Name, tp.source(), strconv.Itoa(len(tp.Survey)), asks(tp.Ask))
+		} else {
+			t.row(tp.ID, tp.Name, strconv.Itoa(tp.Latest), when(tp.VersionCreatedAt), tp.ProjectID, tp.Description)
+		}
+	}
+	return t.flush()
+}
+
+// source says what the template's job runs, in short.
+func (tp *apiTemplate) source() string {
+	s := tp.Job.Source
+	var what string
+	switch s.Type {
+	case "collection_role":
+		what = s.Collection + "." + s.Role
+	case "role":
+		what = s.RolePath
+	default:
+		what = strings.Join(s.Paths, " ")
+	}
+	out := s.Type + " " + what
+	if s.Repository != "" {
+		out += " of " + s.Repository
+		if s.Ref != "" {
+			out += "@" + s.Ref
+		}
+	}
+	return out
+}
+
+// showTemplate prints a template's version.
+func (g *globals) showTemplate(raw json.RawMessage) error {
+	if g.json {
+		return g.writeRaw(raw)
+	}
+	var tp apiTemplate
+	if err := json.Unmarshal(raw, &tp); err != nil {
+		return err
+	}
+	w := g.env.Stdout
+	fmt.Fprintf(w, "template %s %s\n", oneLine(tp.Name), tp.ID)
+	fmt.Fprintf(w, "  project: %s\n", tp.ProjectID)
+	fmt.Fprintf(w, "  version: %d of %d, saved %s (template created %s)\n", tp.Version, tp.Latest, when(tp.VersionCreatedAt), when(tp.CreatedAt))
+	if tp.Description != "" {
+		fmt.Fprintf(w, "  description: %s\n", oneLine(tp.Description))
+	}
+	fmt.Fprintf(w, "  runs: %s\n", oneLine(tp.source()))
+	fmt.Fprintf(w, "  inventory: %s\n", oneLine(tp.Job.Inventory.Type))
+	fmt.Fprintf(w, "  a launch may set: %s\n", asks(tp.Ask))
+	if len(tp.Survey) == 0 {
+		fmt.Fprintln(w, "  survey: none")
+		return nil
+	}
+	fmt.Fprintln(w, "  survey:")
+	t := newTable(w, "    VARIABLE", "TYPE", "REQUIRED", "DEFAULT", "CHOICES", "LABEL")
+	for _, q := range tp.Survey {
+		def := "-"
+		if len(q.Default) > 0 && string(q.Default) != "null" {
+			def = string(q.Default)
+		}
+		req := "no"
+		if q.Required {
+			req = "yes"
+		}
+		t.row("    "+q.Variable, q.Type, req, def, strings.Join(q.Choices, ","), q.Label)
+	}
+	return t.flush()
+}
+
+type templateListCmd struct {
+	Project string `name:"project" help:"only this project's templates (default: every project of the key)"`
+}
+
+func (c *templateListCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	path := "/api/v1/templates"
+	if c.Project != "" {
+		path += "?project_id=" + url.QueryEscape(c.Project)
+	}
+	raw, err := api.call(g.ctx, http.MethodGet, path, nil, nil)
+	if err != nil {
+		return fmt.Errorf("list the templates: %w", err)
+	}
+	return g.templateTable(raw, false)
+}
+
+type templateShowCmd struct {
+	ID      string `arg:"" name:"id" help:"the template's id"`
+	Version int    `name:"version" help:"this version (default: the current one)"`
+}
+
+func (c *templateShowCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	path := templatePath(c.ID)
+	if c.Version > 0 {
+		path += "?version=" + strconv.Itoa(c.Version)
+	}
+	raw, err := api.call(g.ctx, http.MethodGet, path, nil, nil)
+	if err != nil {
+		return fmt.Errorf("show the template: %w", err)
+	}
+	return g.showTemplate(raw)
+}
+
+type templateCreateCmd struct {
+	File string `arg:"" name:"file" help:"the template as JSON (name, job, ask_on_launch, survey; see TemplateRequest in the OpenAPI document), or - to read it from stdin"`
+}
+
+func (c *templateCreateCmd) Run(g *globals) error {
+	body, err := g.readInput(c.File, "template")
+	if err != nil {
+		return err
+	}
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	raw, err := api.call(g.ctx, http.MethodPost, "/api/v1/templates", body, nil)
+	if err != nil {
+		return fmt.Errorf("create the template: %w", err)
+	}
+	return g.showTemplate(raw)
+}
+
+type templateUpdateCmd struct {
+	ID    string `arg:"" name:"id" help:"the template's id"`
+	File  string `arg:"" name:"file" help:"the template as JSON (what template show --json prints, or the body of PUT /api/v1/templates/{id}), or - to read it from stdin"`
+	Force bool   `help:"save even when the template has a newer version than the file's (the file's version is not checked)"`
+}
+
+// templateShown are the members of a shown template that are not a
+// definition: update drops them (version stays: the one the change is
+// made from).
+var templateShown = []string{"id", "latest_version", "created_at", "version_created_at"}
+
+func (c *templateUpdateCmd) Run(g *globals) error {
+	data, err := g.readInput(c.File, "template")
+	if err != nil {
+		return err
+	}
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(data, &body); err != nil || body == nil {
+		return usageError{fmt.Errorf("the template is not a JSON object")}
+	}
+	for _, k := range templateShown {
+		delete(body, k)
+	}
+	if c.Force {
+		delete(body, "version")
+	}
+	if data, err = json.Marshal(body); err != nil {
+		return err
+	}
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	raw, err := api.call(g.ctx, http.MethodPut, templatePath(c.ID), data, nil)
+	if err != nil {
+		return fmt.Errorf("update the template: %w", err)
+	}
+	return g.showTemplate(raw)
+}
+
+type templateDeleteCmd struct {
+	ID string `arg:"" name:"id" help:"the template's id"`
+}
+
+func (c *templateDeleteCmd) Run(g *globals) error {
+	return g.deleteThing(templatePath(c.ID), "template", c.ID)
+}
+
+// deleteThing DELETEs path, the API's what of id, and says so.
+func (g *globals) deleteThing(path, what, id string) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	if _, err := api.call(g.ctx, http.MethodDelete, path, nil, nil); err != nil {
+		return fmt.Errorf("delete the %s: %w", what, err)
+	}
+	if g.json {
+		return writeJSON(g.env.Stdout, map[string]any{"id": id, "deleted": true})
+	}
+	fmt.Fprintf(g.env.Stdout, "%s %s deleted\n", what, id)
+	return nil
+}
+
+type templateVersionsCmd struct {
+	ID string `arg:"" name:"id" help:"the template's id"`
+}
+
+func (c *templateVersionsCmd) Run(g *globals) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	raw, err := api.call(g.ctx, http.MethodGet, templatePath(c.ID)+"/versions", nil, nil)
+	if err != nil {
+		return fmt.Errorf("list the template's versions: %w", err)
+	}
+	return g.templateTable(raw, true)
+}
