@@ -22,6 +22,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/events"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/templates"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/workflows"
 )
 
 // Config configures the API. Zero values take the defaults.
@@ -65,8 +66,13 @@ type Deps struct {
 	Templates *templates.Service
 	// Triggers serves /api/v1/triggers and /api/v1/hooks; nil answers 503.
 	Triggers *templates.Triggers
-	Keys     Keys
-	Auth     Authenticator
+	// Notifications serves /api/v1/notifications; nil answers 503.
+	Notifications *templates.Notifications
+	// Workflows serves /api/v1/workflows and /api/v1/workflow-runs; nil
+	// answers 503.
+	Workflows *workflows.Service
+	Keys      Keys
+	Auth      Authenticator
 	// Forget drops a revoked key from the authenticator's cache.
 	Forget  func(keyID string)
 	Limiter RateLimiter

@@ -77,8 +77,19 @@ func (a *API) routes(duration *prometheus.HistogramVec) chi.Router {
 				r.With(a.authenticate(tread)).Get("/schedules", a.listSchedules)
 				r.With(a.authenticate(twrite)).Post("/triggers", a.createTrigger)
 				r.With(a.authenticate(tread)).Get("/triggers", a.listTriggers)
+				r.With(a.authenticate(twrite)).Post("/notifications", a.createRule)
+				r.With(a.authenticate(tread)).Get("/notifications", a.listRules)
 			})
 		})
+		r.Route("/notifications", func(r chi.Router) {
+			tread, twrite := auth.ScopeTemplatesRead, auth.ScopeTemplatesWrite
+			r.With(a.authenticate(twrite)).Post("/", a.createRule)
+			r.With(a.authenticate(tread)).Get("/", a.listRules)
+			r.With(a.authenticate(tread)).Get("/{id}", a.getRule)
+			r.With(a.authenticate(twrite)).Put("/{id}", a.updateRule)
+			r.With(a.authenticate(twrite)).Delete("/{id}", a.deleteRule)
+		})
+		a.workflowRoutes(r)
 		r.Route("/triggers/{id}", func(r chi.Router) {
 			tread, twrite := auth.ScopeTemplatesRead, auth.ScopeTemplatesWrite
 			r.With(a.authenticate(tread)).Get("/", a.getTrigger)

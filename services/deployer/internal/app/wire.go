@@ -24,6 +24,7 @@ import (
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/publishing"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/templates"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/workflows"
 )
 
 // Options are what tests change in a deployer built by Build; the zero
@@ -53,6 +54,9 @@ type Parts struct {
 	// Launcher launches schedule occurrences (nil when
 	// SCHEDULE_LAUNCH_WORKERS is 0).
 	Launcher *templates.Launcher
+	// Workflows are the workflows; WorkflowEngine advances their runs.
+	Workflows      *workflows.Service
+	WorkflowEngine *workflows.Engine
 	// vault writes credential values (nil without CREDENTIALS_VAULT_ADDR).
 	vault *secrets.Vault
 	cfg   *Config
@@ -164,6 +168,12 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 			return nil, err
 		}
 	}
+	p.Workflows = workflows.NewService(d.DB, p.Templates)
+	p.WorkflowEngine, err = workflows.NewEngine(p.Workflows, p.Deployments, p.Deployments, keys, workflows.EngineConfig{
+		Poll: cfg.WorkflowPoll, Logger: log, Registerer: d.Metrics})
+	if err != nil {
+		return nil, err
+	}
 	var secretFn func(string) string
 	if signingKey != nil {
 		secretFn = func(keyID string) string { return webhooks.DeriveSecret(signingKey, keyID) }
@@ -180,7 +190,10 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 		ShutdownGrace: cfg.ShutdownGrace / 2,
 	}, api.Deps{
 		Deployments: p.Deployments, Credentials: p.Credentials, Templates: p.Templates, Keys: keys,
-		Triggers: templates.NewTriggers(p.Templates, p.Deployments, keys, signingKey), Auth: authn, Forget: authn.Forget,
+		Triggers:      templates.NewTriggers(p.Templates, p.Deployments, keys, signingKey),
+		Notifications: templates.NewNotifications(p.Templates, p.Credentials, dcfg.CheckCallback),
+		Workflows:     p.Workflows,
+		Auth:          authn, Forget: authn.Forget,
 		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),
 		Hub:     p.Hub, Logs: logs,
 		Webhooks: func(ctx context.Context, id string) ([]webhooks.Delivery, error) {
@@ -259,6 +272,7 @@ func (p *Parts) Components() []service.Component {
 	if p.Launcher != nil {
 		parts = append(parts, service.Component{Name: "schedule-launcher", Run: p.Launcher.Run})
 	}
+	parts = append(parts, service.Component{Name: "workflow-engine", Run: p.WorkflowEngine.Run})
 	parts = append(parts, p.consoleComponents()...)
 	parts = append(parts, service.Component{Name: "api", Run: p.API.Run, Drain: p.API.Shutdown})
 	return parts
