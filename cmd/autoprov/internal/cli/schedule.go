@@ -88,7 +88,7 @@ func (s *apiSchedule) state() string {
 
 // showSchedule prints a schedule: its rule, its next occurrences and
 // (GET of one) its recent ones.
-func (g *globals) showSchedule(raw json.RawMessage) error {
+func (g *globals) showSchedule(_ *apiClient, raw json.RawMessage) error {
 	if g.json {
 		return g.writeRaw(raw)
 	}
@@ -130,31 +130,10 @@ type scheduleListCmd struct {
 }
 
 func (c *scheduleListCmd) Run(g *globals) error {
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	raw, err := api.call(g.ctx, http.MethodGet, templatePath(c.Template)+"/schedules", nil, nil)
-	if err != nil {
-		return fmt.Errorf("list the schedules: %w", err)
-	}
-	if g.json {
-		return g.writeRaw(raw)
-	}
-	var list struct{ Items []apiSchedule }
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return err
-	}
-	if len(list.Items) == 0 {
-		fmt.Fprintln(g.env.Stdout, "no schedules")
-		return nil
-	}
-	t := newTable(g.env.Stdout, "ID", "NAME", "STATE", "RULE", "TIME ZONE", "MISSED", "NEXT")
-	for k := range list.Items {
-		s := &list.Items[k]
-		t.row(s.ID, s.Name, s.state(), s.rule(), s.zone(), s.Missed, s.at(s.NextAt))
-	}
-	return t.flush()
+	return listItems(g, templatePath(c.Template)+"/schedules", "schedules", []string{"ID", "NAME", "STATE", "RULE", "TIME ZONE", "MISSED", "NEXT"},
+		func(_ *apiClient, s *apiSchedule) []string {
+			return []string{s.ID, s.Name, s.state(), s.rule(), s.zone(), s.Missed, s.at(s.NextAt)}
+		})
 }
 
 type scheduleShowCmd struct {
@@ -162,21 +141,7 @@ type scheduleShowCmd struct {
 }
 
 func (c *scheduleShowCmd) Run(g *globals) error {
-	return g.scheduleAction(http.MethodGet, schedulePath(c.ID), "show the schedule")
-}
-
-// scheduleAction sends a body-less request about a schedule and shows the
-// schedule answered.
-func (g *globals) scheduleAction(method, path, doing string) error {
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	raw, err := api.call(g.ctx, method, path, nil, nil)
-	if err != nil {
-		return fmt.Errorf("%s: %w", doing, err)
-	}
-	return g.showSchedule(raw)
+	return g.answer(http.MethodGet, schedulePath(c.ID), nil, "show the schedule", g.showSchedule)
 }
 
 type scheduleCreateCmd struct {
@@ -194,29 +159,13 @@ func (c *scheduleCreateCmd) Run(g *globals) error {
 	if c.DTStart != "" && c.RRule == "" {
 		return usageError{errors.New("--dtstart is an RRULE's: give --rrule too")}
 	}
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	launch, _, err := c.read(g, api, c.Template)
-	if err != nil {
-		return err
-	}
-	req := map[string]any{"name": c.Name, "launch": launch}
+	req := map[string]any{"name": c.Name}
 	for k, v := range map[string]string{"cron": c.Cron, "rrule": c.RRule, "dtstart": c.DTStart, "timezone": c.Timezone, "missed": c.Missed} {
 		if v != "" {
 			req[k] = v
 		}
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	raw, err := api.call(g.ctx, http.MethodPost, templatePath(c.Template)+"/schedules", body, nil)
-	if err != nil {
-		return fmt.Errorf("create the schedule: %w", err)
-	}
-	return g.showSchedule(raw)
+	return c.create(g, c.Template, "schedules", req, g.showSchedule)
 }
 
 type schedulePauseCmd struct {
@@ -224,7 +173,7 @@ type schedulePauseCmd struct {
 }
 
 func (c *schedulePauseCmd) Run(g *globals) error {
-	return g.scheduleAction(http.MethodPost, schedulePath(c.ID)+"/pause", "pause the schedule")
+	return g.answer(http.MethodPost, schedulePath(c.ID)+"/pause", nil, "pause the schedule", g.showSchedule)
 }
 
 type scheduleResumeCmd struct {
@@ -232,7 +181,7 @@ type scheduleResumeCmd struct {
 }
 
 func (c *scheduleResumeCmd) Run(g *globals) error {
-	return g.scheduleAction(http.MethodPost, schedulePath(c.ID)+"/resume", "resume the schedule")
+	return g.answer(http.MethodPost, schedulePath(c.ID)+"/resume", nil, "resume the schedule", g.showSchedule)
 }
 
 type scheduleDeleteCmd struct {

@@ -85,35 +85,6 @@ func asks(ask map[string]bool) string {
 	return strings.Join(list, ", ")
 }
 
-// templateTable prints templates (or a template's versions).
-func (g *globals) templateTable(raw json.RawMessage, versions bool) error {
-	if g.json {
-		return g.writeRaw(raw)
-	}
-	var list struct{ Items []apiTemplate }
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return err
-	}
-	if len(list.Items) == 0 {
-		fmt.Fprintln(g.env.Stdout, "no templates")
-		return nil
-	}
-	var t *table
-	if versions {
-		t = newTable(g.env.Stdout, "VERSION", "SAVED", "NAME", "SOURCE", "SURVEY", "LAUNCH MAY SET")
-	} else {
-		t = newTable(g.env.Stdout, "ID", "NAME", "VERSION", "SAVED", "PROJECT", "DESCRIPTION")
-	}
-	for _, tp := range list.Items {
-		if versions {
-			t.row(strconv.Itoa(tp.Version), when(tp.VersionCreatedAt), tp.Name, tp.source(), strconv.Itoa(len(tp.Survey)), asks(tp.Ask))
-		} else {
-			t.row(tp.ID, tp.Name, strconv.Itoa(tp.Latest), when(tp.VersionCreatedAt), tp.ProjectID, tp.Description)
-		}
-	}
-	return t.flush()
-}
-
 // source says what the template's job runs, in short.
 func (tp *apiTemplate) source() string {
 	s := tp.Job.Source
@@ -137,7 +108,7 @@ func (tp *apiTemplate) source() string {
 }
 
 // showTemplate prints a template's version.
-func (g *globals) showTemplate(raw json.RawMessage) error {
+func (g *globals) showTemplate(_ *apiClient, raw json.RawMessage) error {
 	if g.json {
 		return g.writeRaw(raw)
 	}
@@ -180,19 +151,14 @@ type templateListCmd struct {
 }
 
 func (c *templateListCmd) Run(g *globals) error {
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
 	path := "/api/v1/templates"
 	if c.Project != "" {
 		path += "?project_id=" + url.QueryEscape(c.Project)
 	}
-	raw, err := api.call(g.ctx, http.MethodGet, path, nil, nil)
-	if err != nil {
-		return fmt.Errorf("list the templates: %w", err)
-	}
-	return g.templateTable(raw, false)
+	return listItems(g, path, "templates", []string{"ID", "NAME", "VERSION", "SAVED", "PROJECT", "DESCRIPTION"},
+		func(_ *apiClient, tp *apiTemplate) []string {
+			return []string{tp.ID, tp.Name, strconv.Itoa(tp.Latest), when(tp.VersionCreatedAt), tp.ProjectID, tp.Description}
+		})
 }
 
 type templateShowCmd struct {
@@ -201,19 +167,11 @@ type templateShowCmd struct {
 }
 
 func (c *templateShowCmd) Run(g *globals) error {
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
 	path := templatePath(c.ID)
 	if c.Version > 0 {
 		path += "?version=" + strconv.Itoa(c.Version)
 	}
-	raw, err := api.call(g.ctx, http.MethodGet, path, nil, nil)
-	if err != nil {
-		return fmt.Errorf("show the template: %w", err)
-	}
-	return g.showTemplate(raw)
+	return g.answer(http.MethodGet, path, nil, "show the template", g.showTemplate)
 }
 
 type templateCreateCmd struct {
@@ -225,15 +183,7 @@ func (c *templateCreateCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	raw, err := api.call(g.ctx, http.MethodPost, "/api/v1/templates", body, nil)
-	if err != nil {
-		return fmt.Errorf("create the template: %w", err)
-	}
-	return g.showTemplate(raw)
+	return g.answer(http.MethodPost, "/api/v1/templates", body, "create the template", g.showTemplate)
 }
 
 type templateUpdateCmd struct {
@@ -265,15 +215,7 @@ func (c *templateUpdateCmd) Run(g *globals) error {
 	if data, err = json.Marshal(body); err != nil {
 		return err
 	}
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	raw, err := api.call(g.ctx, http.MethodPut, templatePath(c.ID), data, nil)
-	if err != nil {
-		return fmt.Errorf("update the template: %w", err)
-	}
-	return g.showTemplate(raw)
+	return g.answer(http.MethodPut, templatePath(c.ID), data, "update the template", g.showTemplate)
 }
 
 type templateDeleteCmd struct {
@@ -286,12 +228,8 @@ func (c *templateDeleteCmd) Run(g *globals) error {
 
 // deleteThing DELETEs path, the API's what of id, and says so.
 func (g *globals) deleteThing(path, what, id string) error {
-	api, err := g.api()
-	if err != nil {
+	if _, _, err := g.request(http.MethodDelete, path, nil, "delete the "+what); err != nil {
 		return err
-	}
-	if _, err := api.call(g.ctx, http.MethodDelete, path, nil, nil); err != nil {
-		return fmt.Errorf("delete the %s: %w", what, err)
 	}
 	if g.json {
 		return writeJSON(g.env.Stdout, map[string]any{"id": id, "deleted": true})
@@ -300,18 +238,85 @@ func (g *globals) deleteThing(path, what, id string) error {
 	return nil
 }
 
+// listItems GETs path, a list of the API ({"items": [...]}) of what, and
+// prints it as it came (--json), or as a table of header with a row for
+// each item, or "no <what>".
+func listItems[T any](g *globals, path, what string, header []string, row func(api *apiClient, item *T) []string) error {
+	api, raw, err := g.request(http.MethodGet, path, nil, "list the "+what)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return g.writeRaw(raw)
+	}
+	var list struct{ Items []T }
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return err
+	}
+	if len(list.Items) == 0 {
+		fmt.Fprintln(g.env.Stdout, "no "+what)
+		return nil
+	}
+	t := newTable(g.env.Stdout, header...)
+	for k := range list.Items {
+		t.row(row(api, &list.Items[k])...)
+	}
+	return t.flush()
+}
+
+// create makes what launches template (a schedule, a trigger: below is
+// its collection under the template's path): req with the launch the
+// flags give, shown with show.
+func (f *launchFlags) create(g *globals, template, below string, req map[string]any, show func(*apiClient, json.RawMessage) error) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	if req["launch"], _, err = f.read(g, api, template); err != nil {
+		return err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	raw, err := api.call(g.ctx, http.MethodPost, templatePath(template)+"/"+below, body, nil)
+	if err != nil {
+		return fmt.Errorf("create the %s: %w", strings.TrimSuffix(below, "s"), err)
+	}
+	return show(api, raw)
+}
+
+// answer sends a request to the API (doing: what it does, for its error)
+// and prints the answer with show.
+func (g *globals) answer(method, path string, body []byte, doing string, show func(*apiClient, json.RawMessage) error) error {
+	api, raw, err := g.request(method, path, body, doing)
+	if err != nil {
+		return err
+	}
+	return show(api, raw)
+}
+
+// request sends a request to the API (doing: what it does, for its
+// error) and returns the answer, and the client for more.
+func (g *globals) request(method, path string, body []byte, doing string) (*apiClient, json.RawMessage, error) {
+	api, err := g.api()
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := api.call(g.ctx, method, path, body, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", doing, err)
+	}
+	return api, raw, nil
+}
+
 type templateVersionsCmd struct {
 	ID string `arg:"" name:"id" help:"the template's id"`
 }
 
 func (c *templateVersionsCmd) Run(g *globals) error {
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	raw, err := api.call(g.ctx, http.MethodGet, templatePath(c.ID)+"/versions", nil, nil)
-	if err != nil {
-		return fmt.Errorf("list the template's versions: %w", err)
-	}
-	return g.templateTable(raw, true)
+	return listItems(g, templatePath(c.ID)+"/versions", "versions", []string{"VERSION", "SAVED", "NAME", "SOURCE", "SURVEY", "LAUNCH MAY SET"},
+		func(_ *apiClient, tp *apiTemplate) []string {
+			return []string{strconv.Itoa(tp.Version), when(tp.VersionCreatedAt), tp.Name, tp.source(), strconv.Itoa(len(tp.Survey)), asks(tp.Ask)}
+		})
 }
