@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/hmacsig"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
@@ -119,10 +120,10 @@ func TestJobEndToEndWithRealInfra(t *testing.T) {
 	mu.Lock()
 	hook, body := hooks[0], hookBodies[0]
 	mu.Unlock()
-	if hook.Header.Get(webhooks.HeaderEvent) != webhooks.EventJobFinished || !strings.Contains(string(body), `"status":"succeeded"`) {
-		t.Errorf("webhook %s: %s", hook.Header.Get(webhooks.HeaderEvent), body)
+	if hook.Header.Get(hmacsig.HeaderEvent) != webhooks.EventJobFinished || !strings.Contains(string(body), `"status":"succeeded"`) {
+		t.Errorf("webhook %s: %s", hook.Header.Get(hmacsig.HeaderEvent), body)
 	}
-	if err := webhooks.Verify(stack.hookKey, hook.Header.Get(webhooks.HeaderSignature), body, time.Hour, time.Now()); err != nil {
+	if err := hmacsig.Verify(stack.hookKey, hook.Header.Get(hmacsig.HeaderSignature), body, time.Hour, time.Now()); err != nil {
 		t.Errorf("webhook signature: %v", err)
 	}
 	if n := git.refused.Load(); n != 0 {

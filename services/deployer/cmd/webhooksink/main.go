@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+	"github.com/autoprovisioner/autoprovisioner/pkg/hmacsig"
 )
 
 func main() {
@@ -107,9 +107,9 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	header := r.Header.Get(webhooks.HeaderSignature)
-	d := delivery{Time: time.Now().UTC(), ID: r.Header.Get(webhooks.HeaderID),
-		Attempt: r.Header.Get(webhooks.HeaderAttempt), Event: r.Header.Get(webhooks.HeaderEvent)}
+	header := r.Header.Get(hmacsig.HeaderSignature)
+	d := delivery{Time: time.Now().UTC(), ID: r.Header.Get(hmacsig.HeaderID),
+		Attempt: r.Header.Get(hmacsig.HeaderAttempt), Event: r.Header.Get(hmacsig.HeaderEvent)}
 	var b struct {
 		DeploymentID string `json:"deployment_id"`
 		Deployment   struct {
@@ -149,7 +149,7 @@ func (s *sink) verify(header string, body []byte) string {
 		if secret == "" {
 			continue
 		}
-		err := webhooks.Verify(secret, header, body, 5*time.Minute, time.Now())
+		err := hmacsig.Verify(secret, header, body, 5*time.Minute, time.Now())
 		if err == nil {
 			return "valid"
 		}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
+	"github.com/autoprovisioner/autoprovisioner/pkg/hmacsig"
 )
 
 // TestSink: a delivery signed with a secret of the file is accepted (204),
@@ -28,8 +28,8 @@ func TestSink(t *testing.T) {
 	body := []byte(`{"event":"deployment.finished","deployment_id":"d1","deployment":{"status":"succeeded"}}`)
 	post := func(secret string) int {
 		req := httptest.NewRequest(http.MethodPost, "/hooks/deploy", bytes.NewReader(body))
-		req.Header.Set(webhooks.HeaderSignature, webhooks.Sign(secret, time.Now(), body))
-		req.Header.Set(webhooks.HeaderID, "w1")
+		req.Header.Set(hmacsig.HeaderSignature, hmacsig.Sign(secret, time.Now(), body))
+		req.Header.Set(hmacsig.HeaderID, "w1")
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, req)
 		return rec.Code
@@ -52,7 +52,7 @@ func TestSink(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(dir, "last.json")); !bytes.Equal(got, body) {
 		t.Errorf("last.json = %q, want the raw body", got)
 	}
-	if got, _ := os.ReadFile(filepath.Join(dir, "last.sig")); webhooks.Verify("whsec_first", strings.TrimSpace(string(got)), body, time.Minute, time.Now()) != nil {
+	if got, _ := os.ReadFile(filepath.Join(dir, "last.sig")); hmacsig.Verify("whsec_first", strings.TrimSpace(string(got)), body, time.Minute, time.Now()) != nil {
 		t.Errorf("last.sig %q does not verify", got)
 	}
 

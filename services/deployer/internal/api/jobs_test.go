@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/hmacsig"
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/pkg/store"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
@@ -149,11 +150,11 @@ func TestJobs(t *testing.T) {
 		recv.mu.Lock()
 		r, b := recv.got[0], recv.bodies[0]
 		recv.mu.Unlock()
-		if r.Header.Get(webhooks.HeaderEvent) != webhooks.EventJobFinished || !strings.Contains(string(b), j.ID) {
-			t.Errorf("webhook %s: %s", r.Header.Get(webhooks.HeaderEvent), b)
+		if r.Header.Get(hmacsig.HeaderEvent) != webhooks.EventJobFinished || !strings.Contains(string(b), j.ID) {
+			t.Errorf("webhook %s: %s", r.Header.Get(hmacsig.HeaderEvent), b)
 		}
 		secret := webhooks.DeriveSecret([]byte(dt.SigningKey), keyID)
-		if err := webhooks.Verify(secret, r.Header.Get(webhooks.HeaderSignature), b, time.Hour, time.Now()); err != nil {
+		if err := hmacsig.Verify(secret, r.Header.Get(hmacsig.HeaderSignature), b, time.Hour, time.Now()); err != nil {
 			t.Errorf("webhook signature: %v", err)
 		}
 	})

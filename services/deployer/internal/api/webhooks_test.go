@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/hmacsig"
 	"github.com/autoprovisioner/autoprovisioner/pkg/testenv"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	dt "github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployertest"
@@ -105,10 +106,10 @@ func TestWebhooks(t *testing.T) {
 		t.Errorf("receiver got %d requests, %d attempts recorded", len(recv.got), w.Attempts)
 	}
 	for i, r := range recv.got {
-		if err := webhooks.Verify(secret, r.Header.Get(webhooks.HeaderSignature), recv.bodies[i], 5*time.Minute, time.Now()); err != nil {
+		if err := hmacsig.Verify(secret, r.Header.Get(hmacsig.HeaderSignature), recv.bodies[i], 5*time.Minute, time.Now()); err != nil {
 			t.Errorf("request %d: signature: %v", i, err)
 		}
-		if r.Header.Get(webhooks.HeaderID) != w.ID || r.Header.Get(webhooks.HeaderEvent) != "deployment.finished" {
+		if r.Header.Get(hmacsig.HeaderID) != w.ID || r.Header.Get(hmacsig.HeaderEvent) != "deployment.finished" {
 			t.Errorf("request %d headers: %v", i, r.Header)
 		}
 		if r.URL.Query().Get("token") != "receiver-secret-123" {

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/hmacsig"
 )
 
 // Config configures a Deliverer. Zero values take the defaults.
@@ -260,11 +262,11 @@ func (d *Deliverer) send(ctx context.Context, j job, at time.Time) (int, error) 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "autoprov-deployer-webhooks/1")
-	req.Header.Set(HeaderID, j.id)
-	req.Header.Set(HeaderAttempt, strconv.Itoa(j.attempt))
-	req.Header.Set(HeaderEvent, j.event)
+	req.Header.Set(hmacsig.HeaderID, j.id)
+	req.Header.Set(hmacsig.HeaderAttempt, strconv.Itoa(j.attempt))
+	req.Header.Set(hmacsig.HeaderEvent, j.event)
 	if j.keyID != "" {
-		req.Header.Set(HeaderSignature, Sign(DeriveSecret(d.cfg.SigningKey, j.keyID), at, j.body))
+		req.Header.Set(hmacsig.HeaderSignature, hmacsig.Sign(DeriveSecret(d.cfg.SigningKey, j.keyID), at, j.body))
 	}
 	resp, err := d.cfg.Client.Do(req)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/hmacsig"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/webhooks"
 )
 
@@ -24,8 +25,8 @@ func TestPythonExampleVerifies(t *testing.T) {
 	}
 	secret := webhooks.DeriveSecret([]byte("0123456789abcdef0123456789abcdef"), "key")
 	body := `{"event":"deployment.finished","deployment_id":"d"}`
-	good := webhooks.Sign(secret, time.Now(), []byte(body))
-	old := webhooks.Sign(secret, time.Now().Add(-time.Hour), []byte(body))
+	good := hmacsig.Sign(secret, time.Now(), []byte(body))
+	old := hmacsig.Sign(secret, time.Now().Add(-time.Hour), []byte(body))
 	script := example + `
 import sys
 secret, good, old, body = sys.argv[1:5]

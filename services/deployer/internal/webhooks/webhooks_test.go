@@ -185,28 +185,12 @@ func TestClientRefusesAtConnectTime(t *testing.T) {
 	}
 }
 
-func TestSignature(t *testing.T) {
+// TestDeriveSecret: a key's webhook secret is derived from the signing
+// key and the key id and differs between keys (pkg/hmacsig tests the
+// signatures).
+func TestDeriveSecret(t *testing.T) {
 	secret := webhooks.DeriveSecret([]byte("signing-key-0123456789-0123456789"), "key-1")
 	if !strings.HasPrefix(secret, "whsec_") || secret == webhooks.DeriveSecret([]byte("signing-key-0123456789-0123456789"), "key-2") {
 		t.Fatalf("derived secret %q", secret)
-	}
-	body := []byte(`{"event":"deployment.finished"}`)
-	at := time.Unix(1_800_000_000, 0)
-	h := webhooks.Sign(secret, at, body)
-	if !strings.HasPrefix(h, "t=1800000000,v1=") {
-		t.Fatalf("header %q", h)
-	}
-	if err := webhooks.Verify(secret, h, body, 5*time.Minute, at.Add(time.Minute)); err != nil {
-		t.Errorf("valid signature: %v", err)
-	}
-	for name, check := range map[string]error{
-		"tampered body": webhooks.Verify(secret, h, []byte(`{"event":"x"}`), 5*time.Minute, at),
-		"other secret":  webhooks.Verify(secret+"x", h, body, 5*time.Minute, at),
-		"replayed late": webhooks.Verify(secret, h, body, 5*time.Minute, at.Add(time.Hour)),
-		"garbage":       webhooks.Verify(secret, "v1=abc", body, 5*time.Minute, at),
-	} {
-		if check == nil {
-			t.Errorf("%s: accepted", name)
-		}
 	}
 }
