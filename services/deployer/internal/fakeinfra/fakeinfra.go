@@ -51,6 +51,8 @@ type Plan struct {
 	// FailedHosts and UnreachableHosts are the hosts whose recap counts a
 	// failure or an unreachable host (a job's status is Status still).
 	FailedHosts, UnreachableHosts []string
+	// Artifacts are a job's set_stats data, put in its result.
+	Artifacts messages.Vars
 }
 
 // Infra is the stand-in.
@@ -151,6 +153,7 @@ func (f *Infra) handleJob(ctx context.Context, msg *stream.Message) error {
 		plan = f.JobPlanFor(m)
 	}
 	res.Commit = strings.Repeat("ab", 20)
+	res.Artifacts = plan.Artifacts
 	return f.run(ctx, runSpec{
 		msg: msg, kind: messages.JobKindJob, target: "job:" + m.JobID, playbook: playbook, play: "Run the job",
 		hosts: hosts, plan: plan, outcome: &res.Outcome, results: f.JobResults, result: res,

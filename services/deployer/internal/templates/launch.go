@@ -33,6 +33,11 @@ type Launch struct {
 	// CorrelationID and CallbackURL are the job's, as on POST /jobs.
 	CorrelationID string `json:"correlation_id,omitempty"`
 	CallbackURL   string `json:"callback_url,omitempty"`
+	// Passed are extra variables a workflow hands down (its launch's
+	// extra vars, its earlier steps' artifacts): set whether or not the
+	// template asks for extra vars (as AWX passes a workflow's), above the
+	// launch's extra vars and below the survey's answers. Never stored.
+	Passed map[string]any `json:"-"`
 }
 
 // Submitter submits a job (deployments.Service.SubmitJob).
@@ -110,6 +115,12 @@ func Request(t *Template, l Launch) (deployments.JobRequest, map[string]secrets.
 			refuse("verbosity")
 		}
 		r.Options.Verbosity = *l.Verbosity
+	}
+	if len(l.Passed) > 0 {
+		if r.Options.ExtraVars == nil {
+			r.Options.ExtraVars = map[string]any{}
+		}
+		maps.Copy(r.Options.ExtraVars, l.Passed)
 	}
 	answers, hidden, bad := Answers(t.Survey, l.Survey)
 	fields = append(fields, bad...)
