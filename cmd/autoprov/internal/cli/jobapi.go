@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,143 +29,6 @@ type jobCmd struct {
 	Launch jobLaunchCmd `cmd:"" help:"launch a job template (POST /api/v1/templates/{id}/launch) with survey answers; --follow prints its progress and exits with its status"`
 	// Relaunch runs a finished job again.
 	Relaunch jobRelaunchCmd `cmd:"" help:"run a finished job (or deployment) again with the same request; --failed only on its failed and unreachable hosts"`
-}
-
-// apiClient talks to the deployer's API.
-type apiClient struct {
-	base, key string
-	http      *http.Client
-}
-
-// DefaultAPIURL is where `autoprov job` finds the deployer unless
-// AUTOPROV_API_URL says otherwise (the deployer's default API_ADDR).
-const DefaultAPIURL = "http://127.0.0.1:8080"
-
-func (g *globals) api() (*apiClient, error) {
-	key := g.getenv("AUTOPROV_API_KEY")
-	if key == "" {
-		return nil, usageError{errors.New("AUTOPROV_API_KEY is not set: an API key with the jobs scopes (`deployer keys create --scopes jobs:write --project ID`)")}
-	}
-	base := g.getenv("AUTOPROV_API_URL")
-	if base == "" {
-		base = DefaultAPIURL
-	}
-	return &apiClient{base: strings.TrimSuffix(base, "/"), key: key, http: &http.Client{}}, nil
-}
-
-// apiError is a problem the API answered.
-type apiError struct {
-	Status int
-	Body   []byte
-}
-
-func (e *apiError) Error() string {
-	var p struct {
-		Title  string `json:"title"`
-		Detail string `json:"detail"`
-		Errors []struct {
-			Field, Message string
-		} `json:"errors"`
-	}
-	msg := fmt.Sprintf("HTTP %d", e.Status)
-	if json.Unmarshal(e.Body, &p) == nil {
-		switch {
-		case p.Detail != "":
-			msg += ": " + printable(p.Detail)
-		case p.Title != "":
-			msg += ": " + printable(p.Title)
-		}
-		// One line a field: a 422 names each field the API refused.
-		for _, f := range p.Errors {
-			msg += fmt.Sprintf("\n  %s: %s", printable(f.Field), printable(f.Message))
-		}
-	}
-	if e.Status == http.StatusNotFound {
-		msg += "\n  (an id of a project the API key is not bound to is not found either)"
-	}
-	return msg
-}
-
-// do sends a request and decodes a JSON answer into out (nil: none).
-func (c *apiClient) do(ctx context.Context, method, path string, body []byte, hdr map[string]string, out any) (*http.Response, error) {
-	var r io.Reader
-	if body != nil {
-		r = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.key)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return resp, err
-	}
-	if resp.StatusCode >= 300 {
-		return resp, &apiError{Status: resp.StatusCode, Body: data}
-	}
-	if out != nil {
-		return resp, json.Unmarshal(data, out)
-	}
-	return resp, nil
-}
-
-// call sends a request without headers and decodes the JSON answer into
-// out (nil: none), returning it as it came too (for --json).
-func (c *apiClient) call(ctx context.Context, method, path string, body []byte, out any) (json.RawMessage, error) {
-	var raw json.RawMessage
-	var into any
-	if method != http.MethodDelete {
-		into = &raw
-	}
-	if _, err := c.do(ctx, method, path, body, nil, into); err != nil {
-		return nil, err
-	}
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return nil, fmt.Errorf("%s %s: the answer: %w", method, path, err)
-		}
-	}
-	return raw, nil
-}
-
-// writeRaw prints an answer of the API as it came (--json).
-func (g *globals) writeRaw(raw json.RawMessage) error {
-	_, err := g.env.Stdout.Write(append(bytes.TrimSpace(raw), '\n'))
-	return err
-}
-
-// readInput reads a command's JSON input: the file named, or stdin for
-// -; what: what it is, for the errors.
-func (g *globals) readInput(file, what string) ([]byte, error) {
-	var body []byte
-	var err error
-	if file == "-" {
-		if g.env.Stdin == nil {
-			return nil, usageError{fmt.Errorf("no stdin to read the %s from", what)}
-		}
-		body, err = io.ReadAll(io.LimitReader(g.env.Stdin, 1<<20))
-	} else {
-		body, err = os.ReadFile(file)
-	}
-	if err != nil {
-		return nil, usageError{fmt.Errorf("read the %s: %w", what, err)}
-	}
-	if !json.Valid(body) {
-		return nil, usageError{fmt.Errorf("the %s is not valid JSON", what)}
-	}
-	return body, nil
 }
 
 // apiJob is what `autoprov job` reads of a job.
@@ -350,6 +212,28 @@ func (f *launchFlags) read(g *globals, api *apiClient, template string) (launch,
 		launch["survey"] = survey
 	}
 	return launch, survey, nil
+}
+
+// create makes what launches template (a schedule, a trigger: below is
+// its collection under the template's path): req with the launch the
+// flags give, shown with show.
+func (f *launchFlags) create(g *globals, template, below string, req map[string]any, show func(*apiClient, json.RawMessage) error) error {
+	api, err := g.api()
+	if err != nil {
+		return err
+	}
+	if req["launch"], _, err = f.read(g, api, template); err != nil {
+		return err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	raw, err := api.call(g.ctx, http.MethodPost, templatePath(template)+"/"+below, body, nil)
+	if err != nil {
+		return fmt.Errorf("create the %s: %w", strings.TrimSuffix(below, "s"), err)
+	}
+	return show(api, raw)
 }
 
 type jobLaunchCmd struct {

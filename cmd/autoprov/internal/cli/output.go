@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 // table writes aligned columns for people.
@@ -55,3 +56,11 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// when prints an instant of the API for people (UTC, to the second).
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}

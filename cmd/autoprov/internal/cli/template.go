@@ -62,14 +62,6 @@ type apiTemplate struct {
 // templatePath is the API's path of template id.
 func templatePath(id string) string { return "/api/v1/templates/" + url.PathEscape(id) }
 
-// when prints an instant of the API for people (UTC, to the second).
-func when(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format("2006-01-02 15:04:05Z")
-}
-
 // asks lists what a launch may override.
 func asks(ask map[string]bool) string {
 	var list []string
@@ -224,90 +216,6 @@ type templateDeleteCmd struct {
 
 func (c *templateDeleteCmd) Run(g *globals) error {
 	return g.deleteThing(templatePath(c.ID), "template", c.ID)
-}
-
-// deleteThing DELETEs path, the API's what of id, and says so.
-func (g *globals) deleteThing(path, what, id string) error {
-	if _, _, err := g.request(http.MethodDelete, path, nil, "delete the "+what); err != nil {
-		return err
-	}
-	if g.json {
-		return writeJSON(g.env.Stdout, map[string]any{"id": id, "deleted": true})
-	}
-	fmt.Fprintf(g.env.Stdout, "%s %s deleted\n", what, id)
-	return nil
-}
-
-// listItems GETs path, a list of the API ({"items": [...]}) of what, and
-// prints it as it came (--json), or as a table of header with a row for
-// each item, or "no <what>".
-func listItems[T any](g *globals, path, what string, header []string, row func(api *apiClient, item *T) []string) error {
-	api, raw, err := g.request(http.MethodGet, path, nil, "list the "+what)
-	if err != nil {
-		return err
-	}
-	if g.json {
-		return g.writeRaw(raw)
-	}
-	var list struct{ Items []T }
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return err
-	}
-	if len(list.Items) == 0 {
-		fmt.Fprintln(g.env.Stdout, "no "+what)
-		return nil
-	}
-	t := newTable(g.env.Stdout, header...)
-	for k := range list.Items {
-		t.row(row(api, &list.Items[k])...)
-	}
-	return t.flush()
-}
-
-// create makes what launches template (a schedule, a trigger: below is
-// its collection under the template's path): req with the launch the
-// flags give, shown with show.
-func (f *launchFlags) create(g *globals, template, below string, req map[string]any, show func(*apiClient, json.RawMessage) error) error {
-	api, err := g.api()
-	if err != nil {
-		return err
-	}
-	if req["launch"], _, err = f.read(g, api, template); err != nil {
-		return err
-	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	raw, err := api.call(g.ctx, http.MethodPost, templatePath(template)+"/"+below, body, nil)
-	if err != nil {
-		return fmt.Errorf("create the %s: %w", strings.TrimSuffix(below, "s"), err)
-	}
-	return show(api, raw)
-}
-
-// answer sends a request to the API (doing: what it does, for its error)
-// and prints the answer with show.
-func (g *globals) answer(method, path string, body []byte, doing string, show func(*apiClient, json.RawMessage) error) error {
-	api, raw, err := g.request(method, path, body, doing)
-	if err != nil {
-		return err
-	}
-	return show(api, raw)
-}
-
-// request sends a request to the API (doing: what it does, for its
-// error) and returns the answer, and the client for more.
-func (g *globals) request(method, path string, body []byte, doing string) (*apiClient, json.RawMessage, error) {
-	api, err := g.api()
-	if err != nil {
-		return nil, nil, err
-	}
-	raw, err := api.call(g.ctx, method, path, body, nil)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", doing, err)
-	}
-	return api, raw, nil
 }
 
 type templateVersionsCmd struct {
