@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/api"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
@@ -36,7 +37,7 @@ func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := map[string]any{"Title": "Job " + j.ID, "J": j, "Terminal": j.Status.Terminal(),
-		"What": jobWhat(&j.Request), "Hosts": j.Request.HostNames()}
+		"What": jobWhat(&j.Request), "Hosts": j.Request.HostNames(), "Relaunch": relaunchable(&j), "FailedHosts": failedHosts(&j)}
 	if len(j.Request.Options.ExtraVars) > 0 {
 		if b, err := json.MarshalIndent(j.Request.Options.ExtraVars, "", "  "); err == nil {
 			data["ExtraVars"] = string(b)
@@ -74,6 +75,21 @@ type formField struct {
 	// the project's credentials' names (a datalist: typing a reference
 	// still works).
 	Credential bool
+}
+
+// fieldInput is a form's field with its value and error, as the
+// formfield template shows it.
+type fieldInput struct {
+	formField
+	Value, Err string
+	// Suggest: the field offers the credentials' names (a datalist).
+	Suggest bool
+}
+
+// newFieldInput is field f of a form with values vals and errors errs;
+// creds are the credentials' names the form offers.
+func newFieldInput(f formField, vals, errs map[string]string, creds []string) fieldInput {
+	return fieldInput{formField: f, Value: vals[f.Name], Err: errs[f.Name], Suggest: f.Credential && len(creds) > 0}
 }
 
 // fieldGroup is a fieldset of a form.
@@ -160,10 +176,16 @@ func jobFieldNames() []string {
 // mayRunJobs answers 403 unless the key has jobs:write: the form is
 // offered to such keys only (the API would refuse the post anyway).
 func (c *Console) mayRunJobs(w http.ResponseWriter, r *http.Request) bool {
-	if c.key(r).Has(auth.ScopeJobsWrite) {
+	return c.require(w, r, auth.ScopeJobsWrite, "Running jobs")
+}
+
+// require answers 403 unless the session's key has scope: what (a page
+// or an action) needs it.
+func (c *Console) require(w http.ResponseWriter, r *http.Request, scope auth.Scope, what string) bool {
+	if c.key(r).Has(scope) {
 		return true
 	}
-	c.fail(w, r, http.StatusForbidden, "Running jobs needs the scope jobs:write.")
+	c.fail(w, r, http.StatusForbidden, what+" needs the scope "+string(scope)+".")
 	return false
 }
 
@@ -386,26 +408,34 @@ func (c *Console) jobSubmit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Problem != nil {
-		var general []string
-		for _, fe := range res.Problem.Errors {
-			if f := formFieldOf(names, fe.Field); f != "" {
-				if errs[f] == "" {
-					errs[f] = fe.Message
-					if fe.Field != f {
-						errs[f] = strings.TrimPrefix(fe.Field, f) + ": " + fe.Message
-					}
-				}
-			} else {
-				general = append(general, fe.Field+": "+fe.Message)
-			}
-		}
-		if len(general) == 0 && len(errs) == 0 {
-			general = append(general, problemText(res.Problem))
-		}
-		c.renderJob(w, r, res.Status, vals, errs, strings.Join(general, "; "), "")
+		general := problemFields(res.Problem, errs, func(f string) string { return formFieldOf(names, f) })
+		c.renderJob(w, r, res.Status, vals, errs, general, "")
 		return
 	}
 	http.Redirect(w, r, Prefix+"/runs/job/"+url.PathEscape(j.ID), http.StatusSeeOther)
+}
+
+// problemFields puts the field errors of the API's problem p into errs,
+// each by the form field fieldOf names for it (the first error of a field
+// only; the API's field named when it is not the form's), and returns the
+// rest as a general message: p's own text when no error went anywhere.
+func problemFields(p *api.Problem, errs map[string]string, fieldOf func(field string) string) string {
+	var general []string
+	for _, fe := range p.Errors {
+		switch f := fieldOf(fe.Field); {
+		case f == "":
+			general = append(general, fe.Field+": "+fe.Message)
+		case errs[f] != "":
+		case fe.Field != f:
+			errs[f] = strings.TrimPrefix(fe.Field, f) + ": " + fe.Message
+		default:
+			errs[f] = fe.Message
+		}
+	}
+	if len(general) == 0 && len(errs) == 0 {
+		general = append(general, problemText(p))
+	}
+	return strings.Join(general, "; ")
 }
 
 // formFieldOf is the form field an API error's field belongs to: the

@@ -730,18 +730,13 @@ func (c *Console) deploySubmit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Problem != nil {
-		var general []string
-		for _, fe := range res.Problem.Errors {
-			if slices.ContainsFunc(deployFields, func(f struct{ Name, Label, Help string }) bool { return f.Name == fe.Field }) {
-				errs[fe.Field] = fe.Message
-			} else {
-				general = append(general, fe.Field+": "+fe.Message)
+		general := problemFields(res.Problem, errs, func(field string) string {
+			if slices.ContainsFunc(deployFields, func(f struct{ Name, Label, Help string }) bool { return f.Name == field }) {
+				return field
 			}
-		}
-		if len(general) == 0 && len(errs) == 0 {
-			general = append(general, problemText(res.Problem))
-		}
-		c.renderDeploy(w, r, res.Status, vals, errs, strings.Join(general, "; "), "")
+			return ""
+		})
+		c.renderDeploy(w, r, res.Status, vals, errs, general, "")
 		return
 	}
 	http.Redirect(w, r, Prefix+"/runs/deployment/"+url.PathEscape(d.ID), http.StatusSeeOther)

@@ -20,7 +20,7 @@ import (
 
 // pageNames are the pages, each templates/<name>.html with the layout.
 var pageNames = []string{"signin", "error", "overview", "fleet", "server", "confirm", "runs", "deployment",
-	"provision", "deploy", "job", "jobform", "queues", "keys", "credentials"}
+	"provision", "deploy", "job", "jobform", "queues", "keys", "credentials", "templates", "template", "launch"}
 
 func (c *Console) parse() error {
 	funcs := template.FuncMap{
@@ -32,6 +32,7 @@ func (c *Console) parse() error {
 		"lower":      strings.ToLower,
 		"has":        func(a *authInfo, scope string) bool { return a != nil && a.key.Has(auth.Scope(scope)) },
 		"fieldError": func(errs map[string]string, f string) string { return errs[f] },
+		"input":      newFieldInput,
 		// resignOnly: a dead letter refused for its signature, which only
 		// `autoprov dead replay --resign` may put back.
 		"resignOnly": messages.IsSignatureReason,
