@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -664,6 +668,61 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("credentials", chromedp.Navigate(base+"/ui/credentials"), chromedp.WaitVisible(chromedp.CSS("#credentials")))
 	screenshot("credentials")
 	w.check(t, "credentials")
+	// Templates: one made through the API, with a survey of each type
+	// (bar secret: no Vault here), a schedule and a trigger; the list, its
+	// page (its description is markup), the launch form refused by field,
+	// and a trigger's rotated secret, shown once.
+	apiPost := func(path string, body any) map[string]any {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		data, _ := io.ReadAll(res.Body)
+		var out map[string]any
+		if res.StatusCode >= 300 || json.Unmarshal(data, &out) != nil {
+			t.Fatalf("POST %s: %d %s", path, res.StatusCode, data)
+		}
+		return out
+	}
+	tpl := apiPost("/api/v1/templates", map[string]any{"project_id": "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "name": "site",
+		"description": xss, "ask_on_launch": map[string]any{"limit": true, "extra_vars": true, "ref": true},
+		"job": map[string]any{"source": map[string]any{"type": "playbook", "repository": "https://git.example.com/org/playbooks.git",
+			"paths": []string{"site.yml"}}, "inventory": map[string]any{"type": "inline", "hosts": map[string]any{"web-1": map[string]any{}}}},
+		"survey": []map[string]any{
+			{"variable": "release", "label": "Release", "type": "text", "required": true, "default": "1.0", "max_length": 20},
+			{"variable": "replicas", "type": "integer", "min": 1, "max": 5, "default": 2},
+			{"variable": "env", "type": "choice", "choices": []string{"staging", "prod"}, "default": "staging"},
+			{"variable": "features", "type": "multi_choice", "choices": []string{"a", "b"}},
+		}})
+	tplID, _ := tpl["id"].(string)
+	apiPost("/api/v1/templates/"+tplID+"/schedules", map[string]any{"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Berlin"})
+	apiPost("/api/v1/templates/"+tplID+"/triggers", map[string]any{"name": "push-main", "provider": "github", "branches": []string{"main"}})
+	run("templates", chromedp.Navigate(base+"/ui/templates"), chromedp.WaitVisible(chromedp.CSS("#templates")))
+	screenshot("templates")
+	w.check(t, "templates")
+	run("template", chromedp.Navigate(base+"/ui/templates/"+tplID), chromedp.WaitVisible(chromedp.CSS("#survey")))
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("main img").length`)); n != 0 {
+		t.Fatal("the template's page made an img element of its description")
+	}
+	screenshot("template")
+	w.check(t, "template")
+	w.expecting(422)
+	run("invalid launch", chromedp.Click(chromedp.CSS("#launch")), chromedp.WaitVisible(chromedp.CSS("#launch-submit")),
+		chromedp.SetValue(chromedp.CSS("#f-survey\\.replicas"), "9"),
+		chromedp.Click(chromedp.CSS("#launch-submit")), chromedp.WaitVisible(chromedp.CSS("#e-survey\\.replicas")))
+	screenshot("launch-form")
+	w.check(t, "invalid launch")
+	run("rotate", chromedp.Navigate(base+"/ui/templates/"+tplID), chromedp.WaitVisible(chromedp.CSS("#trigger-list")),
+		chromedp.Click(chromedp.CSS("#trigger-list button.secondary")), chromedp.WaitVisible(chromedp.CSS("#confirm-rotate")))
+	run("rotated", chromedp.Click(chromedp.CSS("#confirm-rotate")), chromedp.WaitVisible(chromedp.CSS("#new-secret")))
+	screenshot("trigger-secret")
+	w.check(t, "rotate")
 	// A run that does not exist: a page that says so, not a bare error.
 	w.expecting(404)
 	run("no such job", chromedp.Navigate(base+"/ui/runs/job/00000000-0000-4000-8000-000000000000"), chromedp.WaitVisible(chromedp.CSS("main h1")))
