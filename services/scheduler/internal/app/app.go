@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -43,6 +44,13 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 	redactor := secrets.NewRedactor()
 	resolver, err := openSecrets(ctx, cfg, d.Getenv, log, redactor)
 	if err != nil {
+		return nil, err
+	}
+	// Projects' credentials (their notification rules') go to backends of
+	// their own, never the scheduler's.
+	project, err := secrets.OpenProject(ctx, cfg.Project, cfg.Secrets, secrets.Deps{Logger: log, Redactor: redactor, LookupEnv: secrets.LookupIn(d.Getenv)})
+	if err != nil {
+		resolver.Close()
 		return nil, err
 	}
 	resolve := func(ref string) (secrets.Value, error) {
@@ -191,15 +199,24 @@ func Components(ctx context.Context, cfg *Config, d service.Deps) ([]service.Com
 			if err := resolver.Start(ctx); err != nil {
 				return err
 			}
+			if err := project.Start(ctx); err != nil {
+				return err
+			}
 			<-ctx.Done()
 			resolver.Stop()
-			return resolver.Close()
+			project.Stop()
+			return errors.Join(project.Close(), resolver.Close())
 		}},
 		{Name: "rules", Run: holder.Run},
 	}
 	for i, d := range dispatchers {
 		parts = append(parts, service.Component{Name: "notify:" + channels[i].Name(), Run: d.Run})
 	}
+	// Projects' notification rules: their addresses come from projects,
+	// so every connection is checked as a target's would be.
+	jobs := notify.NewJobs(d.DB, notify.JobsConfig{Resolve: project.Resolve, Redactor: redactor,
+		Net: notify.NewNet(guard.Check, cfg.Notify.Timeout), TelegramAPI: cfg.Notify.TelegramAPI, Logger: log, Metrics: metrics})
+	parts = append(parts, service.Component{Name: "notify:jobs", Run: jobs.Run})
 	parts = append(parts,
 		service.Component{Name: "relay", Run: relay.Run},
 		service.Component{Name: "reconcile", Run: loop.Run},

@@ -45,12 +45,16 @@ type Config struct {
 	Sources   SourcesConfig
 	// Special lets sources list servers at special addresses (test
 	// targets on loopback); the same variable as infra's.
-	Special  authz.SpecialConfig
-	EC2      EC2Config `envPrefix:"EC2_"`
-	Notify   NotifyConfig
-	Results  ResultsConfig `envPrefix:"RESULTS_"`
-	Rules    RulesConfig
-	Secrets  secrets.Config
+	Special authz.SpecialConfig
+	EC2     EC2Config `envPrefix:"EC2_"`
+	Notify  NotifyConfig
+	Results ResultsConfig `envPrefix:"RESULTS_"`
+	Rules   RulesConfig
+	Secrets secrets.Config
+	// Project resolves the projects' credentials their notification
+	// rules name (PROJECT_VAULT_*, a Vault login of its own whose
+	// policy covers project paths only), as infra's does.
+	Project  secrets.ProjectConfig `envPrefix:"PROJECT_"`
 	Time4VPS time4vps.Config
 	// Signing signs the requests the scheduler publishes (infra checks
 	// them against REQUEST_KEYS).

@@ -23,12 +23,19 @@ const (
 	// escaped as &amp;, &lt; and &gt; (Markdown-like characters mean
 	// nothing in it); code is <code>...</code>.
 	TelegramHTML
+	// PlainText is an email's text/plain body: nothing is markup, so
+	// nothing is escaped (what could harm there, a line end in a header,
+	// is kept out of headers instead); code is written between backticks.
+	PlainText
 )
 
 var htmlEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;")
 
 // Escape returns s, text from outside, made inert in m.
 func (m Markup) Escape(s string) string {
+	if m == PlainText {
+		return s
+	}
 	// Both languages escape the same three characters the same way.
 	return htmlEscaper.Replace(s)
 }
@@ -50,6 +57,9 @@ func (m Markup) Truncate(text string, n int) string {
 		return text
 	}
 	r := []rune(text)
+	if m == PlainText {
+		return string(r[:n-1]) + "…"
+	}
 	for cut := n - 1; cut > 0; {
 		head := string(r[:cut])
 		// An entity or a tag the cut ends inside is left out whole.
