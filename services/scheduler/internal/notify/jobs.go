@@ -65,7 +65,8 @@ type JobsConfig struct {
 	// projects' credentials are given to it (env: and file: would name
 	// the scheduler's own environment and files).
 	Resolve func(ctx context.Context, ref string) (secrets.Value, error)
-	// Redactor learns every secret resolved, so that no error shows one.
+	// Redactor masks the scheduler's secrets in errors; each delivery
+	// adds its own to a child of it, released when the send ends.
 	Redactor *secrets.Redactor
 	// Net connects to the channels: every address checked before a
 	// connection is made (NewNet).
@@ -205,7 +206,7 @@ func (j *Jobs) Once(ctx context.Context) (bool, error) {
 	if attempts >= j.cfg.MaxAttempts {
 		state = "failed"
 	}
-	msg := truncate(j.cfg.Redactor.RedactString(sendErr.Error()), 1000)
+	msg := truncate(sendErr.Error(), 1000) // redacted by deliver
 	if _, err := tx.Exec(rctx, `UPDATE job_notifications SET attempts = $2, next_attempt_at = now() + $3::interval,
 		last_error = $4, state = $5 WHERE id = $1`, n.ID, attempts, wait, msg, state); err != nil {
 		return true, fmt.Errorf("record job notification %d: %w", n.ID, err)
@@ -223,25 +224,42 @@ func (j *Jobs) backoff(attempts int) time.Duration {
 	return min(d, j.cfg.MaxBackoff)
 }
 
-// deliver sends n through its rule's channel.
+// deliver sends n through its rule's channel; its error is redacted of
+// the rule's secret.
 func (j *Jobs) deliver(ctx context.Context, n *JobNotification) error {
+	red := j.cfg.Redactor.Child()
+	defer red.Release()
+	err := j.send(ctx, n, red)
+	var ra *RetryAfterError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ra):
+		return &RetryAfterError{After: ra.After, Err: errors.New(red.RedactString(ra.Err.Error()))}
+	}
+	return errors.New(red.RedactString(err.Error()))
+}
+
+// send resolves n's secret (into red) and sends n.
+func (j *Jobs) send(ctx context.Context, n *JobNotification, red *secrets.Redactor) error {
 	secret, err := j.secret(ctx, n)
 	if err != nil {
 		return err
 	}
 	defer secret.Wipe()
+	red.AddValue(secret)
 	timeout := j.cfg.Net.timeout
 	switch n.Rule.Channel {
 	case "slack":
 		if err := CheckSlackURL(secret); err != nil {
 			return fmt.Errorf("credential %s: %w", n.Rule.Credential, err)
 		}
-		return j.sendText(ctx, NewSlack(secret, j.cfg.Redactor, timeout).use(j.cfg.Net), n)
+		return j.sendText(ctx, NewSlack(secret, red, timeout).use(j.cfg.Net), n)
 	case "telegram":
 		if err := CheckTelegramToken(secret); err != nil {
 			return fmt.Errorf("credential %s: %w", n.Rule.Credential, err)
 		}
-		return j.sendText(ctx, NewTelegram(j.cfg.TelegramAPI, secret, n.Rule.Target, j.cfg.Redactor, timeout).use(j.cfg.Net), n)
+		return j.sendText(ctx, NewTelegram(j.cfg.TelegramAPI, secret, n.Rule.Target, red, timeout).use(j.cfg.Net), n)
 	case "email":
 		e := &Email{Settings: n.Rule.Email, To: strings.Split(n.Rule.Target, ","), Password: secret, Net: j.cfg.Net}
 		if err := j.wait(ctx, "email:"+e.Settings.Server, time.Second, 1); err != nil {
@@ -249,7 +267,7 @@ func (j *Jobs) deliver(ctx context.Context, n *JobNotification) error {
 		}
 		return e.Send(ctx, JobSubject(n), JobText(n, PlainText), fmt.Sprintf("%d.%s", n.ID, n.JobID))
 	case "webhook":
-		w := &Webhook{URL: n.Rule.Target, Secret: secret, Net: j.cfg.Net, Redactor: j.cfg.Redactor}
+		w := &Webhook{URL: n.Rule.Target, Secret: secret, Net: j.cfg.Net, Redactor: red}
 		if err := j.wait(ctx, "webhook:"+n.Rule.Target, 100*time.Millisecond, 10); err != nil {
 			return err
 		}
@@ -306,7 +324,6 @@ func (j *Jobs) secret(ctx context.Context, n *JobNotification) (secrets.Value, e
 	if err != nil {
 		return secrets.Value{}, fmt.Errorf("credential %s: %w", n.Rule.Credential, err)
 	}
-	j.cfg.Redactor.AddValue(v)
 	return v, nil
 }
 

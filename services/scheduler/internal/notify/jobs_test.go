@@ -77,7 +77,6 @@ type jobsEnv struct {
 	smtp    *notifytest.SMTP
 	cfg     notify.JobsConfig
 	rules   map[string]string // name -> id
-	tgURL   string
 	project *secrets.Resolver
 }
 
