@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
@@ -128,6 +129,7 @@ func TestNotificationRules(t *testing.T) {
 				"email": map[string]any{"server": "smtp.example.com:587", "from": "a@example.com", "username": "u"}, "events": []string{"failed"}}, 422, "credential"},
 			{"email settings elsewhere", keyA, "/api/v1/notifications", map[string]any{"name": "x", "channel": "slack", "credential": "slack-url",
 				"email": map[string]any{"server": "smtp.example.com:25"}, "events": []string{"failed"}}, 422, "email"},
+			{"target too long", keyA, "/api/v1/notifications", map[string]any{"name": "x", "channel": "webhook", "target": "https://hooks.example.com/" + strings.Repeat("a", 2100), "credential": "hook-secret", "events": []string{"failed"}}, 422, "target"},
 			{"webhook to loopback", keyA, "/api/v1/notifications", map[string]any{"name": "x", "channel": "webhook", "target": "http://127.0.0.1:6379/", "credential": "hook-secret", "events": []string{"failed"}}, 422, "target"},
 			{"not the template's project", keyA, "/api/v1/notifications", map[string]any{"name": "x", "channel": "slack", "credential": "slack-url", "events": []string{"failed"},
 				"template_id": tpl.ID, "project_id": dt.OtherProject}, 422, "project_id"},

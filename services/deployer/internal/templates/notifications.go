@@ -121,14 +121,21 @@ func NewNotifications(svc *Service, creds *credentials.Service, checkURL func(st
 // channel's @username.
 var telegramChatRE = regexp.MustCompile(`^(-?[0-9]{1,20}|@[A-Za-z][A-Za-z0-9_]{4,31})$`)
 
-// maxRecipients bounds an email rule's recipients.
-const maxRecipients = 10
+// maxRecipients bounds an email rule's recipients, maxTarget a target.
+const (
+	maxRecipients = 10
+	maxTarget     = 2048
+)
 
 // validate checks n for the key that sees v and returns the rule's
 // project and template ("" for every template).
 func (ns *Notifications) validate(ctx context.Context, v deployments.Visibility, n *NewRule) (project, template string, err error) {
 	var fields []deployments.FieldError
-	add := func(field, msg string) { fields = append(fields, deployments.FieldError{Field: field, Message: msg}) }
+	add := func(field, msg string) { // the first problem of a field says it
+		if !slices.ContainsFunc(fields, func(f deployments.FieldError) bool { return f.Field == field }) {
+			fields = append(fields, deployments.FieldError{Field: field, Message: msg})
+		}
+	}
 	if n.TemplateID != "" {
 		t, err := ns.svc.Get(ctx, v, n.TemplateID, 0)
 		if err != nil {
@@ -169,6 +176,9 @@ func (ns *Notifications) validate(ctx context.Context, v deployments.Visibility,
 		}
 	}
 	needsCredential := true
+	if len(n.Target) > maxTarget {
+		add("target", fmt.Sprintf("must be at most %d bytes", maxTarget))
+	}
 	switch n.Channel {
 	case ChannelSlack:
 		if n.Target != "" {
@@ -273,10 +283,10 @@ func checkEmail(e *Email, credential string, add func(field, msg string)) {
 		return
 	}
 	host, port, err := net.SplitHostPort(e.Server)
-	if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 || hasControl(e.Server) {
+	if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 || hasControl(e.Server) || len(e.Server) > 300 {
 		add("email.server", "must be host:port")
 	}
-	if a, err := mail.ParseAddress(e.From); err != nil || a.Name != "" || hasControl(e.From) {
+	if a, err := mail.ParseAddress(e.From); err != nil || a.Name != "" || hasControl(e.From) || len(e.From) > 254 {
 		add("email.from", "must be one bare email address")
 	}
 	switch {
