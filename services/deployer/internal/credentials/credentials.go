@@ -96,9 +96,10 @@ func invalid(field, msg string) error {
 	return &deployments.InvalidError{Fields: []deployments.FieldError{{Field: field, Message: msg}}}
 }
 
-// project checks a request's project id against v: a malformed one is
-// invalid, one v does not hold is deployments.ErrForbiddenProject.
-func project(v deployments.Visibility, id string) (string, error) {
+// HeldProject checks a request's project id against v: a malformed one
+// is invalid (project_id), one v does not hold is
+// deployments.ErrForbiddenProject.
+func HeldProject(v deployments.Visibility, id string) (string, error) {
 	p, ok := messages.CanonicalProjectID(id)
 	if !ok {
 		return "", invalid("project_id", "must be a project id (a UUID)")
@@ -134,7 +135,7 @@ func (s *Service) CheckRef(project, field, ref string) error {
 // stored; the value is never stored, logged or returned.
 func (s *Service) Create(ctx context.Context, keyID string, v deployments.Visibility, n New) (*Credential, error) {
 	defer n.Value.Wipe()
-	p, err := project(v, n.ProjectID)
+	p, err := HeldProject(v, n.ProjectID)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +214,7 @@ func (s *Service) List(ctx context.Context, v deployments.Visibility, projectID 
 	q := `SELECT ` + columns + ` FROM credentials WHERE ($1::text IS NULL OR project_id = $1)`
 	args := []any{nil}
 	if projectID != "" {
-		p, err := project(v, projectID)
+		p, err := HeldProject(v, projectID)
 		if err != nil {
 			return nil, err
 		}
@@ -255,7 +256,7 @@ func (s *Service) Get(ctx context.Context, v deployments.Visibility, projectID, 
 // deployments.ErrForbiddenProject, an unknown name ErrNotFound). A value
 // the deployer wrote stays in Vault, where the operator may destroy it.
 func (s *Service) Delete(ctx context.Context, v deployments.Visibility, projectID, name string) (*Credential, error) {
-	p, err := project(v, projectID)
+	p, err := HeldProject(v, projectID)
 	if err != nil {
 		return nil, err
 	}

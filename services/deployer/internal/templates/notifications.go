@@ -147,17 +147,17 @@ func (ns *Notifications) validate(ctx context.Context, v deployments.Visibility,
 				add("project_id", "is not the template's project")
 			}
 		}
+	} else if n.ProjectID == "" {
+		add("project_id", "give the project (or a template_id)")
 	} else {
-		p, ok := messages.CanonicalProjectID(n.ProjectID)
+		var ie *deployments.InvalidError
+		project, err = credentials.HeldProject(v, n.ProjectID)
 		switch {
-		case n.ProjectID == "":
-			add("project_id", "give the project (or a template_id)")
-		case !ok:
-			add("project_id", "must be a project id (a UUID)")
-		case !v.Holds(p):
-			return "", "", deployments.ErrForbiddenProject
+		case errors.As(err, &ie):
+			fields = append(fields, ie.Fields...)
+		case err != nil:
+			return "", "", err
 		}
-		project = p
 	}
 	if !NameRE.MatchString(n.Name) {
 		add("name", "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
@@ -425,12 +425,9 @@ func (ns *Notifications) ListRules(ctx context.Context, v deployments.Visibility
 		q += ` AND (template_id IS NULL OR template_id = $2)`
 		args = append(args, t.ID)
 	case projectID != "":
-		p, ok := messages.CanonicalProjectID(projectID)
-		if !ok {
-			return nil, invalid("project_id", "must be a project id (a UUID)")
-		}
-		if !v.Holds(p) {
-			return nil, deployments.ErrForbiddenProject
+		p, err := credentials.HeldProject(v, projectID)
+		if err != nil {
+			return nil, err
 		}
 		args[0] = p
 	}

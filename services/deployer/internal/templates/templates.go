@@ -291,12 +291,9 @@ func (s *Service) List(ctx context.Context, v deployments.Visibility, projectID 
 		WHERE ($1::text IS NULL OR t.project_id = $1)`
 	args := []any{nil}
 	if projectID != "" {
-		p, ok := messages.CanonicalProjectID(projectID)
-		if !ok {
-			return nil, invalid("project_id", "must be a project id (a UUID)")
-		}
-		if !v.Holds(p) {
-			return nil, deployments.ErrForbiddenProject
+		p, err := credentials.HeldProject(v, projectID)
+		if err != nil {
+			return nil, err
 		}
 		args[0] = p
 	}
