@@ -45,6 +45,7 @@ type apiSchedule struct {
 	} `json:"recent"`
 }
 
+// schedulePath is the API's path of schedule id.
 func schedulePath(id string) string { return "/api/v1/schedules/" + url.PathEscape(id) }
 
 // rule is the schedule's cron expression or RRULE.
@@ -79,6 +80,7 @@ func (s *apiSchedule) at(t *time.Time) string {
 	return t.In(loc).Format("2006-01-02 15:04:05 MST") + " (" + when(*t) + ")"
 }
 
+// state is paused or active.
 func (s *apiSchedule) state() string {
 	if s.Paused {
 		return "paused"
@@ -151,7 +153,7 @@ type scheduleCreateCmd struct {
 	RRule       string `name:"rrule" xor:"rule" required:"" help:"an RFC 5545 recurrence rule (FREQ=WEEKLY;BYDAY=MO,WE;BYHOUR=9;BYMINUTE=30)"`
 	DTStart     string `name:"dtstart" help:"with --rrule: its DTSTART (RFC 3339), read on the wall clock of --timezone (default: the schedule's creation, to the minute)"`
 	Timezone    string `name:"timezone" help:"the IANA time zone of the rule (default UTC)"`
-	Missed      string `name:"missed" help:"occurrences missed while the scheduler was down: skip (the API's default) or run_once"`
+	Missed      string `name:"missed" help:"occurrences found more than a minute late (the scheduler was down): skip drops them (the API's default), run_once runs one job for them all"`
 	launchFlags `embed:""`
 }
 

@@ -43,6 +43,7 @@ type apiTrigger struct {
 	} `json:"recent"`
 }
 
+// triggerPath is the API's path of trigger id.
 func triggerPath(id string) string { return "/api/v1/triggers/" + url.PathEscape(id) }
 
 // filters says which pushes launch.
