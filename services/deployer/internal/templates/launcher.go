@@ -29,19 +29,25 @@ type LauncherConfig struct {
 	Workers int
 	// Poll is how often pending occurrences are looked for without a
 	// notification. Default 1s.
-	Poll   time.Duration
+	Poll time.Duration
+	// Lease is how long a claim keeps an occurrence from the other
+	// launchers: one not recorded by then (its launcher died) is claimed
+	// again. Default 1m.
+	Lease  time.Duration
 	Logger zerolog.Logger
 	// Registerer takes the launcher's metrics; nil: none.
 	Registerer prometheus.Registerer
 }
 
 // Launcher launches the occurrences the scheduler writes, each once: it
-// claims an occurrence (SKIP LOCKED, so replicas share them), launches
-// its schedule's template as the schedule's key with an Idempotency-Key
-// naming the occurrence, and records the job in the claim's transaction.
-// A launch cut short (kill -9 after the job was stored) is retried by the
-// next claim, whose Idempotency-Key replays the job instead of making a
-// second.
+// claims occurrences for a lease (SKIP LOCKED, so replicas share them),
+// launches each one's schedule's template as the schedule's key with an
+// Idempotency-Key naming the occurrence, and records the jobs. It holds
+// no connection while it launches: a launch takes its own from the pool,
+// and claims held open in transactions could take them all. A launch cut
+// short (kill -9 after the job was stored) is claimed again once its
+// lease lapses, and its Idempotency-Key replays the job instead of making
+// a second.
 type Launcher struct {
 	db       *pgxpool.Pool
 	svc      *Service
@@ -60,6 +66,9 @@ func NewLauncher(db *pgxpool.Pool, svc *Service, sub Submitter, keys Keys, cfg L
 	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = time.Second
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = time.Minute
 	}
 	l := &Launcher{db: db, svc: svc, sub: sub, keys: keys, cfg: cfg, log: cfg.Logger.With().Str("component", "schedule-launcher").Logger(),
 		launched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "autoprov_deployer_schedule_launches_total",
@@ -149,20 +158,21 @@ type pending struct {
 	launch                             Launch
 }
 
-// LaunchDue claims at most batch pending occurrences, launches them and
-// records the outcomes; it returns how many it claimed. An occurrence
-// whose launch failed for a reason that passes (the database, Redis) stays
-// pending for the next claim.
+// LaunchDue claims at most batch pending occurrences for the lease,
+// launches them and records the outcomes; it returns how many it
+// claimed. An occurrence whose launch failed for a reason that passes
+// (the database, Redis) is released for the next claim, and LaunchDue
+// returns an error.
 func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
-	tx, err := l.db.Begin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `SELECT o.schedule_id::text, o.occurrence, s.project_id, s.template_id::text,
-			COALESCE(s.api_key_id::text, ''), s.launch
-		FROM schedule_occurrences o JOIN job_schedules s ON s.id = o.schedule_id
-		WHERE o.launched_at IS NULL ORDER BY o.created_at LIMIT $1 FOR UPDATE OF o SKIP LOCKED`, batch)
+	rows, err := l.db.Query(ctx, `WITH c AS (
+			SELECT schedule_id, occurrence FROM schedule_occurrences
+			WHERE launched_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
+			ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+		UPDATE schedule_occurrences o SET claimed_until = now() + $2 * interval '1 millisecond'
+		FROM c JOIN job_schedules s ON s.id = c.schedule_id
+		WHERE o.schedule_id = c.schedule_id AND o.occurrence = c.occurrence
+		RETURNING o.schedule_id::text, o.occurrence, s.project_id, s.template_id::text,
+			COALESCE(s.api_key_id::text, ''), s.launch`, batch, l.cfg.Lease.Milliseconds())
 	if err != nil {
 		return 0, err
 	}
@@ -177,12 +187,13 @@ func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	var done, retry outcomes
 	keys := map[string]*auth.Key{} // the batch's schedules mostly share keys: each read once
 	for _, p := range claimed {
 		jobID, refusal, err := l.launch(ctx, keys, p)
 		if err != nil {
-			// Passing: left pending; the rows done so far are recorded.
 			l.log.Warn().Err(err).Str("schedule_id", p.schedule).Time("occurrence", p.at).Msg("launch an occurrence; retried")
+			retry.add(p, "", "")
 			continue
 		}
 		outcome := "launched"
@@ -191,12 +202,41 @@ func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
 			l.log.Warn().Str("schedule_id", p.schedule).Time("occurrence", p.at).Str("error", refusal).Msg("schedule occurrence not launched")
 		}
 		l.launched.WithLabelValues(outcome).Inc()
-		if _, err := tx.Exec(ctx, `UPDATE schedule_occurrences SET launched_at = now(), job_id = NULLIF($3, '')::uuid, error = NULLIF($4, '')
-			WHERE schedule_id = $1 AND occurrence = $2`, p.schedule, p.at, jobID, truncate(refusal, 1000)); err != nil {
-			return 0, err
+		done.add(p, jobID, truncate(refusal, 1000))
+	}
+	// What was launched is recorded even when ctx ends now (a shutdown):
+	// else it would be launched again (into the same job) after the lease.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if len(done.ids) > 0 {
+		if _, err := l.db.Exec(rctx, `UPDATE schedule_occurrences o
+			SET launched_at = now(), job_id = NULLIF(u.job, '')::uuid, error = NULLIF(u.error, ''), claimed_until = NULL
+			FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::text[]) AS u(id, at, job, error)
+			WHERE o.schedule_id = u.id AND o.occurrence = u.at AND o.launched_at IS NULL`,
+			done.ids, done.ats, done.jobs, done.errors); err != nil {
+			return len(claimed), fmt.Errorf("record launches: %w", err)
 		}
 	}
-	return len(claimed), tx.Commit(ctx)
+	if len(retry.ids) > 0 {
+		if _, err := l.db.Exec(rctx, `UPDATE schedule_occurrences o SET claimed_until = NULL
+			FROM unnest($1::uuid[], $2::timestamptz[]) AS u(id, at)
+			WHERE o.schedule_id = u.id AND o.occurrence = u.at AND o.launched_at IS NULL`, retry.ids, retry.ats); err != nil {
+			return len(claimed), fmt.Errorf("release failed launches: %w", err)
+		}
+		// The worker waits for its next round before it claims again.
+		return len(claimed), fmt.Errorf("%d of %d launches failed; retried", len(retry.ids), len(claimed))
+	}
+	return len(claimed), nil
+}
+
+// outcomes are launches to record, as columns.
+type outcomes struct {
+	ids, jobs, errors []string
+	ats               []time.Time
+}
+
+func (o *outcomes) add(p pending, jobID, refusal string) {
+	o.ids, o.ats, o.jobs, o.errors = append(o.ids, p.schedule), append(o.ats, p.at), append(o.jobs, jobID), append(o.errors, refusal)
 }
 
 // launch launches p as its schedule's key (read once per batch, in keys):
