@@ -50,7 +50,7 @@ func (e *Email) Send(ctx context.Context, subject, body, id string) error {
 		return fmt.Errorf("email: EHLO: %w", err)
 	}
 	if ok, _ := c.Extension("STARTTLS"); ok {
-		if err := c.StartTLS(&tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}); err != nil {
+		if err := c.StartTLS(&tls.Config{ServerName: host, RootCAs: e.Net.roots, MinVersion: tls.VersionTLS12}); err != nil {
 			return fmt.Errorf("email: STARTTLS: %w", err)
 		}
 	}

@@ -31,6 +31,8 @@ const (
 	// trick: a mention, a link, an entity, HTML.
 	correlation = "<!channel>&<http://evil|x><b>"
 	hookSecret  = "whsec_rule-secret"
+	// smtpPassword is the SMTP password of project A's credential.
+	smtpPassword = "smtp-s3cret-password"
 )
 
 // hookReceiver verifies each webhook's signature with the rule's secret
@@ -108,7 +110,8 @@ func setupJobs(t *testing.T) *jobsEnv {
 
 	vault := vaulttest.New(t)
 	vault.EnableKV("", "secret")
-	vault.Put("", "secret", "projects/"+projectA+"/notify", map[string]any{"slack": srv.URL + "/services/A/hook", "bot": tgToken, "hook": hookSecret})
+	vault.Put("", "secret", "projects/"+projectA+"/notify", map[string]any{"slack": srv.URL + "/services/A/hook", "bot": tgToken, "hook": hookSecret,
+		"smtp": smtpPassword, "wrong": "not-the-password"})
 	vault.Put("", "secret", "projects/"+projectB+"/notify", map[string]any{"slack": srv.URL + "/services/B/hook"})
 	tok := vault.CreateToken("", vaulttest.TokenSpec{ReadPaths: []string{"secret/data/projects/*"}})
 	red := secrets.NewRedactor()
@@ -135,6 +138,8 @@ func setupJobs(t *testing.T) *jobsEnv {
 		{projectA, "slack-url", "vault:secret/projects/" + projectA + "/notify#slack"},
 		{projectA, "bot-token", "vault:secret/projects/" + projectA + "/notify#bot"},
 		{projectA, "hook-secret", "vault:secret/projects/" + projectA + "/notify#hook"},
+		{projectA, "smtp-pass", "vault:secret/projects/" + projectA + "/notify#smtp"},
+		{projectA, "smtp-wrong", "vault:secret/projects/" + projectA + "/notify#wrong"},
 		{projectB, "slack-url", "vault:secret/projects/" + projectB + "/notify#slack"},
 	} {
 		if _, err := e.db.Exec(ctx, `INSERT INTO credentials (project_id, name, ref) VALUES ($1, $2, $3)`, c.project, c.name, c.ref); err != nil {
@@ -348,5 +353,56 @@ func TestJobNotificationRetries(t *testing.T) {
 	}
 	if hooks, _ := e.hooks.got(); len(e.tg.Messages()) != 0 || len(hooks) != 0 || len(e.smtp.Mail()) != 0 {
 		t.Errorf("a refused address got %d Telegram messages, %d webhooks, %d mails", len(e.tg.Messages()), len(hooks), len(e.smtp.Mail()))
+	}
+}
+
+// TestJobNotificationEmailTLS: an email rule with a user name sends after
+// STARTTLS (the server's certificate verified) with AUTH PLAIN and the
+// password of the project's credential; a wrong password is refused by
+// the server and the notification fails without the password in its
+// error.
+func TestJobNotificationEmailTLS(t *testing.T) {
+	t.Parallel()
+	e := setupJobs(t)
+	ctx := context.Background()
+	srvTLS, roots, err := notifytest.SelfSigned("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := notifytest.NewSMTP("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sink.Close() })
+	sink.TLS, sink.Users = srvTLS, map[string]string{"autoprov": smtpPassword}
+	e.cfg.Net.TrustRoots(roots)
+	e.cfg.MaxAttempts, e.cfg.MaxBackoff = 2, 10*time.Millisecond
+	if _, err := e.db.Exec(ctx, `UPDATE notification_rules SET events = '{approval_needed}'`); err != nil {
+		t.Fatal(err)
+	}
+	for name, cred := range map[string]string{"secure-mail": "smtp-pass", "wrong-mail": "smtp-wrong"} {
+		email := `{"server": "` + sink.Addr() + `", "from": "autoprov@example.com", "username": "autoprov"}`
+		if _, err := e.db.Exec(ctx, `INSERT INTO notification_rules (id, project_id, name, channel, target, credential, email, events)
+			VALUES ($1, $2, $3, 'email', 'ops@example.com', $4, $5, '{failed}')`, uuid.NewString(), projectA, name, cred, email); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := e.job(t, projectA, "failed")
+	j := notify.NewJobs(e.db, e.cfg)
+	testenv.WaitFor(t, 20*time.Second, "both email notifications done", func() bool {
+		_, _ = j.Once(ctx)
+		var open int
+		err := e.db.QueryRow(ctx, `SELECT count(*) FROM job_notifications WHERE state = 'pending'`).Scan(&open)
+		return err == nil && open == 0
+	})
+	mail := sink.Mail()
+	if len(mail) != 1 || !mail[0].TLS || mail[0].User != "autoprov" || !strings.Contains(mail[0].Data, job) {
+		t.Fatalf("mail: %+v", mail)
+	}
+	var state, lastErr string
+	if err := e.db.QueryRow(ctx, `SELECT n.state, n.last_error FROM job_notifications n JOIN notification_rules r ON r.id = n.rule_id
+		WHERE r.name = 'wrong-mail'`).Scan(&state, &lastErr); err != nil || state != "failed" || !strings.Contains(lastErr, "535") ||
+		strings.Contains(lastErr, "not-the-password") {
+		t.Errorf("wrong password: %s %q (%v)", state, lastErr, err)
 	}
 }

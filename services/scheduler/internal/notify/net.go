@@ -2,6 +2,8 @@ package notify
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -23,6 +25,8 @@ type Net struct {
 	timeout time.Duration
 	dialer  *net.Dialer
 	client  *http.Client
+	tr      *http.Transport
+	roots   *x509.CertPool // nil: the system's
 }
 
 // NewNet returns a Net whose connections check lets through (the
@@ -35,12 +39,21 @@ func NewNet(check func(address string) error, timeout time.Duration) *Net {
 	}
 	n := &Net{check: check, timeout: timeout}
 	n.dialer = &net.Dialer{Timeout: min(timeout, 10*time.Second), Control: n.control}
+	n.tr = &http.Transport{Proxy: nil, DialContext: n.dialer.DialContext, TLSHandshakeTimeout: min(timeout, 10*time.Second),
+		ResponseHeaderTimeout: timeout, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute, ForceAttemptHTTP2: true}
 	n.client = &http.Client{
-		Timeout: timeout,
-		Transport: &http.Transport{Proxy: nil, DialContext: n.dialer.DialContext, TLSHandshakeTimeout: min(timeout, 10*time.Second),
-			ResponseHeaderTimeout: timeout, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute, ForceAttemptHTTP2: true},
+		Timeout:       timeout,
+		Transport:     n.tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	return n
+}
+
+// TrustRoots makes n verify TLS servers (HTTPS, SMTP's STARTTLS) against
+// roots instead of the system's pool, and returns n.
+func (n *Net) TrustRoots(roots *x509.CertPool) *Net {
+	n.roots = roots
+	n.tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	return n
 }
 

@@ -2,11 +2,21 @@ package notifytest
 
 import (
 	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
 	"fmt"
+	"math/big"
 	"net"
 	"net/textproto"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Mail is a message the SMTP sink accepted.
@@ -16,21 +26,28 @@ type Mail struct {
 	// Data is the message as sent (headers and body), dot-unstuffed,
 	// with CRLF line ends.
 	Data string
+	// TLS: the message came after STARTTLS; User is who authenticated.
+	TLS  bool
+	User string
 }
 
 // SMTP is a small SMTP sink speaking the part of RFC 5321 a client that
 // sends mail needs: the greeting, EHLO/HELO, MAIL FROM, RCPT TO (one or
 // more), DATA ending in <CRLF>.<CRLF> with dot-stuffing, RSET, NOOP and
 // QUIT, each answered with its reply code; commands out of order get 503,
-// unknown ones 502. It offers no STARTTLS and no AUTH (a client that
-// insists on them fails, as with such a server). It keeps what it
-// accepted.
+// unknown ones 502. With TLS set it offers STARTTLS (RFC 3207); with
+// Users set, AUTH PLAIN (RFC 4954), only after STARTTLS, and mail only
+// from a client that authenticated. It keeps what it accepted.
 type SMTP struct {
 	ln   net.Listener
 	mu   sync.Mutex
 	mail []Mail
 	// Refuse, when set, answers RCPT TO with 550 for these addresses.
 	Refuse map[string]bool
+	// TLS, when set, is offered with STARTTLS.
+	TLS *tls.Config
+	// Users, when set, are the user names and passwords AUTH PLAIN takes.
+	Users map[string]string
 }
 
 // NewSMTP starts a sink listening on addr (e.g. 127.0.0.1:0); Close
@@ -70,12 +87,12 @@ func (s *SMTP) serve() {
 
 // session runs one connection's dialogue.
 func (s *SMTP) session(c net.Conn) {
-	defer c.Close()
+	defer func() { c.Close() }()
 	tp := textproto.NewConn(c)
 	reply := func(code int, msg string) { _ = tp.PrintfLine("%d %s", code, msg) }
 	reply(220, "sink.test ESMTP notifytest")
 	var cur *Mail
-	helo := false
+	helo, secure, user := false, false, ""
 	for {
 		line, err := tp.ReadLine()
 		if err != nil {
@@ -86,8 +103,42 @@ func (s *SMTP) session(c net.Conn) {
 		case "EHLO":
 			helo = true
 			_ = tp.PrintfLine("250-sink.test greets %s", arg)
+			if s.TLS != nil && !secure {
+				_ = tp.PrintfLine("250-STARTTLS")
+			}
+			if s.Users != nil && secure {
+				_ = tp.PrintfLine("250-AUTH PLAIN")
+			}
 			_ = tp.PrintfLine("250-8BITMIME")
 			reply(250, "SMTPUTF8")
+		case "STARTTLS":
+			if s.TLS == nil || secure {
+				reply(502, "5.5.1 no STARTTLS here")
+				continue
+			}
+			reply(220, "2.0.0 ready to start TLS")
+			tc := tls.Server(c, s.TLS)
+			if err := tc.Handshake(); err != nil {
+				return
+			}
+			// RFC 3207: the client starts again with EHLO.
+			c, tp, secure, helo, cur = tc, textproto.NewConn(tc), true, false, nil
+		case "AUTH":
+			mech, resp, _ := strings.Cut(arg, " ")
+			switch {
+			case s.Users == nil || !secure:
+				reply(503, "5.5.1 AUTH not offered")
+			case !strings.EqualFold(mech, "PLAIN"):
+				reply(504, "5.5.4 only PLAIN")
+			default:
+				name, ok := plain(resp, s.Users)
+				if !ok {
+					reply(535, "5.7.8 authentication credentials invalid")
+					continue
+				}
+				user = name
+				reply(235, "2.7.0 authentication succeeded")
+			}
 		case "HELO":
 			helo = true
 			reply(250, "sink.test")
@@ -96,10 +147,12 @@ func (s *SMTP) session(c net.Conn) {
 			switch {
 			case !helo:
 				reply(503, "5.5.1 EHLO first")
+			case s.Users != nil && user == "":
+				reply(530, "5.7.0 authentication required")
 			case !ok:
 				reply(501, "5.5.4 syntax: MAIL FROM:<address>")
 			default:
-				cur = &Mail{From: addr}
+				cur = &Mail{From: addr, TLS: secure, User: user}
 				reply(250, "2.1.0 ok")
 			}
 		case "RCPT":
@@ -145,6 +198,21 @@ func (s *SMTP) session(c net.Conn) {
 	}
 }
 
+// plain checks an AUTH PLAIN initial response (base64 of
+// authzid NUL user NUL password) against users and returns the user.
+func plain(resp string, users map[string]string) (string, bool) {
+	b, err := base64.StdEncoding.DecodeString(resp)
+	if err != nil {
+		return "", false
+	}
+	parts := strings.Split(string(b), "\x00")
+	if len(parts) != 3 {
+		return "", false
+	}
+	want, ok := users[parts[1]]
+	return parts[1], ok && subtle.ConstantTimeCompare([]byte(want), []byte(parts[2])) == 1
+}
+
 // path reads "FROM:<a>" (or "TO:<a>") and its parameters.
 func path(arg, prefix string) (string, bool) {
 	if len(arg) < len(prefix) || !strings.EqualFold(arg[:len(prefix)], prefix) {
@@ -175,4 +243,28 @@ func readData(r *bufio.Reader) (string, error) {
 		}
 		b.WriteString(strings.TrimPrefix(line, "."))
 	}
+}
+
+// SelfSigned returns a server TLS configuration with a self-signed
+// certificate for the IP address ip, and the pool that trusts it.
+func SelfSigned(ip string) (*tls.Config, *x509.CertPool, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "notifytest"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP(ip)}, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}, pool, nil
 }
