@@ -267,3 +267,24 @@ func hasField(body []byte, field string) bool {
 	}
 	return false
 }
+
+// TestNotificationWebhookWithoutSigningKey: a webhook rule signs with its
+// own credential, so a deployer without WEBHOOK_SIGNING_KEY takes it
+// (its URL still checked).
+func TestNotificationWebhookWithoutSigningKey(t *testing.T) {
+	t.Parallel()
+	e := dt.Start(t, dt.Options{NoInfra: true, Env: map[string]string{"WEBHOOK_SIGNING_KEY": ""}})
+	key := e.Key("notify-nokey", []auth.Scope{auth.ScopeTemplatesWrite, auth.ScopeCredentialsWrite}, dt.Project)
+	if resp, body := e.Do("POST", "/api/v1/credentials", key, map[string]any{"name": "hook-secret",
+		"ref": "vault:secret/projects/" + dt.Project + "/notify#hook"}); resp.StatusCode != 201 {
+		t.Fatalf("credential: %d %s", resp.StatusCode, body)
+	}
+	rule := map[string]any{"name": "ci-hook", "channel": "webhook", "target": "https://hooks.example.com/x", "credential": "hook-secret", "events": []string{"failed"}}
+	if resp, body := e.Do("POST", "/api/v1/notifications", key, rule); resp.StatusCode != 201 {
+		t.Errorf("webhook rule: %d %s", resp.StatusCode, body)
+	}
+	rule["name"], rule["target"] = "local", "http://10.0.0.1/x"
+	if resp, body := e.Do("POST", "/api/v1/notifications", key, rule); resp.StatusCode != 422 || !hasField(body, "target") {
+		t.Errorf("a private address: %d %s", resp.StatusCode, body)
+	}
+}

@@ -191,7 +191,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	}, api.Deps{
 		Deployments: p.Deployments, Credentials: p.Credentials, Templates: p.Templates, Keys: keys,
 		Triggers:      templates.NewTriggers(p.Templates, p.Deployments, keys, signingKey),
-		Notifications: templates.NewNotifications(p.Templates, p.Credentials, dcfg.CheckCallback),
+		Notifications: templates.NewNotifications(p.Templates, p.Credentials, guard.CheckURL),
 		Workflows:     p.Workflows,
 		Auth:          authn, Forget: authn.Forget,
 		Limiter: auth.NewLimiter(d.Redis, auth.RateKeyPrefix, cfg.API.RateLimit, cfg.API.RateBurst),

@@ -197,7 +197,7 @@ func (ns *Notifications) validate(ctx context.Context, v deployments.Visibility,
 	case ChannelWebhook:
 		switch {
 		case ns.checkURL == nil:
-			add("channel", "webhooks are disabled on this deployer (WEBHOOK_SIGNING_KEY is not set)")
+			add("channel", "this deployer takes no webhook rules")
 		default:
 			if err := ns.checkURL(n.Target); err != nil {
 				add("target", err.Error())
