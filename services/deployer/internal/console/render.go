@@ -20,7 +20,7 @@ import (
 
 // pageNames are the pages, each templates/<name>.html with the layout.
 var pageNames = []string{"signin", "error", "overview", "fleet", "server", "confirm", "runs", "deployment",
-	"provision", "deploy", "job", "jobform", "queues", "keys", "credentials", "templates", "template", "launch"}
+	"provision", "deploy", "job", "jobform", "queues", "keys", "credentials", "templates", "template", "launch", "workflows", "workflow", "workflowrun"}
 
 func (c *Console) parse() error {
 	funcs := template.FuncMap{
@@ -45,7 +45,7 @@ func (c *Console) parse() error {
 	}
 	c.pages = map[string]*template.Template{}
 	for _, name := range pageNames {
-		t, err := template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+name+".html")
+		t, err := template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+name+".html", "templates/graph.html")
 		if err != nil {
 			return fmt.Errorf("console template %s: %w", name, err)
 		}

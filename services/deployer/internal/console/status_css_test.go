@@ -8,6 +8,7 @@ import (
 
 	"github.com/autoprovisioner/autoprovisioner/pkg/fleet"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
+	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/workflows"
 )
 
 // TestEveryStatusHasItsColour: every server status and every run status
@@ -33,6 +34,10 @@ func TestEveryStatusHasItsColour(t *testing.T) {
 	for _, s := range deployments.Statuses() {
 		statuses = append(statuses, string(s))
 	}
+	// A workflow run's and its nodes' (workflows.go's badges).
+	statuses = append(statuses, workflows.RunRunning, workflows.RunCancelling, workflows.RunSucceeded, workflows.RunFailed,
+		workflows.RunCancelled, workflows.NodePending, workflows.NodeRunning, workflows.NodeWaiting, workflows.NodeSucceeded,
+		workflows.NodeFailed, workflows.NodeSkipped, workflows.NodeCancelled)
 	for _, s := range statuses {
 		if rules[s] == "" {
 			t.Errorf("status %s has no .st-%s rule: its badge has no colour", s, s)
