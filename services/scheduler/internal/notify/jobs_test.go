@@ -406,3 +406,37 @@ func TestJobNotificationEmailTLS(t *testing.T) {
 		t.Errorf("wrong password: %s %q (%v)", state, lastErr, err)
 	}
 }
+
+// TestJobNotificationsTwoReplicas: two dispatchers over the same queue
+// (two scheduler replicas) deliver each of many notifications once.
+func TestJobNotificationsTwoReplicas(t *testing.T) {
+	t.Parallel()
+	e := setupJobs(t)
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `UPDATE notification_rules SET events = CASE name WHEN 'ci-hook' THEN '{succeeded}'::text[] ELSE '{approval_needed}' END`); err != nil {
+		t.Fatal(err)
+	}
+	const jobs = 30
+	want := map[string]bool{}
+	for range jobs {
+		want[e.job(t, projectA, "succeeded")] = true
+	}
+	stop1, stop2 := e.run(), e.run()
+	testenv.WaitFor(t, 30*time.Second, "every notification delivered", func() bool { return e.pending(t) == 0 })
+	time.Sleep(200 * time.Millisecond)
+	stop1()
+	stop2()
+	hooks, bad := e.hooks.got()
+	seen := map[string]int{}
+	for _, h := range hooks {
+		seen[h.JobID]++
+	}
+	if len(hooks) != jobs || len(bad) != 0 || len(seen) != jobs {
+		t.Fatalf("%d webhooks for %d jobs (%d distinct), refused %v", len(hooks), jobs, len(seen), bad)
+	}
+	for id, n := range seen {
+		if !want[id] || n != 1 {
+			t.Errorf("job %s notified %d times", id, n)
+		}
+	}
+}
