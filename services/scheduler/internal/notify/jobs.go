@@ -175,14 +175,16 @@ func (j *Jobs) Once(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("job notifications: %w", err)
 	}
-	if n.Rule.Channel == "email" {
-		if err := json.Unmarshal(email, &n.Rule.Email); err != nil {
-			return false, fmt.Errorf("job notification %d: email settings: %w", n.ID, err)
-		}
-	}
 	start := time.Now()
-	// A send that started is not cut short by shutdown (see Dispatcher).
-	sendErr := j.deliver(context.WithoutCancel(ctx), &n)
+	var sendErr error
+	if n.Rule.Channel == "email" && json.Unmarshal(email, &n.Rule.Email) != nil {
+		// A row that cannot be sent is recorded as a failure like any
+		// other, so it never holds up the queue.
+		sendErr = fmt.Errorf("rule %s: unreadable email settings", n.Rule.Name)
+	} else {
+		// A send that started is not cut short by shutdown (see Dispatcher).
+		sendErr = j.deliver(context.WithoutCancel(ctx), &n)
+	}
 	j.cfg.Metrics.sent("job:"+n.Rule.Channel, 1, sendErr, time.Since(start))
 	rctx := context.WithoutCancel(ctx)
 	if sendErr == nil {
