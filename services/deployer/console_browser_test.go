@@ -723,6 +723,29 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("rotated", chromedp.Click(chromedp.CSS("#confirm-rotate")), chromedp.WaitVisible(chromedp.CSS("#new-secret")))
 	screenshot("trigger-secret")
 	w.check(t, "rotate")
+	// Workflows: one made through the API (an approval, then the
+	// template), launched: the list, its graph, and the run waiting for
+	// its approval, with the form to decide it.
+	wf := apiPost("/api/v1/workflows", map[string]any{"project_id": "9b2f4c6e-1d3a-4e5b-8c7d-0a1b2c3d4e5f", "name": "release",
+		"description": xss, "nodes": []map[string]any{
+			{"id": "approve", "approval": map[string]any{"description": "ship " + xss + "?"}},
+			{"id": "deploy", "template_id": tplID, "launch": map[string]any{"survey": map[string]any{"release": "1.1"}}}},
+		"edges": []map[string]any{{"from": "approve", "to": "deploy", "on": "success"}}})
+	wfID, _ := wf["id"].(string)
+	wfRun := apiPost("/api/v1/workflows/"+wfID+"/launch", map[string]any{})
+	wfRunID, _ := wfRun["id"].(string)
+	run("workflows", chromedp.Navigate(base+"/ui/workflows"), chromedp.WaitVisible(chromedp.CSS("#workflows")))
+	screenshot("workflows")
+	w.check(t, "workflows")
+	run("workflow", chromedp.Navigate(base+"/ui/workflows/"+wfID), chromedp.WaitVisible(chromedp.CSS("#workflow-graph")))
+	screenshot("workflow")
+	w.check(t, "workflow")
+	run("workflow run", chromedp.Navigate(base+"/ui/workflow-runs/"+wfRunID), chromedp.WaitVisible(chromedp.CSS("#approve-approve")))
+	if n, _ := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("main img").length`)); n != 0 {
+		t.Fatal("the workflow run's page made an img element of the approval's description")
+	}
+	screenshot("workflow-run")
+	w.check(t, "workflow run")
 	// A run that does not exist: a page that says so, not a bare error.
 	w.expecting(404)
 	run("no such job", chromedp.Navigate(base+"/ui/runs/job/00000000-0000-4000-8000-000000000000"), chromedp.WaitVisible(chromedp.CSS("main h1")))

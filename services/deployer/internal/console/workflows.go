@@ -92,9 +92,6 @@ func (c *Console) workflowRunPage(w http.ResponseWriter, r *http.Request) {
 	active := run.Status == workflows.RunRunning || run.Status == workflows.RunCancelling
 	data := map[string]any{"Title": "Workflow run " + run.ID, "R": run, "Graph": layoutGraph(run.Graph, nodes),
 		"Waiting": waiting, "Active": active, "Done": r.URL.Query().Get("done")}
-	if active {
-		data["Refresh"] = 5
-	}
 	c.render(w, r, http.StatusOK, "workflowrun", data)
 }
 
