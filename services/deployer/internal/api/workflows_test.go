@@ -148,6 +148,15 @@ func states(r workflows.Run) string {
 func TestWorkflowApproved(t *testing.T) {
 	t.Parallel()
 	w := newWorkflowWorld(t, nil)
+	// A project rule naming approval_needed: the approval queues it once.
+	if resp, body := w.e.Do("POST", "/api/v1/credentials", w.admin, map[string]any{"name": "slack-url",
+		"ref": "vault:secret/projects/" + dt.Project + "/notify#slack"}); resp.StatusCode != 201 {
+		t.Fatalf("credential: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := w.e.Do("POST", "/api/v1/notifications", w.admin, map[string]any{"name": "approvals", "channel": "slack",
+		"credential": "slack-url", "events": []string{"approval_needed"}}); resp.StatusCode != 201 {
+		t.Fatalf("notification rule: %d %s", resp.StatusCode, body)
+	}
 	wf := w.create(t, w.release("release", 600))
 	r := w.launch(t, wf.ID, map[string]any{"env": "prod"})
 	if r.Status != workflows.RunRunning || len(r.Nodes) != 4 || r.Version != 1 {
@@ -162,6 +171,11 @@ func TestWorkflowApproved(t *testing.T) {
 		t.Errorf("approval deadline %v, want about 10 minutes from now", d)
 	}
 
+	var queued int
+	if err := w.e.DB.QueryRow(context.Background(), `SELECT count(*) FROM job_notifications
+		WHERE workflow_run_id = $1 AND node = 'approve' AND event = 'approval_needed'`, r.ID).Scan(&queued); err != nil || queued != 1 {
+		t.Errorf("%d approval_needed notifications queued, want 1 (%v)", queued, err)
+	}
 	if resp, body := w.e.Do("POST", "/api/v1/workflow-runs/"+r.ID+"/nodes/approve/approve", w.admin, nil); resp.StatusCode != 403 {
 		t.Errorf("a key that is not an approver approves: %d %s", resp.StatusCode, body)
 	}

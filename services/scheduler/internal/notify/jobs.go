@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,7 +37,10 @@ type JobNotification struct {
 	Template      string
 	Version       int
 	CorrelationID string
-	Rule          JobRule
+	// Workflow, WorkflowRunID, Node and Description name the approval of
+	// an approval_needed notification (no job: JobID is "").
+	Workflow, WorkflowRunID, Node, Description string
+	Rule                                       JobRule
 }
 
 // JobRule is the rule a notification goes out by.
@@ -144,13 +148,18 @@ func (j *Jobs) Run(ctx context.Context) error {
 }
 
 const jobNotificationQuery = `
-	SELECT n.id, n.event, n.status, n.error_kind, n.attempts, d.job_id, d.project_id,
+	SELECT n.id, n.event, n.status, n.error_kind, n.attempts, COALESCE(d.job_id::text, ''), COALESCE(d.project_id, wr.project_id, ''),
 		COALESCE(d.job_request -> 'template' ->> 'id', ''), COALESCE(d.job_request -> 'template' ->> 'name', ''),
 		COALESCE((d.job_request -> 'template' ->> 'version')::int, 0), COALESCE(d.correlation_id, ''),
+		COALESCE(w.name, ''), COALESCE(wr.id::text, ''), n.node,
+		COALESCE((SELECT x -> 'approval' ->> 'description' FROM jsonb_array_elements(wr.graph -> 'nodes') x
+			WHERE x ->> 'id' = n.node LIMIT 1), ''),
 		r.name, r.channel, r.target, r.credential, r.email
 	FROM job_notifications n
 	JOIN notification_rules r ON r.id = n.rule_id
-	JOIN deployments d ON d.id = n.deployment_id
+	LEFT JOIN deployments d ON d.id = n.deployment_id
+	LEFT JOIN workflow_runs wr ON wr.id = n.workflow_run_id
+	LEFT JOIN workflows w ON w.id = wr.workflow_id
 	WHERE n.state = 'pending' AND n.next_attempt_at <= now()
 	ORDER BY n.next_attempt_at, n.id
 	LIMIT 1
@@ -168,6 +177,7 @@ func (j *Jobs) Once(ctx context.Context) (bool, error) {
 	var email []byte
 	err = tx.QueryRow(ctx, jobNotificationQuery).Scan(&n.ID, &n.Event, &n.Status, &n.ErrorKind, &n.Attempts, &n.JobID,
 		&n.ProjectID, &n.TemplateID, &n.Template, &n.Version, &n.CorrelationID,
+		&n.Workflow, &n.WorkflowRunID, &n.Node, &n.Description,
 		&n.Rule.Name, &n.Rule.Channel, &n.Rule.Target, &n.Rule.Credential, &email)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -195,7 +205,7 @@ func (j *Jobs) Once(ctx context.Context) (bool, error) {
 		if err := tx.Commit(rctx); err != nil {
 			return true, fmt.Errorf("record job notification %d: %w", n.ID, err)
 		}
-		j.log.Info().Int64("notification", n.ID).Str("job_id", n.JobID).Str("event", n.Event).Str("rule", n.Rule.Name).
+		j.log.Info().Int64("notification", n.ID).Str("job_id", n.JobID).Str("workflow_run_id", n.WorkflowRunID).Str("event", n.Event).Str("rule", n.Rule.Name).
 			Str("project_id", n.ProjectID).Msg("job notification delivered")
 		return true, nil
 	}
@@ -267,7 +277,7 @@ func (j *Jobs) send(ctx context.Context, n *JobNotification, red *secrets.Redact
 		if err := j.wait(ctx, "email:"+e.Settings.Server, time.Second, 1); err != nil {
 			return err
 		}
-		return e.Send(ctx, JobSubject(n), JobText(n, PlainText), fmt.Sprintf("%d.%s", n.ID, n.JobID))
+		return e.Send(ctx, JobSubject(n), JobText(n, PlainText), fmt.Sprintf("%d.%s", n.ID, cmp.Or(n.JobID, n.WorkflowRunID)))
 	case "webhook":
 		w := &Webhook{URL: n.Rule.Target, Secret: secret, Net: j.cfg.Net, Redactor: red}
 		if err := j.wait(ctx, "webhook:"+n.Rule.Target, 100*time.Millisecond, 10); err != nil {
@@ -335,6 +345,9 @@ var jobIcons = map[string]string{"started": "▶️", "succeeded": "✅", "faile
 // values without line ends.
 func JobSubject(n *JobNotification) string {
 	s := fmt.Sprintf("[autoprov] %s v%d: job %s", n.Template, n.Version, n.Event)
+	if n.WorkflowRunID != "" {
+		s = fmt.Sprintf("[autoprov] %s: approval needed (%s)", n.Workflow, n.Node)
+	}
 	if n.Event == "failed" && n.Status != "" && n.Status != "failed" {
 		s += " (" + n.Status + ")"
 	}
@@ -352,6 +365,17 @@ func JobSubject(n *JobNotification) string {
 // escaped.
 func JobText(n *JobNotification, m Markup) string {
 	var b strings.Builder
+	if n.WorkflowRunID != "" {
+		run := "/api/v1/workflow-runs/" + m.Escape(n.WorkflowRunID)
+		fmt.Fprintf(&b, "%s Workflow %s waits for an approval: step %s\n", jobIcons[n.Event], m.Escape(n.Workflow), m.Code(m.Escape(n.Node)))
+		if n.Description != "" {
+			fmt.Fprintf(&b, "%s\n", m.Escape(n.Description))
+		}
+		fmt.Fprintf(&b, "Run: %s\nProject: %s\n", m.Code(m.Escape(n.WorkflowRunID)), m.Escape(n.ProjectID))
+		fmt.Fprintf(&b, "Next: approve or deny the step (%s, or %s).", m.Code("POST "+run+"/nodes/"+m.Escape(n.Node)+"/approve"),
+			m.Code(".../deny"))
+		return b.String()
+	}
 	what := n.Event
 	switch n.Event {
 	case "approval_needed":

@@ -38,7 +38,27 @@ type WebhookBody struct {
 	Status         string          `json:"status"`
 	ErrorKind      string          `json:"error_kind,omitempty"`
 	CorrelationID  string          `json:"correlation_id,omitempty"`
-	SentAt         time.Time       `json:"sent_at"`
+	// Workflow names the approval of a workflow.approval_needed event
+	// (which has no job_id nor template).
+	Workflow *WebhookWorkflow `json:"workflow,omitempty"`
+	SentAt   time.Time        `json:"sent_at"`
+}
+
+// WebhookWorkflow is the approval a workflow run waits for.
+type WebhookWorkflow struct {
+	Name        string `json:"name"`
+	RunID       string `json:"run_id"`
+	Node        string `json:"node"`
+	Description string `json:"description,omitempty"`
+}
+
+// webhookEvent is n's event as a webhook names it: job.<event>, or
+// workflow.approval_needed.
+func webhookEvent(n *JobNotification) string {
+	if n.WorkflowRunID != "" {
+		return "workflow." + n.Event
+	}
+	return "job." + n.Event
 }
 
 // WebhookTemplate names the template version of a notification's job.
@@ -51,10 +71,14 @@ type WebhookTemplate struct {
 // Send posts n (its attempt-th try).
 func (w *Webhook) Send(ctx context.Context, n *JobNotification, attempt int) error {
 	now := time.Now().UTC()
-	body, err := json.Marshal(WebhookBody{Event: "job." + n.Event, NotificationID: "notification-" + strconv.FormatInt(n.ID, 10),
+	b := WebhookBody{Event: webhookEvent(n), NotificationID: "notification-" + strconv.FormatInt(n.ID, 10),
 		Rule: n.Rule.Name, ProjectID: n.ProjectID, JobID: n.JobID,
 		Template: WebhookTemplate{ID: n.TemplateID, Name: n.Template, Version: n.Version},
-		Status:   n.Status, ErrorKind: n.ErrorKind, CorrelationID: n.CorrelationID, SentAt: now})
+		Status:   n.Status, ErrorKind: n.ErrorKind, CorrelationID: n.CorrelationID, SentAt: now}
+	if n.WorkflowRunID != "" {
+		b.Workflow = &WebhookWorkflow{Name: n.Workflow, RunID: n.WorkflowRunID, Node: n.Node, Description: n.Description}
+	}
+	body, err := json.Marshal(b)
 	if err != nil {
 		return err
 	}
@@ -64,7 +88,7 @@ func (w *Webhook) Send(ctx context.Context, n *JobNotification, attempt int) err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "autoprov-scheduler")
-	req.Header.Set(hmacsig.HeaderEvent, "job."+n.Event)
+	req.Header.Set(hmacsig.HeaderEvent, webhookEvent(n))
 	req.Header.Set(hmacsig.HeaderID, "notification-"+strconv.FormatInt(n.ID, 10))
 	req.Header.Set(hmacsig.HeaderAttempt, strconv.Itoa(attempt))
 	req.Header.Set(hmacsig.HeaderSignature, hmacsig.Sign(w.Secret.Reveal(), now, body))
