@@ -152,6 +152,24 @@ func (g *globals) readInput(file, what string) ([]byte, error) {
 	return body, nil
 }
 
+// readShown reads what a show --json printed, edited (file as for
+// readInput), without its members drop (those that are no definition:
+// ids, times), as the body of an update.
+func (g *globals) readShown(file, what string, drop ...string) ([]byte, error) {
+	data, err := g.readInput(file, what)
+	if err != nil {
+		return nil, err
+	}
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(data, &body); err != nil || body == nil {
+		return nil, usageError{fmt.Errorf("the %s is not a JSON object", what)}
+	}
+	for _, k := range drop {
+		delete(body, k)
+	}
+	return json.Marshal(body)
+}
+
 // deleteThing DELETEs path, the API's what of id, and says so.
 func (g *globals) deleteThing(path, what, id string) error {
 	if _, _, err := g.request(http.MethodDelete, path, nil, "delete the "+what); err != nil {

@@ -58,6 +58,7 @@ type commandLine struct {
 	Template  templateCmd  `cmd:"" aliases:"templates" help:"job templates through the deployer's HTTP API (AUTOPROV_API_URL, AUTOPROV_API_KEY): list, show, create, update, delete, versions; job launch runs one"`
 	Schedule  scheduleCmd  `cmd:"" aliases:"schedules" help:"a template launched on a cron expression or an RRULE, through the deployer's HTTP API: list, show (the next occurrences), create, pause, resume, delete"`
 	Trigger   triggerCmd   `cmd:"" aliases:"triggers" help:"a template's webhook URL for git hosting to launch it on a push, through the deployer's HTTP API: list, show, create, rotate (the secret, shown only then), delete"`
+	Workflow  workflowCmd  `cmd:"" aliases:"workflows" help:"workflows (templates in a graph, with approvals) and their runs, through the deployer's HTTP API: list, show, create, update, delete, launch (--follow), runs, run show, approve, deny, cancel"`
 	Validate  validateCmd  `cmd:"" help:"check the services' configuration (every variable, by each service's own validation), that every secret reference resolves (values never printed; --no-secrets skips), inventories and playbooks; every problem is printed"`
 	Config    configCmd    `cmd:"" help:"environment configuration packages (config/<env>/): seal a version"`
 	Probe     probeCmd     `cmd:"" help:"GET an admin URL (/readyz, /healthz) and exit 0 on a 2xx answer (container health checks)"`

@@ -190,21 +190,12 @@ type templateUpdateCmd struct {
 var templateShown = []string{"id", "latest_version", "created_at", "version_created_at"}
 
 func (c *templateUpdateCmd) Run(g *globals) error {
-	data, err := g.readInput(c.File, "template")
-	if err != nil {
-		return err
-	}
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(data, &body); err != nil || body == nil {
-		return usageError{fmt.Errorf("the template is not a JSON object")}
-	}
-	for _, k := range templateShown {
-		delete(body, k)
-	}
+	drop := templateShown
 	if c.Force {
-		delete(body, "version")
+		drop = append(slices.Clone(drop), "version")
 	}
-	if data, err = json.Marshal(body); err != nil {
+	data, err := g.readShown(c.File, "template", drop...)
+	if err != nil {
 		return err
 	}
 	return g.answer(http.MethodPut, templatePath(c.ID), data, "update the template", g.showTemplate)
