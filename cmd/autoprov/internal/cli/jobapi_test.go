@@ -85,15 +85,7 @@ func TestJobLaunchAndRelaunch(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(stdout), &j) != nil || j.Status != "queued" {
 		t.Fatalf("job launch: %d %s %s", code, stdout, stderr)
 	}
-	entries, err := rdb.XRange(context.Background(), messages.StreamAnsibleJobQueue, "-", "+").Result()
-	if err != nil || len(entries) != 1 {
-		t.Fatalf("%d entries on the job queue (%v)", len(entries), err)
-	}
-	data, _ := entries[0].Values[messages.DataField].(string)
-	m, err := messages.DecodeAnsibleJobMessage([]byte(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, m := queuedJob(t, rdb)
 	if x := m.Options.ExtraVars; x["release"] != "1.2" || x["replicas"] != int64(3) || fmt.Sprint(x["features"]) != "[a b]" {
 		t.Errorf("extra vars %v", x)
 	}

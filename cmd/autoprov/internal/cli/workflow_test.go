@@ -1,9 +1,14 @@
 package cli
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 )
 
 // releaseWorkflow is a workflow of the test project: an approval, and on
@@ -12,6 +17,43 @@ const releaseWorkflow = `{"name":"release","description":"ship the site",
 	"nodes":[{"id":"gate","approval":{"description":"ship it?","timeout_seconds":600}},
 		{"id":"rollback","template_id":"TPL","launch":{"survey":{"release":"2.0"}}}],
 	"edges":[{"from":"gate","to":"rollback","on":"failure"}]}`
+
+// queuedJob is the one entry of the job queue: its id and its request.
+func queuedJob(t *testing.T, rdb *redis.Client) (string, *messages.AnsibleJobMessage) {
+	t.Helper()
+	entries, err := rdb.XRange(context.Background(), messages.StreamAnsibleJobQueue, "-", "+").Result()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("%d entries on the job queue (%v)", len(entries), err)
+	}
+	data, _ := entries[0].Values[messages.DataField].(string)
+	m, err := messages.DecodeAnsibleJobMessage([]byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return entries[0].ID, m
+}
+
+// finishJob stands in for infra: it reads the one job on the job queue
+// and publishes its result, succeeded with artifacts, on job:results; it
+// returns the job's id.
+func finishJob(t *testing.T, rdb *redis.Client, artifacts messages.Vars) string {
+	t.Helper()
+	entryID, m := queuedJob(t, rdb)
+	res := messages.NewAnsibleJobResult(m, entryID)
+	res.Succeed()
+	res.SetTimes(time.Now(), time.Now())
+	if dropped := res.SetArtifacts(artifacts); len(dropped) > 0 {
+		t.Fatalf("artifacts dropped: %v", dropped)
+	}
+	enc, err := messages.Encode(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: messages.StreamJobResults, Values: map[string]any{messages.DataField: enc}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return m.JobID
+}
 
 // runID is the id of the run whose first line (`workflow run ID: ...` or
 // `workflow run ID started`) out holds.
@@ -26,6 +68,16 @@ func runID(t *testing.T, out string) string {
 	return ""
 }
 
+// nodeRow is the cells of node's row in what run show printed (nil: none).
+func nodeRow(out, node string) []string {
+	for line := range strings.SplitSeq(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == node {
+			return f
+		}
+	}
+	return nil
+}
+
 // waitNode runs `workflow run show` of run id until node's row shows
 // status, and returns what it printed.
 func waitNode(t *testing.T, env map[string]string, id, node, status string) string {
@@ -33,10 +85,8 @@ func waitNode(t *testing.T, env map[string]string, id, node, status string) stri
 	deadline := time.Now().Add(time.Minute)
 	for {
 		stdout, stderr, code := run(t, env, "workflow", "run", "show", id)
-		for line := range strings.SplitSeq(stdout, "\n") {
-			if f := strings.Fields(line); code == 0 && len(f) > 1 && f[0] == node && f[1] == status {
-				return stdout
-			}
+		if f := nodeRow(stdout, node); code == 0 && len(f) > 1 && f[1] == status {
+			return stdout
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("node %s of run %s is not %s: %d %s %s", node, id, status, code, stdout, stderr)
@@ -50,8 +100,9 @@ func waitNode(t *testing.T, env map[string]string, id, node, status string) stri
 // graph refused by field; a launch --follow that waits for the approval,
 // approved from the command line, followed to the end (exit 0); the same
 // Idempotency-Key replays the run; a deny whose failure edge launches the
-// template's job, then a cancel (follow exits 1); update, delete; a key of
-// another project finds none of it.
+// template's job, ended by a stand-in for infra with artifacts (follow
+// exits 0, run show prints them); a cancel (follow exits 1); update,
+// delete; a key of another project finds none of it.
 func TestWorkflowCommands(t *testing.T) {
 	t.Parallel()
 	d := startDeployer(t)
@@ -135,8 +186,8 @@ func TestWorkflowCommands(t *testing.T) {
 		t.Errorf("the same Idempotency-Key again: %d %s %s", code, stdout, stderr)
 	}
 
-	// A deny takes the failure edge: the template's job is launched (no
-	// runner takes it); cancel ends it and the run.
+	// A deny takes the failure edge: the template's job is launched and
+	// ended by a stand-in for infra with artifacts, which run show prints.
 	stdout, stderr, code = run(t, env, "workflow", "launch", wf, "--extra-vars", `{"channel":"beta"}`)
 	if code != 0 || !strings.Contains(stdout, ": running") {
 		t.Fatalf("workflow launch: %d %s %s", code, stdout, stderr)
@@ -148,23 +199,36 @@ func TestWorkflowCommands(t *testing.T) {
 		t.Errorf("workflow deny: %d %s %s", code, stdout, stderr)
 	}
 	shown = waitNode(t, env, second, "rollback", "running")
-	var sr struct {
-		Nodes []struct {
-			ID    string
-			JobID string `json:"job_id"`
-		}
-	}
-	stdout, _, _ = run(t, env, "--json", "workflow", "run", "show", second)
-	mustJSON(t, stdout, &sr)
-	if len(sr.Nodes) != 2 || sr.Nodes[1].JobID == "" || !strings.Contains(shown, sr.Nodes[1].JobID) {
-		t.Errorf("the rollback's job is not shown:\n%s\n%s", shown, stdout)
-	}
-	if stdout, stderr, code := run(t, env, "workflow", "cancel", second); code != 0 || !strings.Contains(stdout, "workflow run "+second+": cancel") {
-		t.Errorf("workflow cancel: %d %s %s", code, stdout, stderr)
+	job := finishJob(t, d.rdb, messages.Vars{"rolled_back_to": "1.9"})
+	if !strings.Contains(shown, job) {
+		t.Errorf("the rollback's job %s is not shown:\n%s", job, shown)
 	}
 	stdout, stderr, code = run(t, env, "workflow", "run", "follow", second, "--poll", "100ms")
-	if code != ExitFailed || !strings.HasSuffix(stdout, "workflow run "+second+": cancelled\n") {
+	if code != 0 || !strings.Contains(stdout, "  node rollback: succeeded (job "+job+")") ||
+		!strings.HasSuffix(stdout, "workflow run "+second+": succeeded\n") {
+		t.Errorf("run follow: %d %s %s", code, stdout, stderr)
+	}
+	if stdout, stderr, code := run(t, env, "workflow", "run", "show", second); code != 0 ||
+		!strings.Contains(stdout, `{"rolled_back_to":"1.9"}`) || !strings.HasPrefix(strings.Join(nodeRow(stdout, "gate"), " "), "gate failed denied - ") {
+		t.Errorf("run show of an ended run: %d %s %s", code, stdout, stderr)
+	}
+
+	// A cancel ends the waiting approval and the run: follow exits 1.
+	stdout, stderr, code = run(t, env, "workflow", "launch", wf)
+	if code != 0 {
+		t.Fatalf("workflow launch: %d %s %s", code, stdout, stderr)
+	}
+	third := runID(t, stdout)
+	if stdout, stderr, code := run(t, env, "workflow", "cancel", third); code != 0 || !strings.Contains(stdout, "workflow run "+third+": cancel") {
+		t.Errorf("workflow cancel: %d %s %s", code, stdout, stderr)
+	}
+	stdout, stderr, code = run(t, env, "workflow", "run", "follow", third, "--poll", "100ms")
+	if code != ExitFailed || !strings.Contains(stdout, "  node gate: cancelled") ||
+		!strings.HasSuffix(stdout, "workflow run "+third+": cancelled\n") {
 		t.Errorf("run follow of a cancelled run: %d %s %s", code, stdout, stderr)
+	}
+	if _, stderr, code := run(t, env, "workflow", "cancel", third); code != ExitFailed || !strings.Contains(stderr, "cancel the run: HTTP 409") {
+		t.Errorf("a cancel of an ended run: %d %s", code, stderr)
 	}
 
 	// show --json, edited, is what update takes.
@@ -182,7 +246,7 @@ func TestWorkflowCommands(t *testing.T) {
 	other := d.cliEnv(d.key(t, "templates:write,templates:launch", "0c9d8e7f-6a5b-4c3d-9e2f-1a0b9c8d7e6f"))
 	for _, args := range [][]string{{"workflow", "show", wf}, {"workflow", "runs", wf}, {"workflow", "launch", wf},
 		{"workflow", "update", wf, edited}, {"workflow", "delete", wf}, {"workflow", "run", "show", first},
-		{"workflow", "approve", second, "gate"}, {"workflow", "cancel", second}} {
+		{"workflow", "approve", third, "gate"}, {"workflow", "cancel", third}} {
 		if _, stderr, code := run(t, other, args...); code != ExitFailed || !strings.Contains(stderr, "HTTP 404") {
 			t.Errorf("%v with another project's key: %d %s", args, code, stderr)
 		}
