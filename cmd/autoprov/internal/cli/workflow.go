@@ -333,13 +333,13 @@ func (c *workflowDeleteCmd) Run(g *globals) error {
 // followFlags are how a run is followed: workflow launch --follow and
 // workflow run follow.
 type followFlags struct {
-	Timeout time.Duration `default:"1h" help:"with --follow: give up waiting after this long (exit 1; the run goes on)"`
-	Poll    time.Duration `default:"1s" help:"with --follow: how often the run is read"`
+	Timeout time.Duration `default:"1h" help:"when following: give up after this long (exit 1; the run goes on)"`
+	Poll    time.Duration `default:"1s" help:"when following: how often the run is read (at least 100ms)"`
 }
 
 type workflowLaunchCmd struct {
 	ID          string            `arg:"" name:"id" help:"the workflow's id"`
-	Vars        map[string]string `name:"var" xor:"vars" help:"an extra var of every job node, name=value (a string); repeatable"`
+	Vars        map[string]string `name:"var" xor:"vars" mapsep:"none" help:"an extra var of every job node, name=value (a string, ; and all); repeatable"`
 	ExtraVars   string            `name:"extra-vars" xor:"vars" help:"the extra vars of every job node as a JSON object (above each node's launch, below artifacts and survey answers)"`
 	Key         string            `name:"idempotency-key" help:"an Idempotency-Key: the same key with the same extra vars is the same run (safe retries)"`
 	Follow      bool              `help:"print the run's node changes until it ends, and exit with its status (0 succeeded, 1 otherwise)"`
@@ -433,13 +433,14 @@ func (c *workflowRunFollowCmd) Run(g *globals) error {
 	return followRun(g, api, c.ID, c.followFlags)
 }
 
-// followRun reads run id every f.Poll, printing each node whose state
+// followRun reads run id every f.Poll (100ms at least), printing each node whose state
 // changed (one line: `node ID: STATE`; a node still pending is not), until
 // the run ends; then prints its last line (--json: the run, and nothing
 // before) and exits with its status: nil when it succeeded.
 func followRun(g *globals, api *apiClient, id string, f followFlags) error {
 	ctx, cancel := context.WithTimeout(g.ctx, f.Timeout)
 	defer cancel()
+	poll := max(f.Poll, 100*time.Millisecond)
 	seen := map[string]string{}
 	for attempt := 0; ; attempt++ {
 		var r apiWorkflowRun
@@ -482,7 +483,7 @@ func followRun(g *globals, api *apiClient, id string, f followFlags) error {
 		// dropped: read it again.
 		select {
 		case <-ctx.Done():
-		case <-time.After(f.Poll):
+		case <-time.After(poll):
 		}
 	}
 }

@@ -140,7 +140,7 @@ func TestWorkflowCommands(t *testing.T) {
 	}
 	followed := make(chan result, 1)
 	go func() {
-		stdout, stderr, code := run(t, env, "workflow", "launch", wf, "--var", "channel=stable", "--idempotency-key", "release-1",
+		stdout, stderr, code := run(t, env, "workflow", "launch", wf, "--var", "channel=stable", "--var", "note=a;b", "--idempotency-key", "release-1",
 			"--follow", "--poll", "100ms")
 		followed <- result{stdout, stderr, code}
 	}()
@@ -156,7 +156,7 @@ func TestWorkflowCommands(t *testing.T) {
 	}
 	first := runs.Items[0].ID
 	shown := waitNode(t, env, first, "gate", "waiting")
-	if !strings.Contains(shown, "workflow run "+first+": running") || !strings.Contains(shown, `extra vars: {"channel":"stable"}`) ||
+	if !strings.Contains(shown, "workflow run "+first+": running") || !strings.Contains(shown, `extra vars: {"channel":"stable","note":"a;b"}`) ||
 		!strings.Contains(shown, "DEADLINE") || !strings.Contains(shown, " "+time.Now().UTC().Add(10*time.Minute).Format("2006-01-02")+" ") {
 		t.Errorf("run show of a waiting approval:\n%s", shown)
 	}
@@ -181,7 +181,7 @@ func TestWorkflowCommands(t *testing.T) {
 	if _, stderr, code := run(t, env, "workflow", "deny", first, "gate"); code != ExitFailed || !strings.Contains(stderr, "deny gate: HTTP 409") {
 		t.Errorf("a second decision: %d %s", code, stderr)
 	}
-	stdout, stderr, code = run(t, env, "workflow", "launch", wf, "--var", "channel=stable", "--idempotency-key", "release-1")
+	stdout, stderr, code = run(t, env, "workflow", "launch", wf, "--var", "channel=stable", "--var", "note=a;b", "--idempotency-key", "release-1")
 	if code != 0 || runID(t, stdout) != first || !strings.Contains(stdout, "(replayed: ") {
 		t.Errorf("the same Idempotency-Key again: %d %s %s", code, stdout, stderr)
 	}
@@ -213,6 +213,12 @@ func TestWorkflowCommands(t *testing.T) {
 		t.Errorf("run show of an ended run: %d %s %s", code, stdout, stderr)
 	}
 
+	var ended struct{ ID, Status string }
+	stdout, stderr, code = run(t, env, "--json", "workflow", "run", "follow", second)
+	if mustJSON(t, stdout, &ended); code != 0 || ended.ID != second || ended.Status != "succeeded" {
+		t.Errorf("--json run follow: %d %s %s", code, stdout, stderr)
+	}
+
 	// A cancel ends the waiting approval and the run: follow exits 1.
 	stdout, stderr, code = run(t, env, "workflow", "launch", wf)
 	if code != 0 {
@@ -236,16 +242,16 @@ func TestWorkflowCommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("workflow show: %d %s", code, stderr)
 	}
-	edited := writeFile(t, "edited.json", strings.Replace(shown, `"ship it?"`, `"ship it now?"`, 1))
-	if stdout, stderr, code := run(t, env, "workflow", "update", wf, edited); code != 0 || !strings.Contains(stdout, ": version 2\n") ||
-		!strings.Contains(stdout, `"ship it now?"`) {
-		t.Errorf("workflow update: %d %s %s", code, stdout, stderr)
+	edited := strings.Replace(shown, `"ship it?"`, `"ship it now?"`, 1)
+	if stdout, stderr, code := runStdin(t, env, strings.NewReader(edited), "workflow", "update", wf, "-"); code != 0 ||
+		!strings.Contains(stdout, ": version 2\n") || !strings.Contains(stdout, `"ship it now?"`) {
+		t.Errorf("workflow update from stdin: %d %s %s", code, stdout, stderr)
 	}
 
 	// Tenancy: another project's key finds nothing.
 	other := d.cliEnv(d.key(t, "templates:write,templates:launch", "0c9d8e7f-6a5b-4c3d-9e2f-1a0b9c8d7e6f"))
 	for _, args := range [][]string{{"workflow", "show", wf}, {"workflow", "runs", wf}, {"workflow", "launch", wf},
-		{"workflow", "update", wf, edited}, {"workflow", "delete", wf}, {"workflow", "run", "show", first},
+		{"workflow", "update", wf, file}, {"workflow", "delete", wf}, {"workflow", "run", "show", first},
 		{"workflow", "approve", third, "gate"}, {"workflow", "cancel", third}} {
 		if _, stderr, code := run(t, other, args...); code != ExitFailed || !strings.Contains(stderr, "HTTP 404") {
 			t.Errorf("%v with another project's key: %d %s", args, code, stderr)
