@@ -150,7 +150,7 @@ func submit(g *globals, api *apiClient, path string, body []byte, idem string, f
 // by its survey, and the rest of the launch from a file. job launch, and
 // what a schedule's occurrences and a trigger's deliveries launch with.
 type launchFlags struct {
-	Set  map[string]string `name:"set" help:"a survey answer, variable=value, typed by the survey (an integer question's value is a number, a multi_choice's a comma-separated list); repeatable"`
+	Set  map[string]string `name:"set" mapsep:"none" help:"a survey answer, variable=value, typed by the survey (an integer question's value is a number, a multi_choice's a comma-separated list); repeatable"`
 	Body string            `name:"body" help:"a JSON file with the rest of the launch (limit, tags, extra_vars, ref, version, ...; see Launch in the OpenAPI document)"`
 }
 

@@ -79,14 +79,14 @@ func TestJobLaunchAndRelaunch(t *testing.T) {
 	}
 	env := map[string]string{"AUTOPROV_API_URL": "http://" + api, "AUTOPROV_API_KEY": key}
 
-	stdout, stderr, code := run(t, env, "--json", "job", "launch", tpl.ID, "--set", "release=1.2", "--set", "replicas=3",
+	stdout, stderr, code := run(t, env, "--json", "job", "launch", tpl.ID, "--set", "release=1.2;rc1", "--set", "replicas=3",
 		"--set", "features=a,b", "--idempotency-key", "l-1")
 	var j struct{ ID, Status string }
 	if code != 0 || json.Unmarshal([]byte(stdout), &j) != nil || j.Status != "queued" {
 		t.Fatalf("job launch: %d %s %s", code, stdout, stderr)
 	}
 	_, m := queuedJob(t, rdb)
-	if x := m.Options.ExtraVars; x["release"] != "1.2" || x["replicas"] != int64(3) || fmt.Sprint(x["features"]) != "[a b]" {
+	if x := m.Options.ExtraVars; x["release"] != "1.2;rc1" || x["replicas"] != int64(3) || fmt.Sprint(x["features"]) != "[a b]" {
 		t.Errorf("extra vars %v", x)
 	}
 	if _, stderr, code := run(t, env, "job", "launch", tpl.ID, "--set", "replicas=many"); code != ExitUsage || !strings.Contains(stderr, "whole number") {
