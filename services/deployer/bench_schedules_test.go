@@ -18,8 +18,8 @@ import (
 // real scheduler binary (its schedules loop, SCHEDULES_INTERVAL at its
 // default of 1s) and launched by the deployer's Launcher (in this process,
 // so that -cpuprofile sees it, with its default settings): each occurrence
-// a job stored and published on the job queue through the launch path of
-// POST /templates/{id}/launch. Each round moves every schedule's next
+// a job checked, stored with its Idempotency-Key and published on the job
+// queue, as POST /api/v1/templates/{id}/launch does one. Each round moves every schedule's next
 // occurrence to a whole second a little ahead and waits for all of them
 // to be launched; it reports the seconds from that due time to the last
 // occurrence written (due-to-materialized-s) and to the last job stored

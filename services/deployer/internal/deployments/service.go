@@ -122,6 +122,9 @@ type Publisher interface {
 	PublishStored(ctx context.Context, id string, msg *messages.AnsibleDeployMessage) string
 	// PublishStoredTo is PublishStored of an encoded request to queue.
 	PublishStoredTo(ctx context.Context, id, queue string, data []byte) string
+	// PublishStoredBatch is PublishStoredTo of many in one round trip:
+	// the entry ids in order, all "" when publishing failed.
+	PublishStoredBatch(ctx context.Context, ids []string, queue string, data [][]byte) []string
 }
 
 // New returns a Service.

@@ -111,6 +111,33 @@ func (p *Publisher) PublishStoredTo(ctx context.Context, id, queue string, data 
 	return entry
 }
 
+// PublishStoredBatch is PublishStoredTo of the stored requests ids (data
+// in order) in one round trip to Redis and one mark: their entry ids,
+// all "" when publishing failed (logged; the republisher publishes them).
+func (p *Publisher) PublishStoredBatch(ctx context.Context, ids []string, queue string, data [][]byte) []string {
+	entries := make([]string, len(ids))
+	if len(ids) == 0 {
+		return entries
+	}
+	for _, id := range ids {
+		p.own.add(id)
+	}
+	ctx = context.WithoutCancel(ctx)
+	published, err := p.producer.PublishBatch(ctx, queue, data)
+	if err != nil {
+		p.metrics.publishFailures.Add(float64(len(ids)))
+		p.log.Warn().Err(err).Int("deployments", len(ids)).Msg("publish deployments: will be retried by the republisher")
+		return entries
+	}
+	if _, err := p.db.Exec(ctx, markDeployments, ids, published); err != nil {
+		p.log.Warn().Err(err).Int("deployments", len(ids)).Msg("mark deployments published: left to the marker")
+		for i, id := range ids {
+			p.marker.mark(id, published[i])
+		}
+	}
+	return published
+}
+
 type metrics struct {
 	publishFailures prometheus.Counter
 	commitGroup     prometheus.Histogram

@@ -45,6 +45,13 @@ type Submitter interface {
 	SubmitJob(ctx context.Context, keyID string, v deployments.Visibility, r deployments.JobRequest, idempotencyKey string) (*deployments.Submission, error)
 }
 
+// BatchSubmitter submits jobs, and one job many times
+// (deployments.Service.SubmitJobs).
+type BatchSubmitter interface {
+	Submitter
+	SubmitJobs(ctx context.Context, keyID string, v deployments.Visibility, r deployments.JobRequest, idempotencyKeys []string) ([]deployments.Submitted, error)
+}
+
 // Request builds the job of launching t with l: the template's job with
 // the overrides it asks for on launch and the survey's answers as extra
 // variables (above the template's and the launch's), marked with the
@@ -151,14 +158,21 @@ func wipe(m map[string]secrets.Value) {
 	}
 }
 
+// request reads template id (as v sees it) and builds the job of
+// launching it with l (Request).
+func (s *Service) request(ctx context.Context, v deployments.Visibility, id string, l Launch) (*Template, deployments.JobRequest, map[string]secrets.Value, error) {
+	t, err := s.Get(ctx, v, id, l.Version)
+	if err != nil {
+		return nil, deployments.JobRequest{}, nil, err
+	}
+	r, hidden, err := Request(t, l)
+	return t, r, hidden, err
+}
+
 // Launch submits template id (as v sees it) for the API key keyID with l,
 // as a job submit does: idempotencyKey replays the first launch.
 func (s *Service) Launch(ctx context.Context, sub Submitter, keyID string, v deployments.Visibility, id string, l Launch, idempotencyKey string) (*deployments.Submission, error) {
-	t, err := s.Get(ctx, v, id, l.Version)
-	if err != nil {
-		return nil, err
-	}
-	r, hidden, err := Request(t, l)
+	t, r, hidden, err := s.request(ctx, v, id, l)
 	if err != nil {
 		return nil, err
 	}
@@ -187,4 +201,26 @@ func (s *Service) Launch(ctx context.Context, sub Submitter, keyID string, v dep
 		}
 	}
 	return sub.SubmitJob(ctx, keyID, v, r, idempotencyKey)
+}
+
+// LaunchMany launches template id (as v sees it) with l once per
+// Idempotency-Key of idempotencyKeys, as Launch does each, but reads the
+// template and checks the job once and stores and publishes the jobs
+// together (the occurrences of schedules). A launch with secret answers
+// is made one by one: each answer goes to Vault under a launch of its
+// own. An error of the template or the launch is returned for all.
+func (s *Service) LaunchMany(ctx context.Context, sub BatchSubmitter, keyID string, v deployments.Visibility, id string, l Launch, idempotencyKeys []string) ([]deployments.Submitted, error) {
+	_, r, hidden, err := s.request(ctx, v, id, l)
+	if err != nil {
+		return nil, err
+	}
+	if len(hidden) > 0 {
+		wipe(hidden)
+		out := make([]deployments.Submitted, len(idempotencyKeys))
+		for i, k := range idempotencyKeys {
+			out[i].Submission, out[i].Err = s.Launch(ctx, sub, keyID, v, id, l, k)
+		}
+		return out, nil
+	}
+	return sub.SubmitJobs(ctx, keyID, v, r, idempotencyKeys)
 }

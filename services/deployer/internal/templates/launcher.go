@@ -27,6 +27,9 @@ type Keys interface {
 type LauncherConfig struct {
 	// Workers launch at once. Default 8.
 	Workers int
+	// Batch is how many occurrences a worker claims at once (those of one
+	// template, launched alike, are launched together). Default 100.
+	Batch int
 	// Poll is how often pending occurrences are looked for without a
 	// notification. Default 1s.
 	Poll time.Duration
@@ -51,7 +54,7 @@ type LauncherConfig struct {
 type Launcher struct {
 	db       *pgxpool.Pool
 	svc      *Service
-	sub      Submitter
+	sub      BatchSubmitter
 	keys     Keys
 	cfg      LauncherConfig
 	log      zerolog.Logger
@@ -60,12 +63,15 @@ type Launcher struct {
 }
 
 // NewLauncher returns a Launcher of svc's schedules submitting with sub.
-func NewLauncher(db *pgxpool.Pool, svc *Service, sub Submitter, keys Keys, cfg LauncherConfig) (*Launcher, error) {
+func NewLauncher(db *pgxpool.Pool, svc *Service, sub BatchSubmitter, keys Keys, cfg LauncherConfig) (*Launcher, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 8
 	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = time.Second
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 100
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = time.Minute
@@ -135,7 +141,7 @@ func (l *Launcher) work(ctx context.Context) {
 	defer t.Stop()
 	for {
 		for ctx.Err() == nil {
-			n, err := l.LaunchDue(ctx, 20)
+			n, err := l.LaunchDue(ctx, l.cfg.Batch)
 			if err != nil && ctx.Err() == nil {
 				l.log.Warn().Err(err).Msg("launch schedule occurrences; retried")
 			}
@@ -156,6 +162,14 @@ type pending struct {
 	schedule, project, template, keyID string
 	at                                 time.Time
 	launch                             Launch
+	raw                                string // launch as stored
+}
+
+// launched is what came of launching a pending occurrence: its job, or
+// why it is refused for good, or an error that passes.
+type launched struct {
+	jobID, refusal string
+	err            error
 }
 
 // LaunchDue claims at most batch pending occurrences for the lease,
@@ -182,27 +196,44 @@ func (l *Launcher) LaunchDue(ctx context.Context, batch int) (int, error) {
 		if err := r.Scan(&p.schedule, &p.at, &p.project, &p.template, &p.keyID, &launch); err != nil {
 			return p, err
 		}
+		p.raw = string(launch)
 		return p, json.Unmarshal(launch, &p.launch)
 	})
 	if err != nil {
 		return 0, err
 	}
+	// Occurrences that launch one template the same way as one key (the
+	// same schedule's, or schedules made alike) are launched together:
+	// the template read and the job checked once, the jobs stored in one
+	// transaction and published in one round trip.
+	type same struct{ keyID, project, template, launch string }
+	groups := map[same][]pending{}
+	var order []same
+	for _, p := range claimed {
+		g := same{p.keyID, p.project, p.template, p.raw}
+		if groups[g] == nil {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], p)
+	}
 	var done, retry outcomes
 	keys := map[string]*auth.Key{} // the batch's schedules mostly share keys: each read once
-	for _, p := range claimed {
-		jobID, refusal, err := l.launch(ctx, keys, p)
-		if err != nil {
-			l.log.Warn().Err(err).Str("schedule_id", p.schedule).Time("occurrence", p.at).Msg("launch an occurrence; retried")
-			retry.add(p, "", "")
-			continue
+	for _, g := range order {
+		for i, res := range l.launch(ctx, keys, groups[g]) {
+			p := groups[g][i]
+			if res.err != nil {
+				l.log.Warn().Err(res.err).Str("schedule_id", p.schedule).Time("occurrence", p.at).Msg("launch an occurrence; retried")
+				retry.add(p, "", "")
+				continue
+			}
+			outcome := "launched"
+			if res.refusal != "" {
+				outcome = "refused"
+				l.log.Warn().Str("schedule_id", p.schedule).Time("occurrence", p.at).Str("error", res.refusal).Msg("schedule occurrence not launched")
+			}
+			l.launched.WithLabelValues(outcome).Inc()
+			done.add(p, res.jobID, truncate(res.refusal, 1000))
 		}
-		outcome := "launched"
-		if refusal != "" {
-			outcome = "refused"
-			l.log.Warn().Str("schedule_id", p.schedule).Time("occurrence", p.at).Str("error", refusal).Msg("schedule occurrence not launched")
-		}
-		l.launched.WithLabelValues(outcome).Inc()
-		done.add(p, jobID, truncate(refusal, 1000))
 	}
 	// What was launched is recorded even when ctx ends now (a shutdown):
 	// else it would be launched again (into the same job) after the lease.
@@ -239,20 +270,36 @@ func (o *outcomes) add(p pending, jobID, refusal string) {
 	o.ids, o.ats, o.jobs, o.errors = append(o.ids, p.schedule), append(o.ats, p.at), append(o.jobs, jobID), append(o.errors, refusal)
 }
 
-// launch launches p as its schedule's key (read once per batch, in keys):
-// the job's id, or why it is refused for good (the key revoked, the
-// template gone, the launch no longer valid), or an error that passes.
-func (l *Launcher) launch(ctx context.Context, keys map[string]*auth.Key, p pending) (string, string, error) {
+// launch launches ps, occurrences of one template launched alike as one
+// key (read once per batch, in keys), each with an Idempotency-Key naming
+// its occurrence: what came of each, in order.
+func (l *Launcher) launch(ctx context.Context, keys map[string]*auth.Key, ps []pending) []launched {
+	out := make([]launched, len(ps))
+	all := func(r launched) []launched {
+		for i := range out {
+			out[i] = r
+		}
+		return out
+	}
+	p := ps[0]
 	key, refusal, err := launchKey(ctx, l.keys, keys, p.keyID, p.project, "schedule")
 	if refusal != "" || err != nil {
-		return "", refusal, err
+		return all(launched{refusal: refusal, err: err})
 	}
-	idem := "schedule:" + p.schedule + ":" + p.at.UTC().Format(time.RFC3339Nano)
-	sub, err := l.svc.Launch(ctx, l.sub, key.ID, deployments.Visibility{Projects: []string{p.project}}, p.template, p.launch, idem)
+	idems := make([]string, len(ps))
+	for i, p := range ps {
+		idems[i] = "schedule:" + p.schedule + ":" + p.at.UTC().Format(time.RFC3339Nano)
+	}
+	subs, err := l.svc.LaunchMany(ctx, l.sub, key.ID, deployments.Visibility{Projects: []string{p.project}}, p.template, p.launch, idems)
 	if refusal, err := launchRefusal(err); refusal != "" || err != nil {
-		return "", refusal, err
+		return all(launched{refusal: refusal, err: err})
 	}
-	return sub.Deployment.ID, "", nil
+	for i, s := range subs {
+		if out[i].refusal, out[i].err = launchRefusal(s.Err); out[i].refusal == "" && out[i].err == nil {
+			out[i].jobID = s.Submission.Deployment.ID
+		}
+	}
+	return out
 }
 
 // launchKey returns the API key keyID that a schedule or a trigger (its
