@@ -39,7 +39,7 @@ func leads(admin string) bool {
 // over 200 occurrences by two replicas of the real scheduler binary, whose
 // leader is killed with SIGKILL again and again (the other takes over; a
 // new replica is started in the killed one's place), and launched by the
-// real deployer binary. Every occurrence from each schedule's first due
+// real deployer binary, itself killed once and restarted. Every occurrence from each schedule's first due
 // time to its last has exactly one job: none missing (a leader change
 // takes far less than schedule.Grace, so the skip policy drops none),
 // none twice, each job stored once and published once.
@@ -52,10 +52,16 @@ func TestSchedulesExactlyOnceAcrossKills(t *testing.T) {
 	if err := testenv.GoBuild(bin, ".", false); err != nil {
 		t.Fatal(err)
 	}
-	api, admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	deployer := testenv.StartBinary(t, bin, testenv.BinaryEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL, "API_ADDR="+api,
-		"ADMIN_ADDR="+admin, "LOG_FORMAT=json", "WEBHOOK_SIGNING_KEY=schedules-webhook-signing-key-0123456789abcdef"))
-	deployer.WaitHTTP("http://"+admin+"/readyz", 200, 2*time.Minute)
+	// A claim of a killed deployer lapses after 2 s.
+	startDeployer := func() (*testenv.Process, string) {
+		api, admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		p := testenv.StartBinary(t, bin, testenv.BinaryEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL, "API_ADDR="+api,
+			"ADMIN_ADDR="+admin, "LOG_FORMAT=json", "WEBHOOK_SIGNING_KEY=schedules-webhook-signing-key-0123456789abcdef",
+			"SCHEDULE_LAUNCH_LEASE=2s"))
+		p.WaitHTTP("http://"+admin+"/readyz", 200, 2*time.Minute)
+		return p, api
+	}
+	deployer, api := startDeployer()
 	w := newScheduleWorld(t, dsn, api)
 	start := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	ids := w.addSchedules(t, "every-second", "@every 1s", schedules, start)
@@ -94,7 +100,13 @@ func TestSchedulesExactlyOnceAcrossKills(t *testing.T) {
 		}
 		return n
 	}
-	changes, took := 0, time.Duration(0)
+	// inFlight counts the occurrences claimed and not recorded.
+	inFlight := func() int {
+		var n int
+		_ = w.db.QueryRow(ctx, `SELECT count(*) FROM schedule_occurrences WHERE launched_at IS NULL AND claimed_until > now()`).Scan(&n)
+		return n
+	}
+	changes, took, claimed := 0, time.Duration(0), 0
 	for k := 0; k < kills || occurrences() < 200+schedules*2; k++ {
 		if k > 4*kills {
 			t.Fatalf("%d occurrences after %d kills", occurrences(), k)
@@ -109,6 +121,20 @@ func TestSchedulesExactlyOnceAcrossKills(t *testing.T) {
 		changes++
 		p, a := w.startScheduler(t, settings...)
 		replicas[old] = replica{p, a}
+		if k == kills/2 {
+			// The deployer too, in the middle of a launch if it can be
+			// caught there (a few tries): what it had claimed and not
+			// recorded is launched by the next one once the claim lapses,
+			// into the jobs already made.
+			for try := 0; try < 5 && claimed == 0; try++ {
+				for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && inFlight() == 0; {
+				}
+				deployer.Signal(syscall.SIGKILL)
+				deployer.Wait(10 * time.Second)
+				claimed = inFlight()
+				deployer, _ = startDeployer()
+			}
+		}
 	}
 	// Done: no more occurrences; the launcher drains what was written.
 	if _, err := w.db.Exec(ctx, `UPDATE job_schedules SET paused = true`); err != nil {
@@ -153,8 +179,9 @@ func TestSchedulesExactlyOnceAcrossKills(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d schedules, %d occurrences, %d leader changes (each within %v of the kill): %d jobs (%d distinct), %d stored, %d queued, %d refused",
-		schedules, total, changes, took.Round(time.Millisecond), jobs, distinct, stored, queued, refused)
+	t.Logf("%d schedules, %d occurrences, %d leader changes (each within %v of the kill), the deployer killed with %d claimed: "+
+		"%d jobs (%d distinct), %d stored, %d queued, %d refused",
+		schedules, total, changes, took.Round(time.Millisecond), claimed, jobs, distinct, stored, queued, refused)
 	if jobs != total || distinct != total || stored != total || queued != int64(total) || refused != 0 {
 		t.Errorf("%d occurrences: %d with a job, %d distinct jobs, %d stored, %d queued, %d refused; want one job each",
 			total, jobs, distinct, stored, queued, refused)

@@ -56,6 +56,9 @@ type Config struct {
 	// ScheduleLaunchWorkers launch the occurrences of job template
 	// schedules that the scheduler writes.
 	ScheduleLaunchWorkers int `env:"SCHEDULE_LAUNCH_WORKERS" envDefault:"8" desc:"launches of job template schedule occurrences in flight at most (the scheduler writes the occurrences; 0 leaves them to other replicas)"`
+	// ScheduleLaunchLease is how long a launcher's claim on occurrences
+	// lasts.
+	ScheduleLaunchLease time.Duration `env:"SCHEDULE_LAUNCH_LEASE" envDefault:"1m" desc:"how long a launcher's claim on schedule occurrences lasts: those of a deployer that died are launched after it, into the jobs it made"`
 	// WorkflowPoll is how often the workflow engine looks at active runs
 	// without a change made through this replica.
 	WorkflowPoll time.Duration `env:"WORKFLOW_POLL" envDefault:"1s" desc:"how often the workflow engine advances active workflow runs (jobs that ended, approvals that timed out)"`

@@ -163,7 +163,7 @@ func Build(ctx context.Context, cfg *Config, d service.Deps, o Options) (*Parts,
 	p.Templates = p.templates(d)
 	if cfg.ScheduleLaunchWorkers > 0 {
 		p.Launcher, err = templates.NewLauncher(d.DB, p.Templates, p.Deployments, keys, templates.LauncherConfig{
-			Workers: cfg.ScheduleLaunchWorkers, Logger: log, Registerer: d.Metrics})
+			Workers: cfg.ScheduleLaunchWorkers, Lease: cfg.ScheduleLaunchLease, Logger: log, Registerer: d.Metrics})
 		if err != nil {
 			return nil, err
 		}
