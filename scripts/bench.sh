@@ -7,7 +7,11 @@
 # infra replicas against a bare ansible-playbook loop); BenchmarkCheckout
 # (services/infra/internal/sources) times a job's source step;
 # BENCH_TICK_SIZES (default 100000,1000000) sizes the scheduler's
-# BenchmarkTick, printed side by side.
+# BenchmarkTick, printed side by side; BENCH_SCHEDULES (default 10000)
+# sizes BenchmarkScheduleLaunch (services/deployer: schedules due at once,
+# the real scheduler and the deployer's launcher). -timeout does not cover
+# benchmarks (Go stops its alarm before they run): one that can hang needs
+# a deadline of its own.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
