@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -82,13 +81,8 @@ func (s *Service) SubmitJobs(ctx context.Context, keyID string, v Visibility, r 
 	}
 	entries := s.publisher.PublishStoredBatch(ctx, ids, queue, batch)
 	for j, i := range fresh {
-		id := rows[i].ID
 		s.metrics.submitted.WithLabelValues("new").Inc()
-		d := &Deployment{ID: id, JobID: id, Kind: KindJob, Source: "api", Status: StatusQueued,
-			Request: Request{ProjectID: r.ProjectID, CorrelationID: r.CorrelationID}, Job: &stored, RequestID: entries[j],
-			CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id, KindJob), apiKeyID: keyID, queue: queue}
-		d.Request.Options.TimeoutSeconds = r.Options.Timeout
-		out[i].Submission = &Submission{Deployment: d}
+		out[i].Submission = &Submission{Deployment: newJob(rows[i].ID, keyID, queue, entries[j], r, &stored, now)}
 	}
 	return out, nil
 }

@@ -238,17 +238,23 @@ func (s *Service) SubmitJob(ctx context.Context, keyID string, v Visibility, r J
 	}
 	entry := s.publisher.PublishStoredTo(ctx, id.String(), queue, data)
 	s.metrics.submitted.WithLabelValues("new").Inc()
-	d := &Deployment{ID: id.String(), JobID: id.String(), Kind: KindJob, Source: "api", Status: StatusQueued,
-		Request: Request{ProjectID: r.ProjectID, CorrelationID: r.CorrelationID}, Job: &stored, RequestID: entry,
-		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id.String(), KindJob), apiKeyID: keyID, queue: queue}
+	return &Submission{Deployment: newJob(id.String(), keyID, queue, entry, r, &stored, now)}, nil
+}
+
+// newJob is the Deployment of job id submitted with r (stored as stored,
+// without its callback URL) and published as entry to queue.
+func newJob(id, keyID, queue, entry string, r JobRequest, stored *JobRequest, now time.Time) *Deployment {
+	d := &Deployment{ID: id, JobID: id, Kind: KindJob, Source: "api", Status: StatusQueued,
+		Request: Request{ProjectID: r.ProjectID, CorrelationID: r.CorrelationID}, Job: stored, RequestID: entry,
+		CreatedAt: now.UTC().Truncate(time.Microsecond), Links: linksFor(id, KindJob), apiKeyID: keyID, queue: queue}
 	d.Request.Options.TimeoutSeconds = r.Options.Timeout
 	if r.Options.CallbackURL != "" {
 		d.Request.Options.CallbackURL = webhooks.RedactURL(r.Options.CallbackURL)
 		d.Job = new(JobRequest)
-		*d.Job = stored
+		*d.Job = *stored
 		d.Job.Options.CallbackURL = d.Request.Options.CallbackURL
 	}
-	return &Submission{Deployment: d}, nil
+	return d
 }
 
 // jobHashed is r as its Idempotency-Key compares it: secret variables by
