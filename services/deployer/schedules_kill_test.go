@@ -140,13 +140,13 @@ func TestSchedulesExactlyOnceAcrossKills(t *testing.T) {
 	if _, err := w.db.Exec(ctx, `UPDATE job_schedules SET paused = true`); err != nil {
 		t.Fatal(err)
 	}
-	total := occurrences()
 	testenv.WaitFor(t, 30*time.Second, "every occurrence launched", func() bool {
 		var pending int
 		_ = w.db.QueryRow(ctx, `SELECT count(*) FROM schedule_occurrences WHERE launched_at IS NULL`).Scan(&pending)
 		return pending == 0
 	})
-	if total = occurrences(); total < 200 {
+	total := occurrences()
+	if total < 200 {
 		t.Fatalf("%d occurrences, want at least 200", total)
 	}
 	for _, id := range ids {

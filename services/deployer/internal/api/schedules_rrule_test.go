@@ -101,7 +101,7 @@ func TestScheduleRRule(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	var got templates.Schedule
 	for time.Now().Before(deadline) {
-		resp, body = e.Do("GET", "/api/v1/schedules/"+twice.ID, key, nil)
+		_, body = e.Do("GET", "/api/v1/schedules/"+twice.ID, key, nil)
 		if got = dt.JSON[templates.Schedule](t, body); len(got.Recent) == 2 && got.Recent[0].JobID != "" && got.Recent[1].JobID != "" {
 			break
 		}
