@@ -52,6 +52,12 @@ type AnsibleJobResult struct {
 // MaxArtifactsBytes bounds a job result's artifacts, msgpack-encoded.
 const MaxArtifactsBytes = 64 << 10
 
+// artifactsFit reports whether v encodes to at most MaxArtifactsBytes.
+func artifactsFit(v Vars) bool {
+	b, err := msgpack.Marshal(v)
+	return err == nil && len(b) <= MaxArtifactsBytes
+}
+
 // SetArtifacts sets r's artifacts to the entries of vars whose names a
 // workflow can pass on as extra vars, and returns the names left out. If
 // the kept entries encode to more than MaxArtifactsBytes, none are kept
@@ -69,7 +75,7 @@ func (r *AnsibleJobResult) SetArtifacts(vars Vars) (dropped []string) {
 		r.Artifacts = nil
 		return dropped
 	}
-	if b, err := msgpack.Marshal(kept); err != nil || len(b) > MaxArtifactsBytes {
+	if !artifactsFit(kept) {
 		r.Artifacts = nil
 		return sortedKeys(vars)
 	}
@@ -106,10 +112,8 @@ func (r *AnsibleJobResult) Validate() error {
 	}
 	validatePlaybooks(&c, r.Playbooks)
 	varNames(&c, "artifacts", r.Artifacts)
-	if len(r.Artifacts) > 0 {
-		if b, err := msgpack.Marshal(r.Artifacts); err != nil || len(b) > MaxArtifactsBytes {
-			c.add("artifacts", fmt.Sprintf("must encode to at most %d bytes", MaxArtifactsBytes))
-		}
+	if len(r.Artifacts) > 0 && !artifactsFit(r.Artifacts) {
+		c.add("artifacts", fmt.Sprintf("must encode to at most %d bytes", MaxArtifactsBytes))
 	}
 	return c.err()
 }

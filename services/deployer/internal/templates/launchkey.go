@@ -18,3 +18,11 @@ func LaunchKey(ctx context.Context, keys Keys, keyID, project, owner string) (*a
 // it is refused for good (invalid, the template gone), or an error that
 // passes.
 func LaunchRefusal(err error) (string, error) { return launchRefusal(err) }
+
+// CheckStoredLaunch checks l, a launch stored to run later for no one
+// waiting (owner: "schedule", "workflow", ...), against t: each problem
+// goes to add by field ("launch.<field>"), and a secret answer is refused
+// (it would be stored); the error is one that passes.
+func CheckStoredLaunch(t *Template, l Launch, owner string, add func(field, msg string)) error {
+	return checkStoredLaunch(t, l, owner, add)
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/autoprovisioner/autoprovisioner/pkg/messages"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/auth"
 	"github.com/autoprovisioner/autoprovisioner/services/deployer/internal/deployments"
 )
@@ -101,7 +102,8 @@ type LaunchRun struct {
 	ExtraVars map[string]any `json:"extra_vars,omitempty"`
 }
 
-var varNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+// varNameRE is the wire contract's rule for a variable name.
+var varNameRE = regexp.MustCompile(messages.VarNamePattern)
 
 // Launch starts a run of workflow id for the API key keyID (which sees v
 // and must hold templates:launch: the run launches its jobs as it). An

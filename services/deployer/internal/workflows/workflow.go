@@ -221,21 +221,10 @@ func (s *Service) check(ctx context.Context, v deployments.Visibility, sv *Save)
 				continue
 			}
 			if n.Launch != nil {
-				if _, _, err := templates.Request(t, *n.Launch); err != nil {
-					var ie *deployments.InvalidError
-					if !errors.As(err, &ie) {
-						return err
-					}
-					for _, fe := range ie.Fields {
-						bad = append(bad, field(f+".launch."+fe.Field, fe.Message))
-					}
-				}
-				if len(n.Launch.Survey) > 0 {
-					for _, q := range t.Survey {
-						if _, ok := n.Launch.Survey[q.Variable]; ok && q.Type == templates.Secret {
-							bad = append(bad, field(f+".launch.survey."+q.Variable, "a secret answer would be stored: a workflow cannot hold one"))
-						}
-					}
+				if err := templates.CheckStoredLaunch(t, *n.Launch, "workflow", func(name, msg string) {
+					bad = append(bad, field(f+"."+name, msg))
+				}); err != nil {
+					return err
 				}
 			}
 		}
