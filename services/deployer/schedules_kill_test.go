@@ -52,12 +52,13 @@ func TestSchedulesExactlyOnceAcrossKills(t *testing.T) {
 	if err := testenv.GoBuild(bin, ".", false); err != nil {
 		t.Fatal(err)
 	}
-	// A claim of a killed deployer lapses after 2 s.
+	// A claim of a killed deployer lapses after 2 s; a job it stored but
+	// had not published yet is published by the republisher after 2 s.
 	startDeployer := func() (*testenv.Process, string) {
 		api, admin := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 		p := testenv.StartBinary(t, bin, testenv.BinaryEnv("DATABASE_URL="+dsn, "REDIS_URL="+redisURL, "API_ADDR="+api,
 			"ADMIN_ADDR="+admin, "LOG_FORMAT=json", "WEBHOOK_SIGNING_KEY=schedules-webhook-signing-key-0123456789abcdef",
-			"SCHEDULE_LAUNCH_LEASE=2s"))
+			"SCHEDULE_LAUNCH_LEASE=2s", "REPUBLISH_AFTER=2s"))
 		p.WaitHTTP("http://"+admin+"/readyz", 200, 2*time.Minute)
 		return p, api
 	}
@@ -175,7 +176,11 @@ func TestSchedulesExactlyOnceAcrossKills(t *testing.T) {
 	}
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	queued, err := rdb.XLen(ctx, messages.StreamAnsibleJobQueue).Result()
+	var queued int64
+	testenv.WaitFor(t, 30*time.Second, "every stored job published", func() bool {
+		queued, err = rdb.XLen(ctx, messages.StreamAnsibleJobQueue).Result()
+		return err == nil && queued >= int64(stored)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
